@@ -1,0 +1,62 @@
+"""The executor interface: build a process for a run, read its output, judge how it ended.
+
+An executor is pure: it never spawns or reads a process itself. The runner's supervisor
+spawns ``ProcessSpec``, feeds every stdout line to the ``OutputObserver`` and asks it for
+the ``RunReport`` when the process has exited (or was stopped).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from corral.runs import Run, RunReport
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    argv: tuple[str, ...]
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # the complete environment
+    # Seconds to wait for the process to exit on its own once its final result was seen.
+    exit_grace_after_result_s: float | None = None
+
+
+class StopReason(enum.StrEnum):
+    """Why the supervisor stopped a process before it exited on its own."""
+
+    TIMEOUT = "timeout"
+    IDLE_TIMEOUT = "idle_timeout"
+    CANCELLED = "cancelled"
+    LINGERED_AFTER_RESULT = "lingered_after_result"
+    RUNNER_SHUTDOWN = "runner_shutdown"
+
+
+@dataclass(frozen=True)
+class SessionSeen:
+    session_id: str
+
+
+@dataclass(frozen=True)
+class ResultSeen:
+    """The final result line arrived; the process should exit shortly."""
+
+
+Observation = SessionSeen | ResultSeen
+
+
+class OutputObserver(Protocol):
+    def feed(self, line: str) -> list[Observation]:
+        """Take one stdout line (without its newline); say what it revealed."""
+        ...
+
+    def outcome(self, exit_code: int | None, stopped: StopReason | None) -> RunReport:
+        """How the attempt ended, once the process is gone."""
+        ...
+
+
+class Executor(Protocol):
+    def prepare(self, run: Run, base_env: dict[str, str]) -> ProcessSpec: ...
+
+    def observer(self, run: Run) -> OutputObserver: ...

@@ -1,0 +1,104 @@
+"""The one error hierarchy: every error corral raises on purpose has a stable code.
+
+    CorralError                       code               HTTP  exit
+    ├── InvalidRequest                invalid_request     422     2
+    │   ├── UnknownAgent              unknown_agent       422     2
+    │   └── PayloadTooLarge           payload_too_large   413     2
+    ├── NotFound                      <kind>_not_found    404     3
+    ├── Conflict                      conflict            409     4
+    │   ├── IllegalTransition         illegal_transition  409     4
+    │   ├── LeaseLost                 lease_lost          409     4
+    │   └── SessionNotReady           session_not_ready   409     4
+    └── Unavailable                   unavailable         503     5
+
+The code travels on the wire as ``{"error": {"code", "message"}}`` and the CLI exits
+with the error's exit status. Driver errors are translated at the edge (``raise … from``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class CorralError(Exception):
+    code: ClassVar[str] = "internal"
+    http_status: ClassVar[int] = 500
+    exit_code: ClassVar[int] = 1
+
+    def __init__(self, message: str, *, code: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+        if code is not None:
+            self.code = code  # type: ignore[misc]  # per-instance override of the class code
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            body["details"] = self.details
+        return {"error": body}
+
+
+class InvalidRequest(CorralError):
+    code = "invalid_request"
+    http_status = 422
+    exit_code = 2
+
+
+class UnknownAgent(InvalidRequest):
+    code = "unknown_agent"
+
+
+class PayloadTooLarge(InvalidRequest):
+    code = "payload_too_large"
+    http_status = 413
+
+
+class NotFound(CorralError):
+    code = "not_found"
+    http_status = 404
+    exit_code = 3
+
+    @classmethod
+    def of(cls, kind: str, key: str) -> NotFound:
+        return cls(f"{kind} {key!r} not found", code=f"{kind}_not_found")
+
+
+class Conflict(CorralError):
+    code = "conflict"
+    http_status = 409
+    exit_code = 4
+
+
+class IllegalTransition(Conflict):
+    code = "illegal_transition"
+
+
+class LeaseLost(Conflict):
+    code = "lease_lost"
+
+
+class SessionNotReady(Conflict):
+    code = "session_not_ready"
+
+
+class Unavailable(CorralError):
+    code = "unavailable"
+    http_status = 503
+    exit_code = 5
+
+
+def from_wire(status: int, body: Any) -> CorralError:
+    """Rebuild an error from a coordinator's JSON error body (used by clients)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return CorralError(f"coordinator answered HTTP {status}", code="http_error")
+    code = str(error.get("code", "http_error"))
+    message = str(error.get("message", f"HTTP {status}"))
+    for cls in (UnknownAgent, PayloadTooLarge, InvalidRequest, IllegalTransition, LeaseLost,
+                SessionNotReady, Conflict, Unavailable):
+        if cls.code == code:
+            return cls(message)
+    if code.endswith("_not_found"):
+        return NotFound(message, code=code)
+    return CorralError(message, code=code)

@@ -1,0 +1,22 @@
+"""Typed identifiers, so a run id can never be passed where a runner id is expected."""
+
+from __future__ import annotations
+
+import secrets
+from typing import NewType
+
+RunId = NewType("RunId", str)
+RunnerId = NewType("RunnerId", str)
+SessionId = NewType("SessionId", str)
+
+
+def _new(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(6)}"
+
+
+def new_run_id() -> RunId:
+    return RunId(_new("run"))
+
+
+def new_runner_id() -> RunnerId:
+    return RunnerId(_new("rnr"))

@@ -1,0 +1,197 @@
+"""Runs: what a run is, and the one table of the status transitions it may take.
+
+    pending ──claim──▶ claimed ──start──▶ running ──▶ completed | failed | timed_out | cancelled
+       ▲                  │                  │
+       │                  ├──────────────────┴──▶ lost ──(attempts left)──▶ pending
+       │                  │                                  └─(none left)─▶ failed
+       └──── requeue (rate limit: the attempt is given back) ◀── running
+    pending | claimed ──▶ cancelled          claimed ──▶ failed (could not spawn)
+
+A transition not in ``TRANSITIONS`` raises ``IllegalTransition`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.errors import IllegalTransition
+from corral.ids import RunId, RunnerId
+
+
+class RunType(enum.StrEnum):
+    START_SESSION = "start_session"
+    RESUME_SESSION = "resume_session"
+    COMMAND = "command"
+
+
+class RunStatus(enum.StrEnum):
+    PENDING = "pending"
+    CLAIMED = "claimed"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+    LOST = "lost"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL
+
+    @property
+    def holds_lease(self) -> bool:
+        """A runner holds the run: it was claimed and has not finished."""
+        return self in (RunStatus.CLAIMED, RunStatus.RUNNING)
+
+
+TERMINAL = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT}
+)
+
+S = RunStatus
+TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    S.PENDING: frozenset({S.CLAIMED, S.CANCELLED, S.FAILED}),
+    S.CLAIMED: frozenset({S.RUNNING, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.LOST, S.PENDING}),
+    S.RUNNING: frozenset(
+        {S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.LOST, S.PENDING}
+    ),
+    S.LOST: frozenset({S.PENDING, S.FAILED, S.CANCELLED}),
+    S.COMPLETED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+    S.TIMED_OUT: frozenset(),
+}
+del S
+
+
+def check_transition(run_id: str, old: RunStatus, new: RunStatus) -> None:
+    if new not in TRANSITIONS[old]:
+        raise IllegalTransition(
+            f"run {run_id} cannot go from {old} to {new}", run_id=run_id, status=str(old)
+        )
+
+
+# Outcomes a runner reports when an attempt ends. ``requeue`` gives the attempt back
+# (rate limits, a draining runner) and makes the run pending again after ``retry_after_s``.
+FINAL_OUTCOMES = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT}
+)
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """The agent profile as it was when the run was created (a snapshot, not a reference)."""
+
+    name: str
+    executor: str
+    model: str | None = None
+    allowed_tools: tuple[str, ...] = ()
+    system_prompt: str | None = None
+    max_turns: int | None = None
+    budget_usd: float | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "executor": self.executor,
+            "model": self.model,
+            "allowed_tools": list(self.allowed_tools),
+            "system_prompt": self.system_prompt,
+            "max_turns": self.max_turns,
+            "budget_usd": self.budget_usd,
+            "extra_args": list(self.extra_args),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AgentSpec:
+        return cls(
+            name=data["name"],
+            executor=data["executor"],
+            model=data.get("model"),
+            allowed_tools=tuple(data.get("allowed_tools") or ()),
+            system_prompt=data.get("system_prompt"),
+            max_turns=data.get("max_turns"),
+            budget_usd=data.get("budget_usd"),
+            extra_args=tuple(data.get("extra_args") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A validated request to create a run."""
+
+    type: RunType
+    prompt: str | None = None
+    command: tuple[str, ...] = ()
+    session_name: str | None = None
+    session_id: str | None = None
+    agent: AgentSpec | None = None
+    project_dir: str | None = None
+    labels: tuple[str, ...] = ()
+    timeout_s: float | None = None
+    idle_timeout_s: float | None = None
+    max_attempts: int = 3
+    priority: int = 0
+    required_runner_id: RunnerId | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Run:
+    id: RunId
+    type: RunType
+    status: RunStatus
+    prompt: str | None
+    command: tuple[str, ...]
+    session_name: str | None
+    session_id: str | None
+    agent: AgentSpec | None
+    project_dir: str | None
+    labels: tuple[str, ...]
+    timeout_s: float | None
+    idle_timeout_s: float | None
+    max_attempts: int
+    attempts: int
+    priority: int
+    required_runner_id: RunnerId | None
+    runner_id: RunnerId | None
+    env: dict[str, str]
+    exit_code: int | None
+    error: str | None
+    result: str | None
+    cost_usd: float | None
+    usage: dict[str, Any] | None
+    num_turns: int | None
+    cancel_requested: bool
+    rate_limited: int
+    available_at: float
+    created_at: float
+    claimed_at: float | None
+    started_at: float | None
+    finished_at: float | None
+
+    @property
+    def agent_name(self) -> str | None:
+        return self.agent.name if self.agent else None
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """How an attempt ended, as the runner tells it."""
+
+    status: RunStatus
+    exit_code: int | None = None
+    error: str | None = None
+    result: str | None = None
+    session_id: str | None = None
+    cost_usd: float | None = None
+    usage: dict[str, Any] | None = None
+    num_turns: int | None = None
+    retry_after_s: float | None = None  # set with status PENDING: give the attempt back
+
+    def __post_init__(self) -> None:
+        if self.status not in FINAL_OUTCOMES and self.status is not RunStatus.PENDING:
+            raise ValueError(f"a runner cannot report status {self.status}")

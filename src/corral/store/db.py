@@ -1,0 +1,211 @@
+"""A thin database handle over sqlite3 and psycopg: transactions, rows as dicts, dialect hooks.
+
+SQL is written once with ``?`` placeholders; the PostgreSQL handle turns them into ``%s``.
+Driver errors leave this module as ``Unavailable`` (the database is down or busy) so
+callers above never see a driver type.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from datetime import UTC, datetime
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+import psycopg_pool
+from psycopg.rows import dict_row
+
+from corral.errors import Unavailable
+from corral.store.schema import MIGRATIONS, render, statements
+
+Row = dict[str, Any]
+Params = Sequence[Any]
+
+
+class Tx(Protocol):
+    def execute(self, sql: str, params: Params = ()) -> list[Row]: ...
+
+    def one(self, sql: str, params: Params = ()) -> Row | None: ...
+
+
+class Database(Protocol):
+    dialect: str
+
+    def transaction(self, *, write: bool = True) -> Any:  # a context manager yielding Tx
+        ...
+
+    def lock_rows(self, *, skip_locked: bool = False) -> str:
+        """The clause that locks selected rows until commit ('' where the whole DB is locked)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _SqliteTx:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Params = ()) -> list[Row]:
+        cur = self._conn.execute(sql, tuple(params))
+        if cur.description is None:
+            return []
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def one(self, sql: str, params: Params = ()) -> Row | None:
+        rows = self.execute(sql, params)
+        return rows[0] if rows else None
+
+
+class SqliteDatabase:
+    """One connection per thread. Writers take the lock up front (BEGIN IMMEDIATE) so a
+    read-then-write transaction never fails half-way with SQLITE_BUSY on upgrade."""
+
+    dialect = "sqlite"
+
+    def __init__(self, path: Path, *, busy_timeout_s: float = 30.0) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._busy_timeout_s = busy_timeout_s
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(
+                self.path, timeout=self._busy_timeout_s, isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def transaction(self, *, write: bool = True) -> Iterator[Tx]:
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except sqlite3.OperationalError as exc:
+            raise Unavailable(f"database busy: {exc}") from exc
+        try:
+            yield _SqliteTx(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            conn.execute("ROLLBACK")
+            raise Unavailable(f"commit failed: {exc}") from exc
+
+    def lock_rows(self, *, skip_locked: bool = False) -> str:
+        return ""  # BEGIN IMMEDIATE already holds the database's single write lock
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+        self._local = threading.local()
+
+
+class _PostgresTx:
+    def __init__(self, conn: psycopg.Connection[Row]) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Params = ()) -> list[Row]:
+        cur = self._conn.execute(sql.replace("?", "%s"), tuple(params))  # type: ignore[arg-type]
+        if cur.description is None:
+            return []
+        return cur.fetchall()
+
+    def one(self, sql: str, params: Params = ()) -> Row | None:
+        rows = self.execute(sql, params)
+        return rows[0] if rows else None
+
+
+class PostgresDatabase:
+    dialect = "postgres"
+
+    def __init__(self, url: str, *, max_connections: int = 16) -> None:
+        self.url = url
+        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Row]] = (
+            psycopg_pool.ConnectionPool(
+                url,
+                min_size=1,
+                max_size=max_connections,
+                kwargs={"row_factory": dict_row},
+                check=psycopg_pool.ConnectionPool.check_connection,  # survive a DB restart
+                open=False,
+            )
+        )
+        try:
+            self._pool.open(wait=True, timeout=10)
+        except psycopg_pool.PoolTimeout as exc:
+            raise Unavailable(f"cannot connect to PostgreSQL at {_redact(url)}") from exc
+
+    @contextmanager
+    def transaction(self, *, write: bool = True) -> Iterator[Tx]:
+        try:
+            with self._pool.connection(timeout=30) as conn, conn.transaction():
+                yield _PostgresTx(conn)
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            raise Unavailable(f"PostgreSQL unavailable: {exc}") from exc
+
+    def lock_rows(self, *, skip_locked: bool = False) -> str:
+        return "FOR UPDATE SKIP LOCKED" if skip_locked else "FOR UPDATE"
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://…@{rest.split('@', 1)[1]}"
+    return url
+
+
+def open_database(url: str) -> Database:
+    """``postgresql://…`` opens PostgreSQL; anything else is a SQLite file path."""
+    db: Database
+    if url.startswith(("postgresql://", "postgres://")):
+        db = PostgresDatabase(url)
+    else:
+        db = SqliteDatabase(Path(url.removeprefix("sqlite:///").removeprefix("sqlite://")))
+    migrate(db)
+    return db
+
+
+def migrate(db: Database) -> int:
+    """Apply every migration not yet applied; safe when several processes start at once."""
+    with db.transaction() as tx:
+        if db.dialect == "postgres":
+            tx.execute("SELECT pg_advisory_xact_lock(4242001)")  # one migrator at a time
+        tx.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations "
+            "(version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+        )
+        done = {r["version"] for r in tx.execute("SELECT version FROM schema_migrations")}
+        for version, sql in MIGRATIONS:
+            if version in done:
+                continue
+            for statement in statements(render(sql, db.dialect)):
+                tx.execute(statement)
+            tx.execute(
+                "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
+                (version, datetime.now(UTC).isoformat()),
+            )
+        row = tx.one("SELECT MAX(version) AS v FROM schema_migrations")
+    return int(row["v"]) if row and row["v"] is not None else 0

@@ -1,0 +1,87 @@
+"""Mapping between database rows and domain records (JSON columns, enums, typed ids)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from corral.ids import RunId, RunnerId
+from corral.runners import Runner, RunnerState
+from corral.runs import AgentSpec, Run, RunStatus, RunType
+from corral.sessions import Session
+from corral.store.db import Row
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def run_from_row(row: Row) -> Run:
+    agent = json.loads(row["agent"]) if row["agent"] else None
+    return Run(
+        id=RunId(row["id"]),
+        type=RunType(row["type"]),
+        status=RunStatus(row["status"]),
+        prompt=row["prompt"],
+        command=tuple(json.loads(row["command"])),
+        session_name=row["session_name"],
+        session_id=row["session_id"],
+        agent=AgentSpec.from_dict(agent) if agent else None,
+        project_dir=row["project_dir"],
+        labels=tuple(json.loads(row["labels"])),
+        timeout_s=row["timeout_s"],
+        idle_timeout_s=row["idle_timeout_s"],
+        max_attempts=row["max_attempts"],
+        attempts=row["attempts"],
+        priority=row["priority"],
+        required_runner_id=RunnerId(row["required_runner_id"]) if row["required_runner_id"]
+        else None,
+        runner_id=RunnerId(row["runner_id"]) if row["runner_id"] else None,
+        env=json.loads(row["env"]),
+        exit_code=row["exit_code"],
+        error=row["error"],
+        result=row["result"],
+        cost_usd=row["cost_usd"],
+        usage=json.loads(row["usage"]) if row["usage"] else None,
+        num_turns=row["num_turns"],
+        cancel_requested=bool(row["cancel_requested"]),
+        rate_limited=row["rate_limited"],
+        available_at=row["available_at"],
+        created_at=row["created_at"],
+        claimed_at=row["claimed_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+    )
+
+
+def runner_from_row(row: Row) -> Runner:
+    return Runner(
+        id=RunnerId(row["id"]),
+        name=row["name"],
+        hostname=row["hostname"],
+        labels=tuple(json.loads(row["labels"])),
+        slots=row["slots"],
+        version=row["version"],
+        transport=row["transport"],
+        state=RunnerState(row["state"]),
+        registered_at=row["registered_at"],
+        last_heartbeat_at=row["last_heartbeat_at"],
+        slots_used=int(row.get("slots_used") or 0),
+    )
+
+
+def session_from_row(row: Row) -> Session:
+    return Session(
+        id=row["id"],
+        name=row["name"],
+        agent_name=row["agent_name"],
+        runner_id=RunnerId(row["runner_id"]) if row["runner_id"] else None,
+        project_dir=row["project_dir"],
+        last_run_id=row["last_run_id"],
+        result=row["result"],
+        is_error=bool(row["is_error"]),
+        cost_usd=row["cost_usd"],
+        runs=row["runs"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )

@@ -1,0 +1,602 @@
+"""The store's domain operations: every state change of runs, runners and sessions.
+
+Each operation is one transaction. Transitions go through ``runs.check_transition`` so
+the table in ``runs.py`` is the only place that says what may happen. Time is passed in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.errors import InvalidRequest, LeaseLost, NotFound
+from corral.ids import RunId, RunnerId, new_run_id, new_runner_id
+from corral.runners import Runner, RunnerState
+from corral.runs import NewRun, Run, RunReport, RunStatus, check_transition
+from corral.sessions import Session
+from corral.store.db import Database, Row, Tx, open_database
+from corral.store.rows import dumps, run_from_row, runner_from_row, session_from_row
+
+# How many pending rows a claim looks at to find ones whose labels the runner has.
+CLAIM_WINDOW = 64
+# A rate-limited run gives its attempt back this many times, then fails.
+MAX_RATE_LIMIT_REQUEUES = 20
+
+
+@dataclass(frozen=True)
+class LogLine:
+    line_no: int
+    stream: str
+    text: str
+    ts: float
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    id: int
+    attempt: int
+    line_no: int
+    stream: str
+    text: str
+    ts: float
+
+
+@dataclass(frozen=True)
+class Held:
+    """A run a runner says it is working on."""
+
+    run_id: RunId
+    attempt: int
+
+
+@dataclass(frozen=True)
+class RunnerSync:
+    """What a runner must do after telling the store what it holds."""
+
+    cancel: list[RunId] = field(default_factory=list)  # still yours, but cancel it
+    abandon: list[RunId] = field(default_factory=list)  # no longer yours: stop it, report nothing
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    lost_runners: list[RunnerId] = field(default_factory=list)
+    requeued: list[RunId] = field(default_factory=list)
+    failed: list[RunId] = field(default_factory=list)
+    timed_out: list[RunId] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.lost_runners or self.requeued or self.failed or self.timed_out)
+
+
+class Store:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    @classmethod
+    def open(cls, url: str) -> Store:
+        return cls(open_database(url))
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ---- runs: clients -------------------------------------------------------------------
+
+    def create_runs(self, specs: Sequence[NewRun], now: float) -> list[Run]:
+        rows = [_new_run_row(spec, now) for spec in specs]
+        columns = list(rows[0]) if rows else []
+        sql = (
+            f"INSERT INTO runs ({', '.join(columns)}) "
+            f"VALUES ({', '.join('?' for _ in columns)})"
+        )
+        with self.db.transaction() as tx:
+            for row in rows:
+                tx.execute(sql, list(row.values()))
+        return [run_from_row({**row, "exit_code": None}) for row in rows]
+
+    def create_run(self, spec: NewRun, now: float) -> Run:
+        return self.create_runs([spec], now)[0]
+
+    def get_run(self, run_id: str) -> Run:
+        with self.db.transaction(write=False) as tx:
+            return run_from_row(_run_row(tx, run_id))
+
+    def list_runs(
+        self,
+        *,
+        statuses: Iterable[RunStatus] = (),
+        runner_id: str | None = None,
+        session: str | None = None,
+        before: str | None = None,
+        limit: int = 50,
+    ) -> list[Run]:
+        """Newest first; ``before`` is the id of the last run of the previous page."""
+        where: list[str] = []
+        params: list[Any] = []
+        status_list = [str(s) for s in statuses]
+        if status_list:
+            where.append(f"status IN ({', '.join('?' for _ in status_list)})")
+            params += status_list
+        if runner_id:
+            where.append("runner_id = ?")
+            params.append(runner_id)
+        if session:
+            where.append("(session_id = ? OR session_name = ?)")
+            params += [session, session]
+        with self.db.transaction(write=False) as tx:
+            if before:
+                anchor = _run_row(tx, before)
+                where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+                params += [anchor["created_at"], anchor["created_at"], anchor["id"]]
+            clause = f"WHERE {' AND '.join(where)}" if where else ""
+            rows = tx.execute(
+                f"SELECT * FROM runs {clause} ORDER BY created_at DESC, id DESC LIMIT ?",
+                [*params, limit],
+            )
+        return [run_from_row(r) for r in rows]
+
+    def request_cancel(self, run_id: str, now: float) -> Run:
+        """Pending runs are cancelled at once; held ones are flagged for their runner to stop."""
+        with self.db.transaction() as tx:
+            row = _run_row(tx, run_id, lock=self.db.lock_rows())
+            status = RunStatus(row["status"])
+            if status in (RunStatus.PENDING, RunStatus.LOST):
+                _transition(tx, row, RunStatus.CANCELLED, now, error="cancelled",
+                            finished_at=now)
+            elif status.holds_lease:
+                tx.execute(
+                    "UPDATE runs SET cancel_requested = 1, updated_at = ? WHERE id = ?",
+                    (now, run_id),
+                )
+            else:
+                check_transition(run_id, status, RunStatus.CANCELLED)  # raises: terminal
+            return run_from_row(_run_row(tx, run_id))
+
+    # ---- runs: runners -------------------------------------------------------------------
+
+    def claim_runs(self, runner_id: RunnerId, max_runs: int, now: float) -> list[Run]:
+        """Atomically give up to ``max_runs`` pending runs to an active runner.
+
+        The claim and the lease it takes (runner id, attempt number) are one transaction.
+        On PostgreSQL, ``FOR UPDATE SKIP LOCKED`` makes concurrent claimers pass over each
+        other's rows; the seemingly equivalent single ``UPDATE … WHERE id = (SELECT … LIMIT
+        1)`` double-claims there under concurrency. On SQLite the immediate transaction
+        holds the one write lock, so the same select-then-update is safe.
+        """
+        if max_runs <= 0:
+            return []
+        with self.db.transaction() as tx:
+            runner = _runner_row(tx, runner_id)
+            if runner["state"] != RunnerState.ACTIVE:
+                return []
+            labels = set(_json_list(runner["labels"]))
+            candidates = tx.execute(
+                "SELECT id, labels FROM runs WHERE status = 'pending' AND available_at <= ? "
+                "AND (required_runner_id IS NULL OR required_runner_id = ?) "
+                "ORDER BY priority DESC, created_at, id LIMIT ? "
+                + self.db.lock_rows(skip_locked=True),
+                (now, runner_id, CLAIM_WINDOW),
+            )
+            chosen = [c["id"] for c in candidates if set(_json_list(c["labels"])) <= labels]
+            chosen = chosen[:max_runs]
+            if not chosen:
+                return []
+            rows = tx.execute(
+                "UPDATE runs SET status = 'claimed', runner_id = ?, attempts = attempts + 1, "
+                "claimed_at = ?, started_at = NULL, cancel_requested = 0, updated_at = ? "
+                f"WHERE id IN ({', '.join('?' for _ in chosen)}) AND status = 'pending' "
+                "RETURNING *",
+                (runner_id, now, now, *chosen),
+            )
+        runs = [run_from_row(r) for r in rows]
+        runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
+        return runs
+
+    def mark_started(self, run_id: str, runner_id: str, attempt: int, now: float) -> Run:
+        with self.db.transaction() as tx:
+            row = _leased_row(tx, self.db, run_id, runner_id, attempt)
+            if row["status"] == RunStatus.RUNNING:
+                return run_from_row(row)  # a repeated report (the first answer was lost)
+            return _transition(tx, row, RunStatus.RUNNING, now, started_at=now)
+
+    def record_session(
+        self, run_id: str, runner_id: str, attempt: int, session_id: str, now: float
+    ) -> Run:
+        """The agent announced its session id: remember it before the run ends."""
+        with self.db.transaction() as tx:
+            row = _leased_row(tx, self.db, run_id, runner_id, attempt)
+            tx.execute(
+                "UPDATE runs SET session_id = ?, updated_at = ? WHERE id = ?",
+                (session_id, now, run_id),
+            )
+            row = {**row, "session_id": session_id}
+            _upsert_session(tx, row, now)
+            return run_from_row(row)
+
+    def finish_run(
+        self, run_id: str, runner_id: str, attempt: int, report: RunReport, now: float
+    ) -> Run:
+        """Record how an attempt ended; only the runner and attempt holding the lease may."""
+        with self.db.transaction() as tx:
+            row = _run_row(tx, run_id, lock=self.db.lock_rows())
+            same_lease = row["runner_id"] == runner_id and row["attempts"] == attempt
+            if same_lease and RunStatus(row["status"]).is_terminal and (
+                row["status"] == report.status
+            ):
+                return run_from_row(row)  # a repeated report (the first answer was lost)
+            _check_lease(row, runner_id, attempt)
+            fields: dict[str, Any] = {
+                "exit_code": report.exit_code,
+                "error": report.error,
+                "result": report.result,
+                "cost_usd": report.cost_usd,
+                "usage": dumps(report.usage) if report.usage is not None else None,
+                "num_turns": report.num_turns,
+            }
+            if report.session_id:
+                fields["session_id"] = report.session_id
+            if report.status is RunStatus.PENDING:
+                return _requeue_after_rate_limit(tx, row, report, fields, now)
+            status = report.status
+            if status is RunStatus.CANCELLED or (
+                row["cancel_requested"] and status is RunStatus.FAILED
+            ):
+                status = RunStatus.CANCELLED
+            run = _transition(tx, row, status, now, finished_at=now, **fields)
+            if run.session_id:
+                _finish_session(tx, run, now)
+            return run
+
+    def append_logs(
+        self, run_id: str, runner_id: str, attempt: int, lines: Sequence[LogLine]
+    ) -> int:
+        """Store output lines; a line sent twice (a retried batch) is stored once."""
+        if not lines:
+            return 0
+        with self.db.transaction() as tx:
+            row = _run_row(tx, run_id)
+            if row["runner_id"] != runner_id:
+                raise LeaseLost(f"run {run_id} is not held by runner {runner_id}")
+            for line in lines:
+                tx.execute(
+                    "INSERT INTO run_logs (run_id, attempt, line_no, stream, text, ts) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, attempt, line_no) DO NOTHING",
+                    (run_id, attempt, line.line_no, line.stream, line.text, line.ts),
+                )
+        return len(lines)
+
+    def read_logs(self, run_id: str, after_id: int = 0, limit: int = 1000) -> list[LogEntry]:
+        with self.db.transaction(write=False) as tx:
+            _run_row(tx, run_id)
+            rows = tx.execute(
+                "SELECT id, attempt, line_no, stream, text, ts FROM run_logs "
+                "WHERE run_id = ? AND id > ? ORDER BY id LIMIT ?",
+                (run_id, after_id, limit),
+            )
+        return [LogEntry(**r) for r in rows]
+
+    # ---- runners -------------------------------------------------------------------------
+
+    def register_runner(
+        self,
+        *,
+        name: str,
+        hostname: str,
+        labels: Sequence[str],
+        slots: int,
+        version: str,
+        transport: str,
+        now: float,
+        runner_id: str | None = None,
+        held: Sequence[Held] = (),
+    ) -> tuple[Runner, RunnerSync]:
+        """Register a new runner, or bring back a known one (after a network cut or a
+        coordinator restart) and tell it which of the runs it still holds are its own."""
+        if slots < 1:
+            raise InvalidRequest("a runner needs at least one slot")
+        with self.db.transaction() as tx:
+            known = runner_id and tx.one("SELECT id FROM runners WHERE id = ?", (runner_id,))
+            values = (name, hostname, dumps(list(labels)), slots, version, transport, now)
+            if known:
+                tx.execute(
+                    "UPDATE runners SET name = ?, hostname = ?, labels = ?, slots = ?, "
+                    "version = ?, transport = ?, last_heartbeat_at = ?, state = 'active', "
+                    "drain_at = NULL, stopped_at = NULL WHERE id = ?",
+                    (*values, runner_id),
+                )
+                rid = RunnerId(str(runner_id))
+            else:
+                rid = new_runner_id()
+                tx.execute(
+                    "INSERT INTO runners (id, name, hostname, labels, slots, version, transport, "
+                    "last_heartbeat_at, registered_at, state) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')",
+                    (rid, *values, now),
+                )
+            sync = _sync_held(tx, rid, held, now)
+            return runner_from_row(_runner_row(tx, rid)), sync
+
+    def heartbeat(self, runner_id: str, held: Sequence[Held], now: float) -> RunnerSync:
+        """A runner is alive and holds ``held``; raises NotFound for an unknown runner and
+        ``runner_lost`` if it was declared lost (it must register again)."""
+        with self.db.transaction() as tx:
+            row = _runner_row(tx, runner_id)
+            if row["state"] in (RunnerState.LOST, RunnerState.STOPPED):
+                raise LeaseLost(
+                    f"runner {runner_id} is {row['state']}; register again",
+                    code="runner_lost",
+                )
+            tx.execute(
+                "UPDATE runners SET last_heartbeat_at = ? WHERE id = ?", (now, runner_id)
+            )
+            return _sync_held(tx, RunnerId(runner_id), held, now)
+
+    def set_runner_state(self, runner_id: str, state: RunnerState, now: float) -> Runner:
+        with self.db.transaction() as tx:
+            _runner_row(tx, runner_id)
+            tx.execute(
+                "UPDATE runners SET state = ?, "
+                "drain_at = CASE WHEN ? = 'draining' THEN ? ELSE drain_at END, "
+                "stopped_at = CASE WHEN ? = 'stopped' THEN ? ELSE stopped_at END WHERE id = ?",
+                (state, state, now, state, now, runner_id),
+            )
+            if state is RunnerState.STOPPED:
+                _release_runner_runs(tx, RunnerId(runner_id), now, "runner stopped")
+            return runner_from_row(_runner_row(tx, runner_id))
+
+    def get_runner(self, runner_id: str) -> Runner:
+        with self.db.transaction(write=False) as tx:
+            return runner_from_row(_runner_row(tx, runner_id))
+
+    def list_runners(self) -> list[Runner]:
+        with self.db.transaction(write=False) as tx:
+            rows = tx.execute(
+                "SELECT r.*, (SELECT COUNT(*) FROM runs WHERE runs.runner_id = r.id "
+                "AND runs.status IN ('claimed', 'running')) AS slots_used "
+                "FROM runners r ORDER BY r.registered_at DESC"
+            )
+        return [runner_from_row(r) for r in rows]
+
+    # ---- reconciliation ------------------------------------------------------------------
+
+    def reconcile(self, now: float, *, lost_after_s: float, timeout_grace_s: float) -> Reconciled:
+        """Declare silent runners lost and take their runs back; end runs past their timeout.
+
+        Idempotent: running it twice, or from two coordinators, changes nothing more.
+        """
+        result = Reconciled()
+        with self.db.transaction() as tx:
+            silent = tx.execute(
+                "SELECT id FROM runners WHERE state IN ('active', 'draining') "
+                "AND last_heartbeat_at < ? " + self.db.lock_rows(),
+                (now - lost_after_s,),
+            )
+            for runner in silent:
+                rid = RunnerId(runner["id"])
+                tx.execute("UPDATE runners SET state = 'lost' WHERE id = ?", (rid,))
+                result.lost_runners.append(rid)
+                released = _release_runner_runs(tx, rid, now, f"runner {rid} was lost")
+                result.requeued.extend(released[0])
+                result.failed.extend(released[1])
+            overdue = tx.execute(
+                "SELECT * FROM runs WHERE status IN ('claimed', 'running') "
+                "AND timeout_s IS NOT NULL "
+                "AND COALESCE(started_at, claimed_at) + timeout_s + ? < ? " + self.db.lock_rows(),
+                (timeout_grace_s, now),
+            )
+            for row in overdue:
+                _transition(tx, row, RunStatus.TIMED_OUT, now, finished_at=now,
+                            error=f"run exceeded its timeout of {row['timeout_s']} s "
+                            "and its runner did not stop it")
+                result.timed_out.append(RunId(row["id"]))
+        return result
+
+    # ---- sessions ------------------------------------------------------------------------
+
+    def get_session(self, key: str) -> Session:
+        """A session by id, or the most recent session with that name."""
+        with self.db.transaction(write=False) as tx:
+            row = tx.one("SELECT * FROM sessions WHERE id = ?", (key,)) or tx.one(
+                "SELECT * FROM sessions WHERE name = ? ORDER BY updated_at DESC LIMIT 1", (key,)
+            )
+        if row is None:
+            raise NotFound.of("session", key)
+        return session_from_row(row)
+
+
+# ---- helpers (each runs inside the caller's transaction) -----------------------------------
+
+
+def _new_run_row(spec: NewRun, now: float) -> Row:
+    return {
+        "id": new_run_id(),
+        "type": str(spec.type),
+        "status": str(RunStatus.PENDING),
+        "prompt": spec.prompt,
+        "command": dumps(list(spec.command)),
+        "session_name": spec.session_name,
+        "session_id": spec.session_id,
+        "agent": dumps(spec.agent.to_dict()) if spec.agent else None,
+        "project_dir": spec.project_dir,
+        "labels": dumps(sorted(spec.labels)),
+        "env": dumps(spec.env),
+        "timeout_s": spec.timeout_s,
+        "idle_timeout_s": spec.idle_timeout_s,
+        "max_attempts": spec.max_attempts,
+        "attempts": 0,
+        "priority": spec.priority,
+        "required_runner_id": spec.required_runner_id,
+        "runner_id": None,
+        "error": None,
+        "result": None,
+        "cost_usd": None,
+        "usage": None,
+        "num_turns": None,
+        "cancel_requested": 0,
+        "rate_limited": 0,
+        "available_at": now,
+        "created_at": now,
+        "claimed_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "updated_at": now,
+    }
+
+
+def _json_list(text: str) -> list[str]:
+    value = json.loads(text)
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _run_row(tx: Tx, run_id: str, lock: str = "") -> Row:
+    row = tx.one(f"SELECT * FROM runs WHERE id = ? {lock}", (run_id,))
+    if row is None:
+        raise NotFound.of("run", run_id)
+    return row
+
+
+def _runner_row(tx: Tx, runner_id: str) -> Row:
+    row = tx.one("SELECT * FROM runners WHERE id = ?", (runner_id,))
+    if row is None:
+        raise NotFound.of("runner", runner_id)
+    return row
+
+
+def _check_lease(row: Row, runner_id: str, attempt: int) -> None:
+    if row["runner_id"] != runner_id or row["attempts"] != attempt:
+        raise LeaseLost(
+            f"run {row['id']} is not held by runner {runner_id} attempt {attempt} "
+            f"(holder: {row['runner_id']} attempt {row['attempts']}, status {row['status']})",
+        )
+
+
+def _leased_row(tx: Tx, db: Database, run_id: str, runner_id: str, attempt: int) -> Row:
+    row = _run_row(tx, run_id, lock=db.lock_rows())
+    _check_lease(row, runner_id, attempt)
+    return row
+
+
+def _transition(tx: Tx, row: Row, new: RunStatus, now: float, **fields: Any) -> Run:
+    """Move one run to ``new`` if the transition table allows it; guarded by its old status."""
+    old = RunStatus(row["status"])
+    check_transition(row["id"], old, new)
+    values = {**fields, "status": str(new), "updated_at": now}
+    assignments = ", ".join(f"{name} = ?" for name in values)
+    updated = tx.one(
+        f"UPDATE runs SET {assignments} WHERE id = ? AND status = ? RETURNING *",
+        (*values.values(), row["id"], str(old)),
+    )
+    if updated is None:  # cannot happen under the row lock; refuse rather than guess
+        raise LeaseLost(f"run {row['id']} changed under us")
+    return run_from_row(updated)
+
+
+def _requeue_after_rate_limit(
+    tx: Tx, row: Row, report: RunReport, fields: dict[str, Any], now: float
+) -> Run:
+    if row["rate_limited"] >= MAX_RATE_LIMIT_REQUEUES:
+        return _transition(
+            tx, row, RunStatus.FAILED, now, finished_at=now,
+            **{**fields, "error": f"rate limited {row['rate_limited'] + 1} times: "
+               f"{report.error or report.result}"},
+        )
+    return _transition(
+        tx, row, RunStatus.PENDING, now,
+        attempts=row["attempts"] - 1,  # a rate limit does not burn an attempt
+        rate_limited=row["rate_limited"] + 1,
+        available_at=now + (report.retry_after_s or 0.0),
+        runner_id=None,
+        error=report.error or report.result,
+        session_id=fields.get("session_id", row["session_id"]),
+    )
+
+
+def _release_runner_runs(
+    tx: Tx, runner_id: RunnerId, now: float, reason: str
+) -> tuple[list[RunId], list[RunId]]:
+    """Runs held by a runner that is gone: back to pending while attempts remain."""
+    requeued: list[RunId] = []
+    failed: list[RunId] = []
+    held = tx.execute(
+        "SELECT * FROM runs WHERE runner_id = ? AND status IN ('claimed', 'running')",
+        (runner_id,),
+    )
+    for row in held:
+        _release_run(tx, row, now, reason, requeued, failed)
+    return requeued, failed
+
+
+def _release_run(
+    tx: Tx, row: Row, now: float, reason: str, requeued: list[RunId], failed: list[RunId]
+) -> None:
+    lost = _transition(tx, row, RunStatus.LOST, now, error=reason)
+    lost_row = {**row, "status": str(RunStatus.LOST)}
+    if lost.cancel_requested:
+        _transition(tx, lost_row, RunStatus.CANCELLED, now, finished_at=now,
+                    error=f"cancelled ({reason})")
+        failed.append(lost.id)
+    elif lost.attempts < lost.max_attempts:
+        _transition(tx, lost_row, RunStatus.PENDING, now, runner_id=None, available_at=now)
+        requeued.append(lost.id)
+    else:
+        _transition(tx, lost_row, RunStatus.FAILED, now, finished_at=now,
+                    error=f"{reason}; no attempts left ({lost.attempts}/{lost.max_attempts})")
+        failed.append(lost.id)
+
+
+# A run the runner did not mention this long after it was claimed was lost on the way
+# (the claim committed but its answer never reached the runner).
+UNREPORTED_CLAIM_GRACE_S = 15.0
+
+
+def _sync_held(tx: Tx, runner_id: RunnerId, held: Sequence[Held], now: float) -> RunnerSync:
+    sync = RunnerSync()
+    mine = {
+        r["id"]: r
+        for r in tx.execute(
+            "SELECT * FROM runs WHERE runner_id = ? AND status IN ('claimed', 'running')",
+            (runner_id,),
+        )
+    }
+    reported = {h.run_id for h in held}
+    for h in held:
+        row = mine.get(h.run_id)
+        if row is None or row["attempts"] != h.attempt:
+            sync.abandon.append(h.run_id)
+        elif row["cancel_requested"]:
+            sync.cancel.append(h.run_id)
+    requeued: list[RunId] = []
+    for run_id, row in mine.items():
+        if run_id not in reported and (row["claimed_at"] or 0) < now - UNREPORTED_CLAIM_GRACE_S:
+            _release_run(tx, row, now, f"runner {runner_id} no longer reports it", requeued, [])
+    return sync
+
+
+def _upsert_session(tx: Tx, run: Row, now: float) -> None:
+    agent_name = json.loads(run["agent"]).get("name") if run["agent"] else None
+    tx.execute(
+        "INSERT INTO sessions (id, name, agent_name, runner_id, project_dir, last_run_id, "
+        "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (id) DO UPDATE SET runner_id = excluded.runner_id, "
+        "project_dir = excluded.project_dir, last_run_id = excluded.last_run_id, "
+        "updated_at = excluded.updated_at",
+        (run["session_id"], run["session_name"], agent_name, run["runner_id"],
+         run["project_dir"], run["id"], now, now),
+    )
+
+
+def _finish_session(tx: Tx, run: Run, now: float) -> None:
+    tx.execute(
+        "INSERT INTO sessions (id, name, agent_name, runner_id, project_dir, last_run_id, "
+        "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+        (run.session_id, run.session_name, run.agent_name, run.runner_id, run.project_dir,
+         run.id, now, now),
+    )
+    tx.execute(
+        "UPDATE sessions SET result = ?, is_error = ?, cost_usd = cost_usd + ?, "
+        "runs = runs + 1, last_run_id = ?, runner_id = ?, updated_at = ? WHERE id = ?",
+        (run.result, int(run.status is not RunStatus.COMPLETED), run.cost_usd or 0.0, run.id,
+         run.runner_id, now, run.session_id),
+    )
