@@ -15,5 +15,5 @@ def backoff_delay(
 ) -> float:
     """Delay before retry number ``attempt`` (0-based): min(base·2^n, cap) plus 0–jitter of it."""
     delay = min(base * (2 ** min(attempt, 30)), cap)
-    draw = (rng or random).random()
+    draw: float = (rng or random).random()
     return delay * (1.0 + jitter * draw)

@@ -95,8 +95,16 @@ def from_wire(status: int, body: Any) -> CorralError:
         return CorralError(f"coordinator answered HTTP {status}", code="http_error")
     code = str(error.get("code", "http_error"))
     message = str(error.get("message", f"HTTP {status}"))
-    for cls in (UnknownAgent, PayloadTooLarge, InvalidRequest, IllegalTransition, LeaseLost,
-                SessionNotReady, Conflict, Unavailable):
+    for cls in (
+        UnknownAgent,
+        PayloadTooLarge,
+        InvalidRequest,
+        IllegalTransition,
+        LeaseLost,
+        SessionNotReady,
+        Conflict,
+        Unavailable,
+    ):
         if cls.code == code:
             return cls(message)
     if code.endswith("_not_found"):

@@ -1,7 +1,7 @@
 """Runners: the hosts that claim and execute runs, and their lifecycle.
 
-    active ──(no heartbeat for lost_after)──▶ lost ──(heartbeat)──▶ active
-    active ──drain──▶ draining ──(exits)──▶ stopped
+active ──(no heartbeat for lost_after)──▶ lost ──(heartbeat)──▶ active
+active ──drain──▶ draining ──(exits)──▶ stopped
 """
 
 from __future__ import annotations

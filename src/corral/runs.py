@@ -54,9 +54,7 @@ S = RunStatus
 TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     S.PENDING: frozenset({S.CLAIMED, S.CANCELLED, S.FAILED}),
     S.CLAIMED: frozenset({S.RUNNING, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.LOST, S.PENDING}),
-    S.RUNNING: frozenset(
-        {S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.LOST, S.PENDING}
-    ),
+    S.RUNNING: frozenset({S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.LOST, S.PENDING}),
     S.LOST: frozenset({S.PENDING, S.FAILED, S.CANCELLED}),
     S.COMPLETED: frozenset(),
     S.FAILED: frozenset(),
@@ -135,7 +133,8 @@ class NewRun:
     idle_timeout_s: float | None = None
     max_attempts: int = 3
     priority: int = 0
-    required_runner_id: RunnerId | None = None
+    # Resumes must run where the session lives: on the runner with this name.
+    required_runner: str | None = None
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -156,7 +155,7 @@ class Run:
     max_attempts: int
     attempts: int
     priority: int
-    required_runner_id: RunnerId | None
+    required_runner: str | None
     runner_id: RunnerId | None
     env: dict[str, str]
     exit_code: int | None

@@ -120,7 +120,7 @@ class StreamJsonObserver:
         # stdout may carry anything (warnings, partial lines): never let it raise.
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
             return []
         if not isinstance(message, dict):
             return []

@@ -19,7 +19,8 @@ _STOPPED = {
 def stopped_report(reason: StopReason, exit_code: int | None) -> RunReport:
     if reason is StopReason.RUNNER_SHUTDOWN:
         # The runner is going away: give the attempt back so another runner takes the run.
-        return RunReport(RunStatus.PENDING, exit_code=exit_code, error="runner shut down",
-                         retry_after_s=0.0)
+        return RunReport(
+            RunStatus.PENDING, exit_code=exit_code, error="runner shut down", retry_after_s=0.0
+        )
     status, message = _STOPPED[reason]
     return RunReport(status, exit_code=exit_code, error=message)

@@ -1,13 +1,13 @@
 """Named agent profiles, read from the ``[agents.<name>]`` tables of a TOML config.
 
-    [agents.researcher]
-    executor = "claude"          # which executor runs it
-    model = "sonnet"
-    allowed_tools = ["Read", "Grep", "WebSearch"]
-    system_prompt = "You research things carefully."
-    max_turns = 20
-    budget_usd = 2.5             # refuse further runs of a session past this cost
-    extra_args = []              # passed to the agent CLI as they are
+[agents.researcher]
+executor = "claude"          # which executor runs it
+model = "sonnet"
+allowed_tools = ["Read", "Grep", "WebSearch"]
+system_prompt = "You research things carefully."
+max_turns = 20
+budget_usd = 2.5             # refuse further runs of a session past this cost
+extra_args = []              # passed to the agent CLI as they are
 """
 
 from __future__ import annotations
@@ -21,8 +21,15 @@ from corral.runs import AgentSpec
 
 EXECUTORS = frozenset({"claude"})
 BUILTIN = {"claude": AgentSpec(name="claude", executor="claude")}
-_FIELDS = {"executor", "model", "allowed_tools", "system_prompt", "max_turns", "budget_usd",
-           "extra_args"}
+_FIELDS = {
+    "executor",
+    "model",
+    "allowed_tools",
+    "system_prompt",
+    "max_turns",
+    "budget_usd",
+    "extra_args",
+}
 
 
 def load_profiles(path: Path | None) -> dict[str, AgentSpec]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from datetime import UTC, datetime
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -79,7 +79,9 @@ class SqliteDatabase:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(
-                self.path, timeout=self._busy_timeout_s, isolation_level=None,
+                self.path,
+                timeout=self._busy_timeout_s,
+                isolation_level=None,
                 check_same_thread=False,
             )
             conn.execute("PRAGMA journal_mode=WAL")
@@ -125,7 +127,7 @@ class _PostgresTx:
         self._conn = conn
 
     def execute(self, sql: str, params: Params = ()) -> list[Row]:
-        cur = self._conn.execute(sql.replace("?", "%s"), tuple(params))  # type: ignore[arg-type]
+        cur = self._conn.execute(sql.replace("?", "%s"), tuple(params))
         if cur.description is None:
             return []
         return cur.fetchall()

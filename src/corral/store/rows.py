@@ -34,8 +34,7 @@ def run_from_row(row: Row) -> Run:
         max_attempts=row["max_attempts"],
         attempts=row["attempts"],
         priority=row["priority"],
-        required_runner_id=RunnerId(row["required_runner_id"]) if row["required_runner_id"]
-        else None,
+        required_runner=row["required_runner"],
         runner_id=RunnerId(row["runner_id"]) if row["runner_id"] else None,
         env=json.loads(row["env"]),
         exit_code=row["exit_code"],

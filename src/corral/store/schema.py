@@ -44,7 +44,7 @@ CREATE TABLE runs (
     max_attempts       INTEGER NOT NULL,
     attempts           INTEGER NOT NULL DEFAULT 0,
     priority           INTEGER NOT NULL DEFAULT 0,
-    required_runner_id TEXT,
+    required_runner    TEXT,
     runner_id          TEXT REFERENCES runners (id),
     exit_code          INTEGER,
     error              TEXT,

@@ -87,10 +87,7 @@ class Store:
     def create_runs(self, specs: Sequence[NewRun], now: float) -> list[Run]:
         rows = [_new_run_row(spec, now) for spec in specs]
         columns = list(rows[0]) if rows else []
-        sql = (
-            f"INSERT INTO runs ({', '.join(columns)}) "
-            f"VALUES ({', '.join('?' for _ in columns)})"
-        )
+        sql = f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})"
         with self.db.transaction() as tx:
             for row in rows:
                 tx.execute(sql, list(row.values()))
@@ -143,8 +140,7 @@ class Store:
             row = _run_row(tx, run_id, lock=self.db.lock_rows())
             status = RunStatus(row["status"])
             if status in (RunStatus.PENDING, RunStatus.LOST):
-                _transition(tx, row, RunStatus.CANCELLED, now, error="cancelled",
-                            finished_at=now)
+                _transition(tx, row, RunStatus.CANCELLED, now, error="cancelled", finished_at=now)
             elif status.holds_lease:
                 tx.execute(
                     "UPDATE runs SET cancel_requested = 1, updated_at = ? WHERE id = ?",
@@ -174,10 +170,10 @@ class Store:
             labels = set(_json_list(runner["labels"]))
             candidates = tx.execute(
                 "SELECT id, labels FROM runs WHERE status = 'pending' AND available_at <= ? "
-                "AND (required_runner_id IS NULL OR required_runner_id = ?) "
+                "AND (required_runner IS NULL OR required_runner = ?) "
                 "ORDER BY priority DESC, created_at, id LIMIT ? "
                 + self.db.lock_rows(skip_locked=True),
-                (now, runner_id, CLAIM_WINDOW),
+                (now, runner["name"], CLAIM_WINDOW),
             )
             chosen = [c["id"] for c in candidates if set(_json_list(c["labels"])) <= labels]
             chosen = chosen[:max_runs]
@@ -193,6 +189,16 @@ class Store:
         runs = [run_from_row(r) for r in rows]
         runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
         return runs
+
+    def cancel_requests(self, runner_id: str) -> list[RunId]:
+        """Runs this runner holds that a client asked to cancel."""
+        with self.db.transaction(write=False) as tx:
+            rows = tx.execute(
+                "SELECT id FROM runs WHERE runner_id = ? AND status IN ('claimed', 'running') "
+                "AND cancel_requested = 1",
+                (runner_id,),
+            )
+        return [RunId(r["id"]) for r in rows]
 
     def mark_started(self, run_id: str, runner_id: str, attempt: int, now: float) -> Run:
         with self.db.transaction() as tx:
@@ -222,8 +228,10 @@ class Store:
         with self.db.transaction() as tx:
             row = _run_row(tx, run_id, lock=self.db.lock_rows())
             same_lease = row["runner_id"] == runner_id and row["attempts"] == attempt
-            if same_lease and RunStatus(row["status"]).is_terminal and (
-                row["status"] == report.status
+            if (
+                same_lease
+                and RunStatus(row["status"]).is_terminal
+                and (row["status"] == report.status)
             ):
                 return run_from_row(row)  # a repeated report (the first answer was lost)
             _check_lease(row, runner_id, attempt)
@@ -328,9 +336,7 @@ class Store:
                     f"runner {runner_id} is {row['state']}; register again",
                     code="runner_lost",
                 )
-            tx.execute(
-                "UPDATE runners SET last_heartbeat_at = ? WHERE id = ?", (now, runner_id)
-            )
+            tx.execute("UPDATE runners SET last_heartbeat_at = ? WHERE id = ?", (now, runner_id))
             return _sync_held(tx, RunnerId(runner_id), held, now)
 
     def set_runner_state(self, runner_id: str, state: RunnerState, now: float) -> Runner:
@@ -387,9 +393,15 @@ class Store:
                 (timeout_grace_s, now),
             )
             for row in overdue:
-                _transition(tx, row, RunStatus.TIMED_OUT, now, finished_at=now,
-                            error=f"run exceeded its timeout of {row['timeout_s']} s "
-                            "and its runner did not stop it")
+                _transition(
+                    tx,
+                    row,
+                    RunStatus.TIMED_OUT,
+                    now,
+                    finished_at=now,
+                    error=f"run exceeded its timeout of {row['timeout_s']} s "
+                    "and its runner did not stop it",
+                )
                 result.timed_out.append(RunId(row["id"]))
         return result
 
@@ -427,7 +439,7 @@ def _new_run_row(spec: NewRun, now: float) -> Row:
         "max_attempts": spec.max_attempts,
         "attempts": 0,
         "priority": spec.priority,
-        "required_runner_id": spec.required_runner_id,
+        "required_runner": spec.required_runner,
         "runner_id": None,
         "error": None,
         "result": None,
@@ -498,12 +510,22 @@ def _requeue_after_rate_limit(
 ) -> Run:
     if row["rate_limited"] >= MAX_RATE_LIMIT_REQUEUES:
         return _transition(
-            tx, row, RunStatus.FAILED, now, finished_at=now,
-            **{**fields, "error": f"rate limited {row['rate_limited'] + 1} times: "
-               f"{report.error or report.result}"},
+            tx,
+            row,
+            RunStatus.FAILED,
+            now,
+            finished_at=now,
+            **{
+                **fields,
+                "error": f"rate limited {row['rate_limited'] + 1} times: "
+                f"{report.error or report.result}",
+            },
         )
     return _transition(
-        tx, row, RunStatus.PENDING, now,
+        tx,
+        row,
+        RunStatus.PENDING,
+        now,
         attempts=row["attempts"] - 1,  # a rate limit does not burn an attempt
         rate_limited=row["rate_limited"] + 1,
         available_at=now + (report.retry_after_s or 0.0),
@@ -534,15 +556,22 @@ def _release_run(
     lost = _transition(tx, row, RunStatus.LOST, now, error=reason)
     lost_row = {**row, "status": str(RunStatus.LOST)}
     if lost.cancel_requested:
-        _transition(tx, lost_row, RunStatus.CANCELLED, now, finished_at=now,
-                    error=f"cancelled ({reason})")
+        _transition(
+            tx, lost_row, RunStatus.CANCELLED, now, finished_at=now, error=f"cancelled ({reason})"
+        )
         failed.append(lost.id)
     elif lost.attempts < lost.max_attempts:
         _transition(tx, lost_row, RunStatus.PENDING, now, runner_id=None, available_at=now)
         requeued.append(lost.id)
     else:
-        _transition(tx, lost_row, RunStatus.FAILED, now, finished_at=now,
-                    error=f"{reason}; no attempts left ({lost.attempts}/{lost.max_attempts})")
+        _transition(
+            tx,
+            lost_row,
+            RunStatus.FAILED,
+            now,
+            finished_at=now,
+            error=f"{reason}; no attempts left ({lost.attempts}/{lost.max_attempts})",
+        )
         failed.append(lost.id)
 
 
@@ -582,8 +611,16 @@ def _upsert_session(tx: Tx, run: Row, now: float) -> None:
         "ON CONFLICT (id) DO UPDATE SET runner_id = excluded.runner_id, "
         "project_dir = excluded.project_dir, last_run_id = excluded.last_run_id, "
         "updated_at = excluded.updated_at",
-        (run["session_id"], run["session_name"], agent_name, run["runner_id"],
-         run["project_dir"], run["id"], now, now),
+        (
+            run["session_id"],
+            run["session_name"],
+            agent_name,
+            run["runner_id"],
+            run["project_dir"],
+            run["id"],
+            now,
+            now,
+        ),
     )
 
 
@@ -591,12 +628,27 @@ def _finish_session(tx: Tx, run: Run, now: float) -> None:
     tx.execute(
         "INSERT INTO sessions (id, name, agent_name, runner_id, project_dir, last_run_id, "
         "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-        (run.session_id, run.session_name, run.agent_name, run.runner_id, run.project_dir,
-         run.id, now, now),
+        (
+            run.session_id,
+            run.session_name,
+            run.agent_name,
+            run.runner_id,
+            run.project_dir,
+            run.id,
+            now,
+            now,
+        ),
     )
     tx.execute(
         "UPDATE sessions SET result = ?, is_error = ?, cost_usd = cost_usd + ?, "
         "runs = runs + 1, last_run_id = ?, runner_id = ?, updated_at = ? WHERE id = ?",
-        (run.result, int(run.status is not RunStatus.COMPLETED), run.cost_usd or 0.0, run.id,
-         run.runner_id, now, run.session_id),
+        (
+            run.result,
+            int(run.status is not RunStatus.COMPLETED),
+            run.cost_usd or 0.0,
+            run.id,
+            run.runner_id,
+            now,
+            run.session_id,
+        ),
     )

@@ -1,0 +1,1 @@
+"""The coordinator: the HTTP API for clients and runners, over the durable store."""

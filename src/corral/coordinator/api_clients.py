@@ -1,0 +1,153 @@
+"""REST routes for clients: runs, logs, sessions, runners."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+
+from corral.coordinator.schemas import (
+    CreateRun,
+    CreateRuns,
+    log_json,
+    run_json,
+    runner_json,
+    session_json,
+)
+from corral.coordinator.service import Coordinator
+from corral.errors import InvalidRequest
+from corral.runs import Run, RunStatus
+
+router = APIRouter()
+
+
+def _coordinator(request: Request) -> Coordinator:
+    coordinator: Coordinator = request.app.state.coordinator
+    return coordinator
+
+
+@router.post("/runs", status_code=201, tags=["runs"])
+async def create_run(body: CreateRun, request: Request) -> dict[str, Any]:
+    """Queue a run; answers at once with its id."""
+    (run,) = await _coordinator(request).create_runs([body])
+    return {"run_id": run.id, "status": run.status}
+
+
+@router.post("/runs:batch", status_code=201, tags=["runs"])
+async def create_runs(body: CreateRuns, request: Request) -> dict[str, Any]:
+    """Queue many runs in one transaction: all are created, or none."""
+    runs = await _coordinator(request).create_runs(body.runs)
+    return {"runs": [{"run_id": r.id, "status": r.status} for r in runs]}
+
+
+@router.get("/runs", tags=["runs"])
+async def list_runs(
+    request: Request,
+    status: Annotated[str | None, Query(description="comma-separated statuses")] = None,
+    runner_id: str | None = None,
+    session: Annotated[str | None, Query(description="session id or name")] = None,
+    before: Annotated[str | None, Query(description="the 'next' of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> dict[str, Any]:
+    statuses = _parse_statuses(status)
+    store = _coordinator(request).store
+    runs = await _coordinator(request)._db(
+        store.list_runs,
+        statuses=statuses,
+        runner_id=runner_id,
+        session=session,
+        before=before,
+        limit=limit,
+    )
+    return {
+        "runs": [run_json(r) for r in runs],
+        "next": runs[-1].id if len(runs) == limit else None,
+    }
+
+
+def _parse_statuses(text: str | None) -> list[RunStatus]:
+    if not text:
+        return []
+    try:
+        return [RunStatus(s.strip()) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise InvalidRequest(
+            f"unknown status in {text!r}; statuses: {', '.join(s.value for s in RunStatus)}"
+        ) from None
+
+
+@router.get("/runs/{run_id}", tags=["runs"])
+async def get_run(run_id: str, request: Request) -> dict[str, Any]:
+    coordinator = _coordinator(request)
+    return run_json(await coordinator._db(coordinator.store.get_run, run_id))
+
+
+@router.post("/runs/{run_id}/cancel", tags=["runs"])
+async def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
+    """Cancel a pending run at once, or ask its runner to stop it (SIGTERM, then SIGKILL)."""
+    return run_json(await _coordinator(request).cancel(run_id))
+
+
+@router.get("/runs/{run_id}/logs", tags=["runs"], response_model=None)
+async def run_logs(
+    run_id: str,
+    request: Request,
+    after: Annotated[int, Query(ge=0, description="the last log id already read")] = 0,
+    follow: bool = False,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+) -> dict[str, Any] | StreamingResponse:
+    """The run's output lines; with ``follow=true`` a stream of JSON lines until it ends."""
+    coordinator = _coordinator(request)
+    if not follow:
+        entries = await coordinator._db(coordinator.store.read_logs, run_id, after, limit)
+        return {
+            "lines": [log_json(e) for e in entries],
+            "next_after": entries[-1].id if entries else after,
+        }
+    await coordinator._db(coordinator.store.get_run, run_id)  # 404 before streaming starts
+
+    async def stream() -> AsyncIterator[bytes]:
+        async for item in coordinator.follow_logs(run_id, after):
+            if isinstance(item, Run):
+                payload = {"event": "end", "run": run_json(item)}
+            else:
+                payload = {"event": "line", **log_json(item)}
+            yield (json.dumps(payload) + "\n").encode()
+
+    return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+
+@router.get("/sessions/{session}", tags=["sessions"])
+async def get_session(session: str, request: Request) -> dict[str, Any]:
+    """A session by id or name (the most recent with that name)."""
+    coordinator = _coordinator(request)
+    return session_json(await coordinator._db(coordinator.store.get_session, session))
+
+
+@router.get("/sessions/{session}/result", tags=["sessions"])
+async def session_result(session: str, request: Request) -> dict[str, Any]:
+    """The latest finished result of a session."""
+    coordinator = _coordinator(request)
+    found = await coordinator._db(coordinator.store.get_session, session)
+    return {
+        "session_id": found.id,
+        "result": found.result,
+        "is_error": found.is_error,
+        "cost_usd": found.cost_usd,
+        "last_run_id": found.last_run_id,
+    }
+
+
+@router.get("/runners", tags=["runners"])
+async def list_runners(request: Request) -> dict[str, Any]:
+    coordinator = _coordinator(request)
+    runners = await coordinator._db(coordinator.store.list_runners)
+    return {"runners": [runner_json(r) for r in runners]}
+
+
+@router.get("/health", tags=["meta"])
+async def health() -> dict[str, str]:
+    return {"status": "ok"}

@@ -1,0 +1,143 @@
+"""The runner HTTP protocol of seed 001: register, long-poll, report, heartbeat."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+
+from corral.coordinator.schemas import (
+    LeaseRef,
+    LogsBody,
+    RegisterRunner,
+    ReportBody,
+    RunnerHeartbeat,
+    RunnerRef,
+    SessionSeenBody,
+    run_assignment_json,
+    runner_json,
+)
+from corral.coordinator.service import Coordinator
+from corral.errors import InvalidRequest
+from corral.ids import RunId, RunnerId
+from corral.runs import RunReport, RunStatus
+from corral.store import Held, LogLine, RunnerSync
+
+router = APIRouter(prefix="/runner", tags=["runner protocol"])
+
+
+def _coordinator(request: Request) -> Coordinator:
+    coordinator: Coordinator = request.app.state.coordinator
+    return coordinator
+
+
+def _sync_json(sync: RunnerSync) -> dict[str, Any]:
+    return {"cancel": sync.cancel, "abandon": sync.abandon}
+
+
+@router.post("/register")
+async def register(body: RegisterRunner, request: Request) -> dict[str, Any]:
+    coordinator = _coordinator(request)
+    runner, sync = await coordinator.register(body)
+    settings = coordinator.settings
+    return {
+        **runner_json(runner),
+        **_sync_json(sync),
+        "heartbeat_interval_s": settings.heartbeat_interval_s,
+        "lost_after_s": settings.lost_after_s,
+        "poll_timeout_s": settings.poll_timeout_s,
+    }
+
+
+@router.get("/runs", response_model=None)
+async def poll_runs(
+    request: Request,
+    runner_id: str,
+    max_runs: Annotated[int, Query(ge=0, le=1024)] = 1,
+    timeout: Annotated[float | None, Query(ge=0, le=300)] = None,
+) -> dict[str, Any] | Response:
+    """Long-poll: claim up to ``max_runs`` runs, waiting up to the poll timeout; 204 if none."""
+    coordinator = _coordinator(request)
+    wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
+    runs = await coordinator.poll(RunnerId(runner_id), max_runs, wait)
+    if not runs:
+        return Response(status_code=204)
+    return {"runs": [run_assignment_json(r) for r in runs]}
+
+
+@router.get("/control", response_model=None)
+async def control(
+    request: Request,
+    runner_id: str,
+    timeout: Annotated[float | None, Query(ge=0, le=300)] = None,
+) -> dict[str, Any] | Response:
+    """Long-poll for orders about runs the runner holds (cancellations); 204 if none."""
+    coordinator = _coordinator(request)
+    wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
+    cancels = await coordinator.control(RunnerId(runner_id), wait)
+    if not cancels:
+        return Response(status_code=204)
+    return {"cancel": cancels}
+
+
+@router.post("/heartbeat")
+async def heartbeat(body: RunnerHeartbeat, request: Request) -> dict[str, Any]:
+    held = [Held(RunId(h.run_id), h.attempt) for h in body.held]
+    return _sync_json(await _coordinator(request).heartbeat(body.runner_id, held))
+
+
+@router.post("/deregister")
+async def deregister(body: RunnerRef, request: Request) -> dict[str, Any]:
+    return runner_json(await _coordinator(request).deregister(body.runner_id))
+
+
+@router.post("/runs/{run_id}/started")
+async def started(run_id: str, body: LeaseRef, request: Request) -> dict[str, Any]:
+    await _coordinator(request).started(run_id, body.runner_id, body.attempt)
+    return {"ok": True}
+
+
+@router.post("/runs/{run_id}/session")
+async def session_seen(run_id: str, body: SessionSeenBody, request: Request) -> dict[str, Any]:
+    await _coordinator(request).session_seen(run_id, body.runner_id, body.attempt, body.session_id)
+    return {"ok": True}
+
+
+@router.post("/runs/{run_id}/logs")
+async def logs(run_id: str, body: LogsBody, request: Request) -> dict[str, Any]:
+    lines = [LogLine(ln.line_no, ln.stream, ln.text, ln.ts) for ln in body.lines]
+    stored = await _coordinator(request).append_logs(run_id, body.runner_id, body.attempt, lines)
+    return {"ok": True, "lines": stored}
+
+
+@router.post("/runs/{run_id}/completed")
+async def completed(run_id: str, body: ReportBody, request: Request) -> dict[str, Any]:
+    if body.status not in (None, "completed"):
+        raise InvalidRequest(f"/completed cannot report status {body.status!r}; use /failed")
+    return await _report(run_id, body, RunStatus.COMPLETED, request)
+
+
+@router.post("/runs/{run_id}/failed")
+async def failed(run_id: str, body: ReportBody, request: Request) -> dict[str, Any]:
+    """Failed, timed out, cancelled — or ``status: pending`` to give the attempt back."""
+    if body.status == "completed":
+        raise InvalidRequest("/failed cannot report status 'completed'; use /completed")
+    return await _report(run_id, body, RunStatus(body.status or "failed"), request)
+
+
+async def _report(
+    run_id: str, body: ReportBody, status: RunStatus, request: Request
+) -> dict[str, Any]:
+    report = RunReport(
+        status=status,
+        exit_code=body.exit_code,
+        error=body.error,
+        result=body.result,
+        session_id=body.session_id,
+        cost_usd=body.cost_usd,
+        usage=body.usage,
+        num_turns=body.num_turns,
+        retry_after_s=body.retry_after_s,
+    )
+    run = await _coordinator(request).report(run_id, body.runner_id, body.attempt, report)
+    return {"ok": True, "status": run.status}

@@ -1,0 +1,120 @@
+"""The coordinator's ASGI application: routes, error bodies, and the reconciler's lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from corral import __version__
+from corral.agents.profiles import load_profiles
+from corral.clock import Clock, SystemClock
+from corral.coordinator import api_clients, api_runners
+from corral.coordinator.service import Coordinator
+from corral.coordinator.settings import CoordinatorSettings
+from corral.errors import CorralError
+from corral.store import Store
+
+log = logging.getLogger("corral.coordinator")
+
+
+def create_app(
+    settings: CoordinatorSettings,
+    *,
+    store: Store | None = None,
+    clock: Clock | None = None,
+    reconcile: bool = True,
+) -> FastAPI:
+    """Build the app; it opens (and closes) its own store unless one is given."""
+    owns_store = store is None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        opened = store or Store.open(settings.db_url)
+        coordinator = Coordinator(
+            opened, settings, clock or SystemClock(), load_profiles(settings.config_path)
+        )
+        app.state.coordinator = coordinator
+        reconciler = asyncio.create_task(coordinator.reconcile_forever()) if reconcile else None
+        try:
+            yield
+        finally:
+            if reconciler is not None:
+                reconciler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reconciler
+            if owns_store:
+                opened.close()
+
+    app = FastAPI(
+        title="corral coordinator",
+        version=__version__,
+        description="Runs, sessions and runners of a corral control plane.",
+        lifespan=lifespan,
+    )
+    app.include_router(api_clients.router)
+    app.include_router(api_runners.router)
+    app.add_exception_handler(CorralError, _corral_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+def _error(status: int, code: str, message: str, **details: Any) -> JSONResponse:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        body["details"] = details
+    return JSONResponse({"error": body}, status_code=status)
+
+
+async def _corral_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, CorralError)
+    return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return _error(400, "malformed_json", "request body is not valid JSON")
+    problems = [
+        f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body')}: {e.get('msg')}"
+        for e in errors
+    ]
+    return _error(422, "invalid_request", "; ".join(problems))
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    code = {404: "route_not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return _error(exc.status_code, code, str(exc.detail))
+
+
+class BodyLimit:
+    """Refuse request bodies over ``max_bytes`` (declared or streamed) with 413."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                response = _error(
+                    413, "payload_too_large", f"request body over {self.max_bytes} bytes"
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,52 @@
+"""In-process wake-ups: a long-poll or a log follower waits on a topic, a change notifies it.
+
+Waiters take the topic's event *before* they look at the store, so a change that lands
+between their look and their wait still wakes them. Events live only while someone waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+
+RUNS_AVAILABLE = "runs"
+
+
+def runner_topic(runner_id: str) -> str:
+    return f"runner:{runner_id}"
+
+
+def logs_topic(run_id: str) -> str:
+    return f"logs:{run_id}"
+
+
+class Notifier:
+    def __init__(self) -> None:
+        self._events: weakref.WeakValueDictionary[str, asyncio.Event] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def event(self, topic: str) -> asyncio.Event:
+        """The event the next ``notify(topic)`` sets; hold it while you look, then wait."""
+        event = self._events.get(topic)
+        if event is None:
+            event = asyncio.Event()
+            self._events[topic] = event
+        return event
+
+    def notify(self, *topics: str) -> None:
+        for topic in topics:
+            event = self._events.pop(topic, None)
+            if event is not None:
+                event.set()
+
+
+async def wait_for(event: asyncio.Event, timeout: float) -> bool:
+    """True if the event was set within ``timeout`` seconds."""
+    if timeout <= 0:
+        return event.is_set()
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        return False
+    return True

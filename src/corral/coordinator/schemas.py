@@ -1,0 +1,185 @@
+"""Wire shapes of the REST API (pydantic models), parsed once at the edge."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from corral.runners import Runner
+from corral.runs import Run, RunType
+from corral.sessions import Session
+from corral.store import LogEntry
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateRun(_Strict):
+    type: RunType
+    session_name: str | None = Field(None, max_length=200)
+    session_id: str | None = Field(None, max_length=200, description="session to resume")
+    agent_name: str | None = Field(None, max_length=200)
+    prompt: str | None = None
+    project_dir: str | None = Field(None, max_length=4096)
+    command: list[str] | None = Field(None, description="argv of a command run")
+    labels: list[str] = Field(default_factory=list, max_length=64)
+    timeout_s: float | None = Field(None, gt=0)
+    idle_timeout_s: float | None = Field(None, gt=0)
+    max_attempts: int = Field(3, ge=1, le=100)
+    priority: int = Field(0, ge=-1000, le=1000)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class CreateRuns(_Strict):
+    runs: list[CreateRun] = Field(min_length=1, max_length=1000)
+
+
+class Held(_Strict):
+    run_id: str
+    attempt: int
+
+
+class RegisterRunner(_Strict):
+    name: str = Field(min_length=1, max_length=200)
+    hostname: str = Field("", max_length=255)
+    labels: list[str] = Field(default_factory=list, max_length=64)
+    slots: int = Field(1, ge=1, le=1024)
+    version: str = Field("", max_length=64)
+    transport: Literal["poll", "websocket"] = "poll"
+    runner_id: str | None = Field(None, description="the id this process had before")
+    held: list[Held] = Field(default_factory=list)
+
+
+class RunnerHeartbeat(_Strict):
+    runner_id: str
+    held: list[Held] = Field(default_factory=list)
+
+
+class RunnerRef(_Strict):
+    runner_id: str
+
+
+class LeaseRef(_Strict):
+    runner_id: str
+    attempt: int
+
+
+class SessionSeenBody(LeaseRef):
+    session_id: str = Field(min_length=1, max_length=200)
+
+
+class LogLineBody(_Strict):
+    line_no: int = Field(ge=0)
+    stream: Literal["stdout", "stderr"]
+    text: str
+    ts: float
+
+
+class LogsBody(LeaseRef):
+    lines: list[LogLineBody] = Field(max_length=5000)
+
+
+class ReportBody(LeaseRef):
+    status: Literal["completed", "failed", "timed_out", "cancelled", "pending"] | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    result: str | None = None
+    session_id: str | None = None
+    cost_usd: float | None = None
+    usage: dict[str, Any] | None = None
+    num_turns: int | None = None
+    retry_after_s: float | None = Field(None, ge=0)
+
+
+def iso(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
+
+
+def run_json(run: Run) -> dict[str, Any]:
+    return {
+        "run_id": run.id,
+        "type": run.type,
+        "status": run.status,
+        "session_name": run.session_name,
+        "session_id": run.session_id,
+        "agent_name": run.agent_name,
+        "prompt": run.prompt,
+        "command": list(run.command),
+        "project_dir": run.project_dir,
+        "labels": list(run.labels),
+        "priority": run.priority,
+        "timeout_s": run.timeout_s,
+        "idle_timeout_s": run.idle_timeout_s,
+        "max_attempts": run.max_attempts,
+        "attempts": run.attempts,
+        "runner_id": run.runner_id,
+        "exit_code": run.exit_code,
+        "error": run.error,
+        "result": run.result,
+        "cost_usd": run.cost_usd,
+        "usage": run.usage,
+        "num_turns": run.num_turns,
+        "cancel_requested": run.cancel_requested,
+        "rate_limited": run.rate_limited,
+        "created_at": iso(run.created_at),
+        "claimed_at": iso(run.claimed_at),
+        "started_at": iso(run.started_at),
+        "finished_at": iso(run.finished_at),
+    }
+
+
+def run_assignment_json(run: Run) -> dict[str, Any]:
+    """What a runner needs to execute a run: the whole spec, with its agent snapshot."""
+    return {
+        **run_json(run),
+        "agent": run.agent.to_dict() if run.agent else None,
+        "env": run.env,
+        "required_runner": run.required_runner,
+    }
+
+
+def runner_json(runner: Runner) -> dict[str, Any]:
+    return {
+        "runner_id": runner.id,
+        "name": runner.name,
+        "hostname": runner.hostname,
+        "labels": list(runner.labels),
+        "state": runner.state,
+        "transport": runner.transport,
+        "version": runner.version,
+        "slots_total": runner.slots,
+        "slots_used": runner.slots_used,
+        "registered_at": iso(runner.registered_at),
+        "last_heartbeat_at": iso(runner.last_heartbeat_at),
+    }
+
+
+def session_json(session: Session) -> dict[str, Any]:
+    return {
+        "session_id": session.id,
+        "session_name": session.name,
+        "agent_name": session.agent_name,
+        "runner_id": session.runner_id,
+        "project_dir": session.project_dir,
+        "last_run_id": session.last_run_id,
+        "result": session.result,
+        "is_error": session.is_error,
+        "cost_usd": session.cost_usd,
+        "runs": session.runs,
+        "created_at": iso(session.created_at),
+        "updated_at": iso(session.updated_at),
+    }
+
+
+def log_json(entry: LogEntry) -> dict[str, Any]:
+    return {
+        "id": entry.id,
+        "attempt": entry.attempt,
+        "line_no": entry.line_no,
+        "stream": entry.stream,
+        "text": entry.text,
+        "ts": entry.ts,
+    }

@@ -1,0 +1,197 @@
+"""The coordinator's behaviour: store calls off the event loop, and who to wake after them.
+
+Every state lives in the store; this object only holds the wake-up events of waiters
+that are connected right now, so a restarted coordinator loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
+from typing import TypeVar
+
+import anyio.to_thread
+
+from corral.clock import Clock
+from corral.coordinator.notifier import (
+    RUNS_AVAILABLE,
+    Notifier,
+    logs_topic,
+    runner_topic,
+    wait_for,
+)
+from corral.coordinator.requests import build_new_run
+from corral.coordinator.schemas import CreateRun, RegisterRunner
+from corral.coordinator.settings import CoordinatorSettings
+from corral.ids import RunId, RunnerId
+from corral.runners import Runner, RunnerState
+from corral.runs import AgentSpec, Run, RunReport
+from corral.store import Held, LogEntry, LogLine, Reconciled, RunnerSync, Store
+
+log = logging.getLogger("corral.coordinator")
+T = TypeVar("T")
+
+
+class Coordinator:
+    def __init__(
+        self,
+        store: Store,
+        settings: CoordinatorSettings,
+        clock: Clock,
+        profiles: dict[str, AgentSpec],
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self.profiles = profiles
+        self.notifier = Notifier()
+
+    async def _db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        return await anyio.to_thread.run_sync(partial(fn, *args, **kwargs))
+
+    # ---- clients -------------------------------------------------------------------------
+
+    async def create_runs(self, bodies: Sequence[CreateRun]) -> list[Run]:
+        def validate_and_create() -> list[Run]:
+            specs = [
+                build_new_run(b, self.store, self.profiles, self.settings.max_prompt_bytes)
+                for b in bodies
+            ]
+            return self.store.create_runs(specs, self.clock.now())
+
+        runs = await self._db(validate_and_create)
+        self.notifier.notify(RUNS_AVAILABLE)
+        return runs
+
+    async def cancel(self, run_id: str) -> Run:
+        run = await self._db(self.store.request_cancel, run_id, self.clock.now())
+        if run.runner_id:
+            self.notifier.notify(runner_topic(run.runner_id))
+        self.notifier.notify(logs_topic(run.id))
+        return run
+
+    async def follow_logs(self, run_id: str, after_id: int) -> AsyncIterator[LogEntry | Run]:
+        """Yield log lines as they arrive, then the finished run."""
+        while True:
+            event = self.notifier.event(logs_topic(run_id))
+            entries = await self._db(self.store.read_logs, run_id, after_id)
+            for entry in entries:
+                yield entry
+                after_id = entry.id
+            if entries:
+                continue
+            run = await self._db(self.store.get_run, run_id)
+            if run.status.is_terminal:
+                yield run
+                return
+            await wait_for(event, self.settings.poll_timeout_s)
+
+    # ---- runners -------------------------------------------------------------------------
+
+    async def register(self, body: RegisterRunner) -> tuple[Runner, RunnerSync]:
+        held = [Held(RunId(h.run_id), h.attempt) for h in body.held]
+        runner, sync = await self._db(
+            self.store.register_runner,
+            name=body.name,
+            hostname=body.hostname,
+            labels=body.labels,
+            slots=body.slots,
+            version=body.version,
+            transport=body.transport,
+            now=self.clock.now(),
+            runner_id=body.runner_id,
+            held=held,
+        )
+        self.notifier.notify(RUNS_AVAILABLE)  # resumes bound to this runner's name may run now
+        return runner, sync
+
+    async def poll(self, runner_id: RunnerId, max_runs: int, timeout_s: float) -> list[Run]:
+        """Claim up to ``max_runs``; if none is there, wait until one is created or timeout."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            event = self.notifier.event(RUNS_AVAILABLE)
+            runs = await self._db(self.store.claim_runs, runner_id, max_runs, self.clock.now())
+            if runs:
+                return runs
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0 or not await wait_for(event, remaining):
+                return []
+
+    async def control(self, runner_id: RunnerId, timeout_s: float) -> list[RunId]:
+        """Wait until one of the runner's runs is asked to cancel; returns their ids."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            event = self.notifier.event(runner_topic(runner_id))
+            cancels = await self._db(self.store.cancel_requests, runner_id)
+            if cancels:
+                return cancels
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0 or not await wait_for(event, remaining):
+                return []
+
+    async def heartbeat(self, runner_id: str, held: Sequence[Held]) -> RunnerSync:
+        return await self._db(self.store.heartbeat, runner_id, held, self.clock.now())
+
+    async def deregister(self, runner_id: str) -> Runner:
+        runner = await self._db(
+            self.store.set_runner_state, runner_id, RunnerState.STOPPED, self.clock.now()
+        )
+        self.notifier.notify(RUNS_AVAILABLE)
+        return runner
+
+    async def started(self, run_id: str, runner_id: str, attempt: int) -> Run:
+        return await self._db(self.store.mark_started, run_id, runner_id, attempt, self.clock.now())
+
+    async def session_seen(self, run_id: str, runner_id: str, attempt: int, sid: str) -> Run:
+        return await self._db(
+            self.store.record_session, run_id, runner_id, attempt, sid, self.clock.now()
+        )
+
+    async def append_logs(
+        self, run_id: str, runner_id: str, attempt: int, lines: Sequence[LogLine]
+    ) -> int:
+        count = await self._db(self.store.append_logs, run_id, runner_id, attempt, lines)
+        self.notifier.notify(logs_topic(run_id))
+        return count
+
+    async def report(self, run_id: str, runner_id: str, attempt: int, report: RunReport) -> Run:
+        run = await self._db(
+            self.store.finish_run, run_id, runner_id, attempt, report, self.clock.now()
+        )
+        self.notifier.notify(logs_topic(run_id))
+        if not run.status.is_terminal:
+            self.notifier.notify(RUNS_AVAILABLE)
+        return run
+
+    # ---- reconciliation ------------------------------------------------------------------
+
+    async def reconcile_once(self) -> Reconciled:
+        done = await self._db(
+            self.store.reconcile,
+            self.clock.now(),
+            lost_after_s=self.settings.lost_after_s,
+            timeout_grace_s=self.settings.timeout_grace_s,
+        )
+        if done.changed:
+            log.warning(
+                "reconciled: lost runners %s, requeued %s, failed %s, timed out %s",
+                done.lost_runners,
+                done.requeued,
+                done.failed,
+                done.timed_out,
+            )
+            self.notifier.notify(*(logs_topic(r) for r in done.failed + done.timed_out))
+        # Also wakes pollers for runs whose rate-limit backoff ended, and for runs that
+        # another process (a second coordinator, a CLI) wrote to the same database.
+        self.notifier.notify(RUNS_AVAILABLE)
+        return done
+
+    async def reconcile_forever(self) -> None:
+        while True:
+            try:
+                await self.reconcile_once()
+            except Exception:  # a database hiccup must not stop reconciliation for good
+                log.exception("reconciliation failed; retrying")
+            await asyncio.sleep(self.settings.reconcile_interval_s)

@@ -1,0 +1,22 @@
+"""The coordinator's settings, built once from flags, then CORRAL_* variables, then defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    db_url: str = ".corral/corral.db"
+    host: str = "127.0.0.1"
+    port: int = 8765
+    config_path: Path | None = None
+    poll_timeout_s: float = 30.0
+    heartbeat_interval_s: float = 60.0
+    lost_after_s: float = 120.0
+    reconcile_interval_s: float = 1.0
+    # A runner enforces run timeouts itself; the coordinator steps in this much later.
+    timeout_grace_s: float = 30.0
+    max_prompt_bytes: int = 256 * 1024
+    max_body_bytes: int = 8 * 1024 * 1024
