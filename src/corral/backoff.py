@@ -14,6 +14,6 @@ def backoff_delay(
     rng: random.Random | None = None,
 ) -> float:
     """Delay before retry number ``attempt`` (0-based): min(base·2^n, cap) plus 0–jitter of it."""
-    delay = min(base * (2 ** min(attempt, 30)), cap)
+    delay = min(base * 2.0 ** min(attempt, 30), cap)
     draw: float = (rng or random).random()
     return delay * (1.0 + jitter * draw)
