@@ -1,0 +1,194 @@
+"""The runner's link to the coordinator over the seed's HTTP long-poll protocol.
+
+Transport failures (refused, reset, 5xx) raise ``LinkDown``: the caller retries with
+backoff, forever. Answers the coordinator gives on purpose (4xx) raise the matching
+``CorralError`` (``LeaseLost``, ``NotFound`` …) and are never retried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from corral import errors
+from corral.ids import RunId, RunnerId
+from corral.runs import RunReport, RunStatus
+from corral.store import Held, LogLine
+
+
+class LinkDown(Exception):
+    """The coordinator could not be reached, or failed; try again later."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    runner_id: RunnerId
+    heartbeat_interval_s: float
+    poll_timeout_s: float
+    cancel: list[RunId]
+    abandon: list[RunId]
+
+
+class HttpLink:
+    def __init__(self, base_url: str, *, client: httpx.AsyncClient | None = None) -> None:
+        self._client = client or httpx.AsyncClient(
+            base_url=base_url,
+            timeout=httpx.Timeout(30.0, connect=5.0),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Any = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        try:
+            response = await self._client.request(
+                method,
+                path,
+                json=json,
+                params=params,
+                timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+            )
+        except httpx.TransportError as exc:
+            raise LinkDown(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
+        if response.status_code >= 500:
+            raise LinkDown(f"{method} {path}: HTTP {response.status_code}")
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = None
+            raise errors.from_wire(response.status_code, body)
+        return response
+
+    async def register(
+        self,
+        *,
+        name: str,
+        hostname: str,
+        labels: list[str],
+        slots: int,
+        version: str,
+        runner_id: RunnerId | None,
+        held: list[Held],
+    ) -> Registration:
+        body = {
+            "name": name,
+            "hostname": hostname,
+            "labels": labels,
+            "slots": slots,
+            "version": version,
+            "transport": "poll",
+            "runner_id": runner_id,
+            "held": [{"run_id": h.run_id, "attempt": h.attempt} for h in held],
+        }
+        data = (await self._call("POST", "/runner/register", json=body)).json()
+        return Registration(
+            runner_id=RunnerId(data["runner_id"]),
+            heartbeat_interval_s=float(data["heartbeat_interval_s"]),
+            poll_timeout_s=float(data["poll_timeout_s"]),
+            cancel=[RunId(r) for r in data["cancel"]],
+            abandon=[RunId(r) for r in data["abandon"]],
+        )
+
+    async def poll(
+        self, runner_id: RunnerId, max_runs: int, timeout_s: float
+    ) -> list[dict[str, Any]]:
+        response = await self._call(
+            "GET",
+            "/runner/runs",
+            params={"runner_id": runner_id, "max_runs": max_runs, "timeout": timeout_s},
+            timeout=timeout_s + 15.0,
+        )
+        if response.status_code == 204:
+            return []
+        runs: list[dict[str, Any]] = response.json()["runs"]
+        return runs
+
+    async def control(self, runner_id: RunnerId, timeout_s: float) -> list[RunId]:
+        response = await self._call(
+            "GET",
+            "/runner/control",
+            params={"runner_id": runner_id, "timeout": timeout_s},
+            timeout=timeout_s + 15.0,
+        )
+        if response.status_code == 204:
+            return []
+        return [RunId(r) for r in response.json()["cancel"]]
+
+    async def heartbeat(
+        self, runner_id: RunnerId, held: list[Held]
+    ) -> tuple[list[RunId], list[RunId]]:
+        body = {
+            "runner_id": runner_id,
+            "held": [{"run_id": h.run_id, "attempt": h.attempt} for h in held],
+        }
+        data = (await self._call("POST", "/runner/heartbeat", json=body)).json()
+        return [RunId(r) for r in data["cancel"]], [RunId(r) for r in data["abandon"]]
+
+    async def deregister(self, runner_id: RunnerId) -> None:
+        await self._call("POST", "/runner/deregister", json={"runner_id": runner_id})
+
+    async def started(self, run_id: RunId, runner_id: RunnerId, attempt: int) -> None:
+        await self._call(
+            "POST",
+            f"/runner/runs/{run_id}/started",
+            json={"runner_id": runner_id, "attempt": attempt},
+        )
+
+    async def session(
+        self, run_id: RunId, runner_id: RunnerId, attempt: int, session_id: str
+    ) -> None:
+        await self._call(
+            "POST",
+            f"/runner/runs/{run_id}/session",
+            json={"runner_id": runner_id, "attempt": attempt, "session_id": session_id},
+        )
+
+    async def logs(
+        self, run_id: RunId, runner_id: RunnerId, attempt: int, lines: list[LogLine]
+    ) -> None:
+        await self._call(
+            "POST",
+            f"/runner/runs/{run_id}/logs",
+            json={
+                "runner_id": runner_id,
+                "attempt": attempt,
+                "lines": [
+                    {"line_no": ln.line_no, "stream": ln.stream, "text": ln.text, "ts": ln.ts}
+                    for ln in lines
+                ],
+            },
+        )
+
+    async def report(
+        self, run_id: RunId, runner_id: RunnerId, attempt: int, report: RunReport
+    ) -> None:
+        body = {
+            "runner_id": runner_id,
+            "attempt": attempt,
+            "exit_code": report.exit_code,
+            "error": report.error,
+            "result": report.result,
+            "session_id": report.session_id,
+            "cost_usd": report.cost_usd,
+            "usage": report.usage,
+            "num_turns": report.num_turns,
+            "retry_after_s": report.retry_after_s,
+        }
+        if report.status is RunStatus.COMPLETED:
+            await self._call("POST", f"/runner/runs/{run_id}/completed", json=body)
+        else:
+            await self._call(
+                "POST", f"/runner/runs/{run_id}/failed", json={**body, "status": str(report.status)}
+            )

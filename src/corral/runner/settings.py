@@ -1,0 +1,22 @@
+"""The runner's settings, built once from flags, then CORRAL_* variables, then defaults."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    coordinator_url: str = "http://127.0.0.1:8765"
+    name: str = field(default_factory=socket.gethostname)
+    slots: int = 4
+    labels: tuple[str, ...] = ()
+    claude_bin: str = "claude"
+    # No output for this long stops an agent run (commands only when the run sets it).
+    agent_idle_timeout_s: float = 600.0
+    kill_grace_s: float = 5.0  # SIGTERM, then this long, then SIGKILL
+    result_grace_s: float = 5.0  # an agent must exit this soon after its result line
+    drain_grace_s: float = 120.0  # on SIGTERM, how long running work may go on
+    log_flush_s: float = 0.1
+    max_backoff_s: float = 30.0

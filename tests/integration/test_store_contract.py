@@ -1,0 +1,815 @@
+"""The Store's contract, run against SQLite and PostgreSQL alike.
+
+Time is an argument of every operation, so each test drives it with explicit ``now``
+values; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from corral.errors import IllegalTransition, InvalidRequest, LeaseLost, NotFound
+from corral.ids import RunId, RunnerId
+from corral.runners import Runner, RunnerState
+from corral.runs import AgentSpec, NewRun, Run, RunReport, RunStatus, RunType
+from corral.store import Held, LogLine, Store
+from corral.store import store as store_module
+from corral.store.db import migrate
+from corral.store.schema import LATEST_VERSION, MIGRATIONS
+
+NOW = 1_700_000_000.0
+LOST_AFTER = 30.0
+GRACE = 5.0
+AGENT = AgentSpec(name="coder", executor="claude", model="sonnet", allowed_tools=("Read",))
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def command(**kw: Any) -> NewRun:
+    return NewRun(type=RunType.COMMAND, command=("echo", "hi"), **kw)
+
+
+def agent_run(**kw: Any) -> NewRun:
+    fields: dict[str, Any] = {"prompt": "fix the bug", "agent": AGENT, "project_dir": "/p"}
+    fields.update(kw)
+    return NewRun(**{"type": RunType.START_SESSION, **fields})
+
+
+def register(
+    store: Store,
+    *,
+    labels: Sequence[str] = (),
+    slots: int = 4,
+    now: float = NOW,
+    name: str = "r",
+    runner_id: str | None = None,
+    held: Sequence[Held] = (),
+) -> Runner:
+    runner, _ = store.register_runner(
+        name=name, hostname=f"{name}.host", labels=labels, slots=slots, version="0.1.0",
+        transport="http", now=now, runner_id=runner_id, held=held,
+    )
+    return runner
+
+
+def claim_one(store: Store, runner: Runner, now: float = NOW) -> Run:
+    runs = store.claim_runs(runner.id, 1, now)
+    assert len(runs) == 1, f"expected one run for {runner.id}, got {runs}"
+    return runs[0]
+
+
+def start(store: Store, run: Run, now: float = NOW) -> Run:
+    assert run.runner_id is not None
+    return store.mark_started(run.id, run.runner_id, run.attempts, now)
+
+
+def running(store: Store, runner: Runner, spec: NewRun | None = None, now: float = NOW) -> Run:
+    """A run created, claimed by ``runner`` and started."""
+    store.create_run(spec or command(), now)
+    return start(store, claim_one(store, runner, now), now)
+
+
+def finish(
+    store: Store, run: Run, status: RunStatus = RunStatus.COMPLETED, now: float = NOW + 1,
+    **kw: Any,
+) -> Run:
+    assert run.runner_id is not None
+    report = RunReport(status=status, **kw)
+    return store.finish_run(run.id, run.runner_id, run.attempts, report, now)
+
+
+def held(*runs: Run) -> list[Held]:
+    return [Held(r.id, r.attempts) for r in runs]
+
+
+# ---- create / get / list ---------------------------------------------------------------------
+
+
+def test_create_and_get_round_trip(store: Store) -> None:
+    spec = agent_run(
+        session_name="s1", labels=("gpu", "arm"), timeout_s=60.0, idle_timeout_s=5.0,
+        max_attempts=2, priority=7, required_runner="box-7", env={"A": "1"},
+    )
+    created = store.create_run(spec, NOW)
+    got = store.get_run(created.id)
+    assert got == created
+    assert got.status is RunStatus.PENDING
+    assert got.agent == AGENT
+    assert got.labels == ("arm", "gpu")
+    assert (got.attempts, got.max_attempts, got.priority) == (0, 2, 7)
+    assert got.required_runner == "box-7"
+    assert got.env == {"A": "1"}
+    assert got.available_at == got.created_at == NOW
+    assert got.runner_id is None and got.exit_code is None and not got.cancel_requested
+
+
+def test_create_runs_is_one_batch(store: Store) -> None:
+    runs = store.create_runs([command(priority=i) for i in range(5)], NOW)
+    assert len({r.id for r in runs}) == 5
+    assert [store.get_run(r.id).priority for r in runs] == [0, 1, 2, 3, 4]
+    assert store.create_runs([], NOW) == []
+
+
+def test_get_unknown_run_is_not_found(store: Store) -> None:
+    with pytest.raises(NotFound) as err:
+        store.get_run("run_missing")
+    assert err.value.code == "run_not_found"
+
+
+def test_list_is_newest_first_and_pages_with_before(store: Store) -> None:
+    ids = [store.create_run(command(), NOW + i).id for i in range(5)]
+    ids += [r.id for r in store.create_runs([command(), command(), command()], NOW + 10)]
+    listed = [r.id for r in store.list_runs(limit=100)]
+    assert listed[3:] == ids[4::-1]  # the first five, newest first
+    assert set(listed[:3]) == set(ids[5:])  # the three created together, ties broken by id
+    assert listed[:3] == sorted(listed[:3], reverse=True)
+
+    pages: list[list[str]] = []
+    before: str | None = None
+    while True:
+        page = [r.id for r in store.list_runs(limit=3, before=before)]
+        if not page:
+            break
+        pages.append(page)
+        before = page[-1]
+    assert [len(p) for p in pages] == [3, 3, 2]
+    assert [i for p in pages for i in p] == listed
+
+
+def test_list_filters_by_status_runner_and_session(store: Store) -> None:
+    r1, r2 = register(store, name="a"), register(store, name="b")
+    on_r1 = running(store, r1, now=NOW + 1)
+    on_r2 = running(store, r2, now=NOW + 2)
+    pending = store.create_run(command(), NOW + 2.5)
+    named = store.create_run(agent_run(session_name="feature"), NOW + 3)
+    resumed = store.create_run(
+        agent_run(session_id="sess-1", type=RunType.RESUME_SESSION), NOW + 4
+    )
+
+    def ids(**kw: Any) -> list[RunId]:
+        return [r.id for r in store.list_runs(**kw)]
+
+    assert ids(statuses=[RunStatus.RUNNING]) == [on_r2.id, on_r1.id]
+    assert ids(statuses=[RunStatus.PENDING]) == [resumed.id, named.id, pending.id]
+    assert ids(statuses=[RunStatus.PENDING, RunStatus.RUNNING], limit=2) == [resumed.id, named.id]
+    assert ids(runner_id=r1.id) == [on_r1.id]
+    assert ids(runner_id=r2.id, statuses=[RunStatus.PENDING]) == []
+    assert ids(session="feature") == [named.id]
+    assert ids(session="sess-1") == [resumed.id]
+    assert ids(session="nope") == []
+
+
+# ---- claim -----------------------------------------------------------------------------------
+
+
+def test_claim_takes_a_lease(store: Store) -> None:
+    runner = register(store)
+    run = store.create_run(command(), NOW)
+    claimed = claim_one(store, runner, NOW + 1)
+    assert claimed.id == run.id
+    assert claimed.status is RunStatus.CLAIMED
+    assert claimed.runner_id == runner.id
+    assert claimed.attempts == 1
+    assert claimed.claimed_at == NOW + 1
+    assert store.get_run(run.id) == claimed
+    assert store.claim_runs(runner.id, 5, NOW + 2) == []
+
+
+def test_claim_orders_by_priority_then_fifo(store: Store) -> None:
+    low_old = store.create_run(command(priority=0), NOW)
+    high_new = store.create_run(command(priority=5), NOW + 3)
+    low_new = store.create_run(command(priority=0), NOW + 2)
+    high_old = store.create_run(command(priority=5), NOW + 1)
+    runner = register(store)
+    first = store.claim_runs(runner.id, 3, NOW + 10)
+    assert [r.id for r in first] == [high_old.id, high_new.id, low_old.id]
+    assert [r.id for r in store.claim_runs(runner.id, 3, NOW + 10)] == [low_new.id]
+
+
+def test_claim_respects_max_runs(store: Store) -> None:
+    store.create_runs([command() for _ in range(5)], NOW)
+    runner = register(store)
+    assert store.claim_runs(runner.id, 0, NOW) == []
+    assert store.claim_runs(runner.id, -1, NOW) == []
+    assert len(store.claim_runs(runner.id, 2, NOW)) == 2
+    assert len(store.claim_runs(runner.id, 2, NOW)) == 2
+    assert len(store.claim_runs(runner.id, 2, NOW)) == 1
+    assert store.claim_runs(runner.id, 2, NOW) == []
+
+
+def test_claim_matches_labels(store: Store) -> None:
+    gpu_run = store.create_run(command(labels=("gpu",)), NOW)
+    both_run = store.create_run(command(labels=("gpu", "linux")), NOW + 1)
+    plain = register(store, name="plain")
+    linux = register(store, labels=("linux",), name="linux")
+    assert store.claim_runs(plain.id, 5, NOW + 2) == []
+    assert store.claim_runs(linux.id, 5, NOW + 2) == []
+    gpu = register(store, labels=("gpu",), name="gpu")
+    assert [r.id for r in store.claim_runs(gpu.id, 5, NOW + 2)] == [gpu_run.id]
+    full = register(store, labels=("linux", "gpu", "x86"), name="full")
+    assert [r.id for r in store.claim_runs(full.id, 5, NOW + 2)] == [both_run.id]
+    unlabeled = store.create_run(command(), NOW + 3)
+    assert [r.id for r in store.claim_runs(plain.id, 5, NOW + 4)] == [unlabeled.id]
+
+
+def test_claim_is_not_blocked_by_runs_the_runner_cannot_take(store: Store) -> None:
+    """Many older runs needing a label this runner lacks must not hide one it can take."""
+    store.create_runs([command(labels=("gpu",)) for _ in range(store_module.CLAIM_WINDOW + 10)],
+                      NOW)
+    reachable = store.create_run(command(), NOW + 1)
+    plain = register(store)
+    assert [r.id for r in store.claim_runs(plain.id, 1, NOW + 2)] == [reachable.id]
+
+
+def test_claim_honours_required_runner(store: Store) -> None:
+    a, b = register(store, name="a"), register(store, name="b")
+    pinned = store.create_run(command(required_runner="b"), NOW)
+    assert store.claim_runs(a.id, 5, NOW + 1) == []
+    assert [r.id for r in store.claim_runs(b.id, 5, NOW + 1)] == [pinned.id]
+
+
+def test_claim_skips_runs_not_yet_available(store: Store) -> None:
+    runner = register(store)
+    run = running(store, runner)
+    finish(store, run, RunStatus.PENDING, retry_after_s=60.0)
+    assert store.claim_runs(runner.id, 5, NOW + 30) == []
+    assert [r.id for r in store.claim_runs(runner.id, 5, NOW + 61)] == [run.id]
+
+
+@pytest.mark.parametrize("state", [RunnerState.DRAINING, RunnerState.LOST, RunnerState.STOPPED])
+def test_a_runner_that_is_not_active_claims_nothing(store: Store, state: RunnerState) -> None:
+    runner = register(store)
+    run = store.create_run(command(), NOW)
+    store.set_runner_state(runner.id, state, NOW + 1)
+    assert store.claim_runs(runner.id, 5, NOW + 2) == []
+    assert store.get_run(run.id).status is RunStatus.PENDING
+
+
+def test_claim_by_unknown_runner_is_not_found(store: Store) -> None:
+    store.create_run(command(), NOW)
+    with pytest.raises(NotFound):
+        store.claim_runs(RunnerId("rnr_missing"), 1, NOW)
+
+
+# ---- mark_started ----------------------------------------------------------------------------
+
+
+def test_mark_started_is_idempotent_for_the_same_lease(store: Store) -> None:
+    runner = register(store)
+    store.create_run(command(), NOW)
+    claimed = claim_one(store, runner)
+    started = store.mark_started(claimed.id, runner.id, 1, NOW + 1)
+    assert started.status is RunStatus.RUNNING
+    assert started.started_at == NOW + 1
+    again = store.mark_started(claimed.id, runner.id, 1, NOW + 5)
+    assert again == started
+    assert store.get_run(claimed.id) == started
+
+
+def test_mark_started_refuses_another_lease(store: Store) -> None:
+    runner, other = register(store, name="a"), register(store, name="b")
+    store.create_run(command(), NOW)
+    claimed = claim_one(store, runner)
+    with pytest.raises(LeaseLost):
+        store.mark_started(claimed.id, other.id, 1, NOW + 1)
+    with pytest.raises(LeaseLost):
+        store.mark_started(claimed.id, runner.id, 2, NOW + 1)
+    assert store.get_run(claimed.id) == claimed
+    with pytest.raises(NotFound):
+        store.mark_started("run_missing", runner.id, 1, NOW)
+
+
+# ---- finish_run ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "status", [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED]
+)
+def test_finish_records_the_outcome(store: Store, status: RunStatus) -> None:
+    runner = register(store)
+    run = running(store, runner)
+    done = finish(
+        store, run, status, now=NOW + 9, exit_code=3, error="boom", result="out",
+        cost_usd=0.25, usage={"input_tokens": 10}, num_turns=2,
+    )
+    assert done.status is status
+    assert done.finished_at == NOW + 9
+    assert (done.exit_code, done.error, done.result) == (3, "boom", "out")
+    assert (done.cost_usd, done.usage, done.num_turns) == (0.25, {"input_tokens": 10}, 2)
+    assert done.runner_id == runner.id and done.attempts == 1
+    assert store.get_run(run.id) == done
+
+
+def test_a_claimed_run_may_fail_before_it_starts(store: Store) -> None:
+    runner = register(store)
+    store.create_run(command(), NOW)
+    claimed = claim_one(store, runner)
+    failed = finish(store, claimed, RunStatus.FAILED, error="could not spawn")
+    assert failed.status is RunStatus.FAILED
+
+
+def test_a_repeated_report_is_accepted_and_changes_nothing(store: Store) -> None:
+    runner = register(store)
+    run = running(store, runner, agent_run(session_name="s"))
+    first = finish(store, run, now=NOW + 2, result="ok", cost_usd=1.0, session_id="sess-r")
+    again = finish(store, run, now=NOW + 50, result="ok", cost_usd=1.0, session_id="sess-r")
+    assert again == first
+    assert store.get_run(run.id) == first
+    session = store.get_session("sess-r")
+    assert (session.runs, session.cost_usd) == (1, 1.0)  # counted once
+
+
+def test_a_report_from_a_runner_without_the_lease_is_refused(store: Store) -> None:
+    runner, other = register(store, name="a"), register(store, name="b")
+    run = running(store, runner)
+    report = RunReport(status=RunStatus.COMPLETED, result="stolen")
+    with pytest.raises(LeaseLost):
+        store.finish_run(run.id, other.id, run.attempts, report, NOW + 1)
+    with pytest.raises(LeaseLost):
+        store.finish_run(run.id, runner.id, run.attempts + 1, report, NOW + 1)
+    assert store.get_run(run.id) == run
+    done = finish(store, run)
+    with pytest.raises(LeaseLost):  # a finished run: still not the other runner's
+        store.finish_run(run.id, other.id, run.attempts, report, NOW + 2)
+    assert store.get_run(run.id) == done
+
+
+def test_an_illegal_transition_changes_nothing(store: Store) -> None:
+    runner = register(store)
+    store.create_run(command(), NOW)
+    claimed = claim_one(store, runner)
+    with pytest.raises(IllegalTransition):  # claimed → completed skips running
+        finish(store, claimed, RunStatus.COMPLETED, result="x")
+    assert store.get_run(claimed.id) == claimed
+
+    run = start(store, claimed)
+    done = finish(store, run, RunStatus.COMPLETED)
+    with pytest.raises(IllegalTransition) as err:  # the same lease, a different outcome
+        finish(store, run, RunStatus.FAILED, now=NOW + 5)
+    assert err.value.code == "illegal_transition"
+    assert store.get_run(run.id) == done
+    with pytest.raises(NotFound):
+        store.finish_run("run_missing", runner.id, 1, RunReport(RunStatus.COMPLETED), NOW)
+
+
+def test_rate_limit_requeue_gives_the_attempt_back(store: Store) -> None:
+    runner = register(store)
+    run = running(store, runner, agent_run(session_name="s"))
+    requeued = finish(
+        store, run, RunStatus.PENDING, now=NOW + 10, error="rate limited",
+        retry_after_s=120.0, session_id="sess-rl",
+    )
+    assert requeued.status is RunStatus.PENDING
+    assert requeued.attempts == 0
+    assert requeued.rate_limited == 1
+    assert requeued.available_at == NOW + 130
+    assert requeued.runner_id is None
+    assert requeued.session_id == "sess-rl"  # a resume picks the conversation up
+    assert store.get_run(run.id) == requeued
+    with pytest.raises(LeaseLost):  # the old lease is gone with the requeue
+        finish(store, run, RunStatus.COMPLETED, now=NOW + 11)
+    assert store.get_run(run.id) == requeued
+
+    assert store.claim_runs(runner.id, 1, NOW + 129) == []
+    again = claim_one(store, runner, NOW + 131)
+    assert (again.attempts, again.rate_limited) == (1, 1)
+
+
+def test_a_claimed_run_may_be_requeued(store: Store) -> None:
+    runner = register(store)
+    store.create_run(command(), NOW)
+    claimed = claim_one(store, runner)
+    back = finish(store, claimed, RunStatus.PENDING, retry_after_s=0.0)
+    assert (back.status, back.attempts, back.available_at) == (RunStatus.PENDING, 0, NOW + 1)
+
+
+def test_too_many_rate_limits_fail_the_run(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "MAX_RATE_LIMIT_REQUEUES", 2)
+    runner = register(store)
+    store.create_run(command(), NOW)
+    now = NOW
+    for _ in range(2):
+        run = start(store, claim_one(store, runner, now), now)
+        assert finish(store, run, RunStatus.PENDING, now=now).status is RunStatus.PENDING
+        now += 1
+    run = start(store, claim_one(store, runner, now), now)
+    failed = finish(store, run, RunStatus.PENDING, now=now, error="429")
+    assert failed.status is RunStatus.FAILED
+    assert failed.error is not None and "rate limited 3 times" in failed.error
+
+
+def test_a_failure_after_cancel_is_recorded_as_cancelled(store: Store) -> None:
+    runner = register(store)
+    run = running(store, runner)
+    store.request_cancel(run.id, NOW + 1)
+    done = finish(store, run, RunStatus.FAILED, now=NOW + 2, exit_code=-15)
+    assert done.status is RunStatus.CANCELLED
+    again = finish(store, run, RunStatus.FAILED, now=NOW + 3, exit_code=-15)  # a retry
+    assert again == done
+    assert store.get_run(run.id) == done
+
+
+def test_a_completion_after_cancel_stays_completed(store: Store) -> None:
+    runner = register(store)
+    run = running(store, runner)
+    store.request_cancel(run.id, NOW + 1)
+    assert finish(store, run, RunStatus.COMPLETED).status is RunStatus.COMPLETED
+
+
+# ---- cancel ----------------------------------------------------------------------------------
+
+
+def test_cancel_of_a_pending_run_is_immediate(store: Store) -> None:
+    run = store.create_run(command(), NOW)
+    cancelled = store.request_cancel(run.id, NOW + 1)
+    assert cancelled.status is RunStatus.CANCELLED
+    assert cancelled.finished_at == NOW + 1
+    assert store.get_run(run.id) == cancelled
+    runner = register(store)
+    assert store.claim_runs(runner.id, 5, NOW + 2) == []
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_cancel_of_a_held_run_is_passed_to_its_runner(store: Store, started: bool) -> None:
+    runner = register(store)
+    store.create_run(command(), NOW)
+    run = claim_one(store, runner)
+    if started:
+        run = start(store, run)
+    other = store.create_run(command(), NOW)
+    other_run = claim_one(store, runner)
+    assert other_run.id == other.id
+    assert store.heartbeat(runner.id, held(run, other_run), NOW + 1).cancel == []
+
+    flagged = store.request_cancel(run.id, NOW + 2)
+    assert flagged.status is run.status
+    assert flagged.cancel_requested
+    assert flagged.runner_id == runner.id
+    sync = store.heartbeat(runner.id, held(run, other_run), NOW + 3)
+    assert sync.cancel == [run.id]
+    assert sync.abandon == []
+    assert store.request_cancel(run.id, NOW + 4).cancel_requested  # asking twice is fine
+
+    done = finish(store, run, RunStatus.CANCELLED, now=NOW + 5)
+    assert done.status is RunStatus.CANCELLED
+    assert store.heartbeat(runner.id, held(other_run), NOW + 6).cancel == []
+
+
+@pytest.mark.parametrize("status", [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED])
+def test_cancel_of_a_finished_run_is_illegal(store: Store, status: RunStatus) -> None:
+    runner = register(store)
+    done = finish(store, running(store, runner), status)
+    with pytest.raises(IllegalTransition):
+        store.request_cancel(done.id, NOW + 5)
+    assert store.get_run(done.id) == done
+    with pytest.raises(NotFound):
+        store.request_cancel("run_missing", NOW)
+
+
+# ---- sessions --------------------------------------------------------------------------------
+
+
+def test_record_session_creates_the_session(store: Store) -> None:
+    runner = register(store)
+    run = running(store, runner, agent_run(session_name="feature", project_dir="/src/app"))
+    recorded = store.record_session(run.id, runner.id, run.attempts, "sess-1", NOW + 1)
+    assert recorded.session_id == "sess-1"
+    assert store.get_run(run.id).session_id == "sess-1"
+    session = store.get_session("sess-1")
+    assert session.id == "sess-1"
+    assert session.name == "feature"
+    assert session.agent_name == "coder"
+    assert session.runner_id == runner.id
+    assert session.project_dir == "/src/app"
+    assert session.last_run_id == run.id
+    assert (session.runs, session.cost_usd, session.result) == (0, 0.0, None)
+    assert store.get_session("feature") == session
+    # telling it again (a retried request) changes nothing that matters
+    store.record_session(run.id, runner.id, run.attempts, "sess-1", NOW + 1)
+    assert store.get_session("sess-1") == session
+
+
+def test_record_session_needs_the_lease(store: Store) -> None:
+    runner, other = register(store, name="a"), register(store, name="b")
+    run = running(store, runner, agent_run())
+    with pytest.raises(LeaseLost):
+        store.record_session(run.id, other.id, run.attempts, "sess-x", NOW + 1)
+    with pytest.raises(NotFound):
+        store.get_session("sess-x")
+    assert store.get_run(run.id).session_id is None
+
+
+def test_finishing_runs_sums_session_cost_and_sets_result(store: Store) -> None:
+    runner = register(store)
+    first = running(store, runner, agent_run(session_name="feature"))
+    store.record_session(first.id, runner.id, first.attempts, "sess-1", NOW + 1)
+    finish(store, first, now=NOW + 2, result="step one", cost_usd=0.5)
+    second = running(
+        store, runner,
+        agent_run(type=RunType.RESUME_SESSION, session_id="sess-1", session_name="feature"),
+        now=NOW + 3,
+    )
+    finish(store, second, RunStatus.FAILED, now=NOW + 4, result="step two", cost_usd=0.25,
+           session_id="sess-1")
+    session = store.get_session("sess-1")
+    assert session.cost_usd == pytest.approx(0.75)
+    assert session.runs == 2
+    assert session.result == "step two"
+    assert session.is_error
+    assert session.last_run_id == second.id
+    assert session.updated_at == NOW + 4
+
+
+def test_a_session_reported_only_at_the_end_is_created(store: Store) -> None:
+    runner = register(store)
+    run = running(store, runner, agent_run(session_name="late"))
+    finish(store, run, result="done", cost_usd=0.1, session_id="sess-late")
+    session = store.get_session("late")
+    assert (session.id, session.runner_id, session.project_dir) == ("sess-late", runner.id, "/p")
+    assert (session.runs, session.result, session.is_error) == (1, "done", False)
+
+
+def test_get_session_by_name_is_the_most_recent(store: Store) -> None:
+    runner = register(store)
+    old = running(store, runner, agent_run(session_name="dup"))
+    store.record_session(old.id, runner.id, old.attempts, "sess-old", NOW + 1)
+    new = running(store, runner, agent_run(session_name="dup"), now=NOW + 2)
+    store.record_session(new.id, runner.id, new.attempts, "sess-new", NOW + 3)
+    assert store.get_session("dup").id == "sess-new"
+    assert store.get_session("sess-old").id == "sess-old"
+    with pytest.raises(NotFound) as err:
+        store.get_session("nothing")
+    assert err.value.code == "session_not_found"
+
+
+# ---- runners and heartbeats ------------------------------------------------------------------
+
+
+def test_register_a_new_runner(store: Store) -> None:
+    runner = register(store, labels=("gpu", "linux"), slots=3, name="box")
+    assert runner.id.startswith("rnr_")
+    assert runner.state is RunnerState.ACTIVE
+    assert (runner.name, runner.hostname, runner.slots) == ("box", "box.host", 3)
+    assert runner.labels == ("gpu", "linux")
+    assert runner.registered_at == runner.last_heartbeat_at == NOW
+    assert store.get_runner(runner.id) == runner
+    with pytest.raises(InvalidRequest):
+        register(store, slots=0)
+    with pytest.raises(NotFound):
+        store.get_runner("rnr_missing")
+
+
+def test_list_runners_counts_used_slots(store: Store) -> None:
+    a = register(store, name="a", now=NOW)
+    b = register(store, name="b", now=NOW + 1)
+    running(store, a)
+    store.create_run(command(), NOW)
+    claim_one(store, a)
+    listed = store.list_runners()
+    assert [r.id for r in listed] == [b.id, a.id]
+    assert [r.slots_used for r in listed] == [0, 2]
+
+
+def test_heartbeat_tells_the_runner_what_to_abandon(store: Store) -> None:
+    runner, other = register(store, name="a"), register(store, name="b")
+    mine = running(store, runner)
+    theirs = running(store, other)
+    done = finish(store, running(store, runner))
+    sync = store.heartbeat(
+        runner.id,
+        [
+            Held(mine.id, mine.attempts),
+            Held(theirs.id, theirs.attempts),  # another runner's run
+            Held(done.id, done.attempts),  # already finished
+            Held(mine.id, mine.attempts + 1),  # an attempt that is not the current one
+            Held(RunId("run_unknown"), 1),
+        ],
+        NOW + 3,
+    )
+    assert sorted(sync.abandon) == sorted([theirs.id, done.id, mine.id, RunId("run_unknown")])
+    assert sync.cancel == []
+    assert store.get_runner(runner.id).last_heartbeat_at == NOW + 3
+    assert store.get_run(mine.id).status is RunStatus.RUNNING
+    assert store.get_run(theirs.id).status is RunStatus.RUNNING
+
+
+def test_a_claim_the_runner_never_reports_is_released_after_the_grace(store: Store) -> None:
+    runner = register(store)
+    kept = running(store, runner)
+    store.create_run(command(), NOW)
+    forgotten = claim_one(store, runner)  # the answer to this claim never reached the runner
+    grace = store_module.UNREPORTED_CLAIM_GRACE_S
+
+    assert store.heartbeat(runner.id, held(kept), NOW + grace - 1).abandon == []
+    assert store.get_run(forgotten.id) == forgotten  # still within the grace
+
+    store.heartbeat(runner.id, held(kept), NOW + grace + 1)
+    released = store.get_run(forgotten.id)
+    assert released.status is RunStatus.PENDING
+    assert released.runner_id is None
+    assert store.get_run(kept.id).status is RunStatus.RUNNING
+    again = claim_one(store, runner, NOW + grace + 2)
+    assert (again.id, again.attempts) == (forgotten.id, 2)
+
+
+def test_heartbeat_of_an_unknown_runner_is_not_found(store: Store) -> None:
+    with pytest.raises(NotFound) as err:
+        store.heartbeat("rnr_missing", [], NOW)
+    assert err.value.code == "runner_not_found"
+
+
+def test_heartbeat_of_a_lost_runner_asks_it_to_register_again(store: Store) -> None:
+    runner = register(store)
+    store.reconcile(NOW + LOST_AFTER + 1, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE)
+    with pytest.raises(LeaseLost) as err:
+        store.heartbeat(runner.id, [], NOW + LOST_AFTER + 2)
+    assert err.value.code == "runner_lost"
+
+
+def test_register_with_a_known_id_reactivates_and_reconciles_held_runs(store: Store) -> None:
+    runner = register(store, labels=("old",))
+    taken = running(store, runner)
+    kept_claim = store.create_run(command(), NOW)
+    claim_one(store, runner)
+    later = NOW + LOST_AFTER + 1
+    result = store.reconcile(later, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE)
+    assert result.lost_runners == [runner.id]
+    assert sorted(result.requeued) == sorted([taken.id, kept_claim.id])
+    assert store.get_runner(runner.id).state is RunnerState.LOST
+
+    other = register(store, name="other", now=later)
+    stolen = claim_one(store, other, later)
+    back, sync = store.register_runner(
+        name="r2", hostname="h2", labels=("new",), slots=2, version="0.2.0", transport="ws",
+        now=later + 1, runner_id=runner.id, held=held(taken),
+    )
+    assert back.id == runner.id
+    assert back.state is RunnerState.ACTIVE
+    assert (back.name, back.labels, back.slots, back.version) == ("r2", ("new",), 2, "0.2.0")
+    assert back.last_heartbeat_at == later + 1
+    assert back.registered_at == NOW
+    assert sync.abandon == [taken.id]
+    assert store.get_run(stolen.id).runner_id == other.id
+    assert store.heartbeat(runner.id, [], later + 2) == store_module.RunnerSync()
+
+
+def test_register_again_while_still_holding_runs_keeps_them(store: Store) -> None:
+    runner = register(store)
+    run = running(store, runner)
+    store.set_runner_state(runner.id, RunnerState.DRAINING, NOW + 1)
+    back, sync = store.register_runner(
+        name="r", hostname="r.host", labels=(), slots=4, version="0.1.0", transport="http",
+        now=NOW + 100, runner_id=runner.id, held=held(run),
+    )
+    assert back.state is RunnerState.ACTIVE
+    assert sync.abandon == [] and sync.cancel == []
+    assert store.get_run(run.id) == run
+
+
+def test_stopping_a_runner_releases_its_runs(store: Store) -> None:
+    runner = register(store)
+    run = running(store, runner)
+    stopped = store.set_runner_state(runner.id, RunnerState.STOPPED, NOW + 1)
+    assert stopped.state is RunnerState.STOPPED
+    released = store.get_run(run.id)
+    assert (released.status, released.runner_id) == (RunStatus.PENDING, None)
+
+
+# ---- reconcile -------------------------------------------------------------------------------
+
+
+def test_reconcile_takes_runs_back_from_a_silent_runner(store: Store) -> None:
+    silent = register(store, name="silent")
+    alive = register(store, name="alive")
+    claimed_only = store.create_run(command(), NOW)
+    claim_one(store, silent)
+    retryable = running(store, silent)
+    last_try = running(store, silent, command(max_attempts=1))
+    to_cancel = running(store, silent)
+    store.request_cancel(to_cancel.id, NOW + 1)
+    alive_run = running(store, alive)
+
+    later = NOW + LOST_AFTER + 1
+    store.heartbeat(alive.id, held(alive_run), later - 1)
+    result = store.reconcile(later, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE)
+    assert result.changed
+    assert result.lost_runners == [silent.id]
+    assert sorted(result.requeued) == sorted([claimed_only.id, retryable.id])
+    assert sorted(result.failed) == sorted([last_try.id, to_cancel.id])
+    assert result.timed_out == []
+    assert store.get_runner(silent.id).state is RunnerState.LOST
+    assert store.get_runner(alive.id).state is RunnerState.ACTIVE
+
+    for run_id in (claimed_only.id, retryable.id):
+        run = store.get_run(run_id)
+        assert (run.status, run.runner_id, run.attempts) == (RunStatus.PENDING, None, 1)
+        assert run.available_at == later
+    failed = store.get_run(last_try.id)
+    assert failed.status is RunStatus.FAILED
+    assert failed.finished_at == later
+    assert failed.error is not None
+    assert "lost" in failed.error and "no attempts left" in failed.error
+    assert store.get_run(to_cancel.id).status is RunStatus.CANCELLED
+    assert store.get_run(alive_run.id) == alive_run
+
+    before = {r.id: r for r in store.list_runs(limit=100)}
+    again = store.reconcile(later + 1, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE)
+    assert not again.changed
+    assert {r.id: r for r in store.list_runs(limit=100)} == before
+
+    retaken = claim_one(store, alive, later + 2)
+    assert retaken.attempts == 2
+
+
+def test_reconcile_times_out_overdue_runs(store: Store) -> None:
+    runner = register(store)
+    slow = running(store, runner, command(timeout_s=10.0))
+    unbounded = running(store, runner)
+    claimed = store.create_run(command(timeout_s=20.0), NOW)
+    claim_one(store, runner)
+
+    def reconcile_at(now: float) -> store_module.Reconciled:
+        store.heartbeat(runner.id, held(slow, unbounded, store.get_run(claimed.id)), now)
+        return store.reconcile(now, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE)
+
+    assert not reconcile_at(NOW + 10 + GRACE).changed  # at the limit, not past it
+    result = reconcile_at(NOW + 10 + GRACE + 1)
+    assert result.timed_out == [slow.id]
+    assert result.lost_runners == [] and result.requeued == []
+    timed_out = store.get_run(slow.id)
+    assert timed_out.status is RunStatus.TIMED_OUT
+    assert timed_out.finished_at == NOW + 10 + GRACE + 1
+    assert timed_out.error is not None and "timeout" in timed_out.error
+
+    assert reconcile_at(NOW + 20 + GRACE + 1).timed_out == [claimed.id]
+    assert not reconcile_at(NOW + 1000).changed
+    assert store.get_run(unbounded.id).status is RunStatus.RUNNING
+    with pytest.raises(LeaseLost):  # the runner's late report finds the lease gone…
+        finish(store, slow, RunStatus.COMPLETED, now=NOW + 1001, exit_code=0)
+    assert store.get_run(slow.id) == timed_out  # …and changes nothing
+
+
+# ---- logs ------------------------------------------------------------------------------------
+
+
+def lines(start: int, count: int, stream: str = "stdout") -> list[LogLine]:
+    return [LogLine(n, stream, f"line {n}", NOW + n) for n in range(start, start + count)]
+
+
+def test_logs_append_and_read_after(store: Store) -> None:
+    runner = register(store)
+    run = running(store, runner)
+    assert store.append_logs(run.id, runner.id, 1, lines(0, 3)) == 3
+    assert store.append_logs(run.id, runner.id, 1, lines(3, 2, "stderr")) == 2
+    assert store.append_logs(run.id, runner.id, 1, []) == 0
+    entries = store.read_logs(run.id)
+    assert [(e.line_no, e.stream, e.text, e.ts) for e in entries] == [
+        (n, "stdout" if n < 3 else "stderr", f"line {n}", NOW + n) for n in range(5)
+    ]
+    assert all(e.attempt == 1 for e in entries)
+    ids = [e.id for e in entries]
+    assert ids == sorted(ids) and len(set(ids)) == 5
+    assert [e.line_no for e in store.read_logs(run.id, after_id=ids[2])] == [3, 4]
+    assert [e.line_no for e in store.read_logs(run.id, after_id=ids[0], limit=2)] == [1, 2]
+    assert store.read_logs(run.id, after_id=ids[-1]) == []
+
+
+def test_a_retried_log_batch_is_stored_once(store: Store) -> None:
+    runner = register(store)
+    run = running(store, runner)
+    store.append_logs(run.id, runner.id, 1, lines(0, 3))
+    store.append_logs(run.id, runner.id, 1, lines(0, 4))  # the retry, with one more line
+    assert [e.line_no for e in store.read_logs(run.id)] == [0, 1, 2, 3]
+
+
+def test_logs_from_another_runner_or_for_an_unknown_run_are_refused(store: Store) -> None:
+    runner, other = register(store, name="a"), register(store, name="b")
+    run = running(store, runner)
+    with pytest.raises(LeaseLost):
+        store.append_logs(run.id, other.id, 1, lines(0, 1))
+    assert store.read_logs(run.id) == []
+    with pytest.raises(NotFound):
+        store.append_logs("run_missing", runner.id, 1, lines(0, 1))
+    with pytest.raises(NotFound):
+        store.read_logs("run_missing")
+
+
+# ---- migrations ------------------------------------------------------------------------------
+
+
+def test_migrate_twice_is_a_no_op(store: Store) -> None:
+    run = store.create_run(command(), NOW)
+    assert migrate(store.db) == LATEST_VERSION
+    assert migrate(store.db) == LATEST_VERSION
+    with store.db.transaction(write=False) as tx:
+        versions = [r["version"] for r in tx.execute(
+            "SELECT version FROM schema_migrations ORDER BY version"
+        )]
+    assert versions == [v for v, _ in MIGRATIONS]
+    assert store.get_run(run.id) == run
