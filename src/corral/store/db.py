@@ -42,6 +42,11 @@ class Database(Protocol):
         """The clause that locks selected rows until commit ('' where the whole DB is locked)."""
         ...
 
+    def json_subset(self, column: str) -> str:
+        """A condition: every element of the JSON list in ``column`` is in the JSON list
+        bound to the condition's one ``?``."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -114,6 +119,12 @@ class SqliteDatabase:
     def lock_rows(self, *, skip_locked: bool = False) -> str:
         return ""  # BEGIN IMMEDIATE already holds the database's single write lock
 
+    def json_subset(self, column: str) -> str:
+        return (
+            f"NOT EXISTS (SELECT 1 FROM json_each({column}) AS e "
+            "WHERE e.value NOT IN (SELECT value FROM json_each(?)))"
+        )
+
     def close(self) -> None:
         with self._lock:
             for conn in self._all:
@@ -167,6 +178,9 @@ class PostgresDatabase:
 
     def lock_rows(self, *, skip_locked: bool = False) -> str:
         return "FOR UPDATE SKIP LOCKED" if skip_locked else "FOR UPDATE"
+
+    def json_subset(self, column: str) -> str:
+        return f"{column}::jsonb <@ ?::jsonb"
 
     def close(self) -> None:
         self._pool.close()

@@ -19,8 +19,6 @@ from corral.sessions import Session
 from corral.store.db import Database, Row, Tx, open_database
 from corral.store.rows import dumps, run_from_row, runner_from_row, session_from_row
 
-# How many pending rows a claim looks at to find ones whose labels the runner has.
-CLAIM_WINDOW = 64
 # A rate-limited run gives its attempt back this many times, then fails.
 MAX_RATE_LIMIT_REQUEUES = 20
 
@@ -167,16 +165,16 @@ class Store:
             runner = _runner_row(tx, runner_id)
             if runner["state"] != RunnerState.ACTIVE:
                 return []
-            labels = set(_json_list(runner["labels"]))
+            # Labels are matched in SQL: runs this runner cannot take never hide ones it can.
             candidates = tx.execute(
-                "SELECT id, labels FROM runs WHERE status = 'pending' AND available_at <= ? "
+                "SELECT id FROM runs WHERE status = 'pending' AND available_at <= ? "
                 "AND (required_runner IS NULL OR required_runner = ?) "
+                f"AND {self.db.json_subset('labels')} "
                 "ORDER BY priority DESC, created_at, id LIMIT ? "
                 + self.db.lock_rows(skip_locked=True),
-                (now, runner["name"], CLAIM_WINDOW),
+                (now, runner["name"], runner["labels"], max_runs),
             )
-            chosen = [c["id"] for c in candidates if set(_json_list(c["labels"])) <= labels]
-            chosen = chosen[:max_runs]
+            chosen = [c["id"] for c in candidates]
             if not chosen:
                 return []
             rows = tx.execute(
@@ -227,12 +225,11 @@ class Store:
         """Record how an attempt ended; only the runner and attempt holding the lease may."""
         with self.db.transaction() as tx:
             row = _run_row(tx, run_id, lock=self.db.lock_rows())
+            status = report.status
+            if row["cancel_requested"] and status is RunStatus.FAILED:
+                status = RunStatus.CANCELLED  # the failure is how the requested cancel showed
             same_lease = row["runner_id"] == runner_id and row["attempts"] == attempt
-            if (
-                same_lease
-                and RunStatus(row["status"]).is_terminal
-                and (row["status"] == report.status)
-            ):
+            if same_lease and RunStatus(row["status"]).is_terminal and row["status"] == status:
                 return run_from_row(row)  # a repeated report (the first answer was lost)
             _check_lease(row, runner_id, attempt)
             fields: dict[str, Any] = {
@@ -247,11 +244,6 @@ class Store:
                 fields["session_id"] = report.session_id
             if report.status is RunStatus.PENDING:
                 return _requeue_after_rate_limit(tx, row, report, fields, now)
-            status = report.status
-            if status is RunStatus.CANCELLED or (
-                row["cancel_requested"] and status is RunStatus.FAILED
-            ):
-                status = RunStatus.CANCELLED
             run = _transition(tx, row, status, now, finished_at=now, **fields)
             if run.session_id:
                 _finish_session(tx, run, now)
@@ -455,11 +447,6 @@ def _new_run_row(spec: NewRun, now: float) -> Row:
         "finished_at": None,
         "updated_at": now,
     }
-
-
-def _json_list(text: str) -> list[str]:
-    value = json.loads(text)
-    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 def _run_row(tx: Tx, run_id: str, lock: str = "") -> Row:

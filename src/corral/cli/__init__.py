@@ -1,0 +1,1 @@
+"""The ``corral`` command line: a thin adapter over the coordinator, runner and client."""

@@ -1,0 +1,215 @@
+"""``corral serve``, ``corral runner`` and ``corral up`` (both in one process)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import uvicorn
+
+from corral.cli.options import option
+from corral.coordinator.app import create_app
+from corral.coordinator.settings import CoordinatorSettings
+from corral.runner.core import Runner
+from corral.runner.settings import RunnerSettings
+
+DEFAULT_DB = ".corral/corral.db"
+
+
+def coordinator_options(fn: click.decorators.FC) -> click.decorators.FC:
+    for decorate in reversed(
+        [
+            option("--host", env="HOST", default="127.0.0.1", help="Address to listen on."),
+            option("--port", env="PORT", default=8765, type=int, help="Port to listen on."),
+            option(
+                "--db",
+                env="DB",
+                default=DEFAULT_DB,
+                help="SQLite file path, or a postgresql:// URL.",
+            ),
+            option(
+                "--config",
+                env="CONFIG",
+                default="corral.toml",
+                type=click.Path(dir_okay=False, path_type=Path),
+                help="TOML config with [agents.<name>] profiles (optional).",
+            ),
+            option(
+                "--poll-timeout",
+                env="POLL_TIMEOUT",
+                default=30.0,
+                type=float,
+                help="Seconds a runner's long-poll is held open.",
+            ),
+            option(
+                "--heartbeat-interval",
+                env="HEARTBEAT_INTERVAL",
+                default=60.0,
+                type=float,
+                help="Seconds between runner heartbeats.",
+            ),
+            option(
+                "--lost-after",
+                env="LOST_AFTER",
+                default=120.0,
+                type=float,
+                help="Seconds without a heartbeat before a runner is lost.",
+            ),
+        ]
+    ):
+        fn = decorate(fn)
+    return fn
+
+
+def _coordinator_settings(
+    host: str,
+    port: int,
+    db: str,
+    config: Path,
+    poll_timeout: float,
+    heartbeat_interval: float,
+    lost_after: float,
+) -> CoordinatorSettings:
+    return CoordinatorSettings(
+        db_url=db,
+        host=host,
+        port=port,
+        config_path=config,
+        poll_timeout_s=poll_timeout,
+        heartbeat_interval_s=heartbeat_interval,
+        lost_after_s=lost_after,
+    )
+
+
+def runner_options(fn: click.decorators.FC) -> click.decorators.FC:
+    for decorate in reversed(
+        [
+            option(
+                "--name",
+                env="RUNNER_NAME",
+                default=None,
+                help="Runner name (default: host name); resumes go back to it.",
+            ),
+            option(
+                "--slots",
+                env="SLOTS",
+                default=4,
+                type=click.IntRange(1, 1024),
+                help="Runs executed at once.",
+            ),
+            option("--labels", env="LABELS", default="", help="Comma-separated labels."),
+            option(
+                "--claude-bin",
+                env="CLAUDE_BIN",
+                default="claude",
+                help="The Claude Code executable.",
+            ),
+            option(
+                "--drain-grace",
+                env="DRAIN_GRACE",
+                default=120.0,
+                type=float,
+                help="On SIGTERM, seconds running work may go on before it is stopped.",
+            ),
+        ]
+    ):
+        fn = decorate(fn)
+    return fn
+
+
+def _runner_settings(
+    url: str, name: str | None, slots: int, labels: str, claude_bin: str, drain_grace: float
+) -> RunnerSettings:
+    settings = RunnerSettings(
+        coordinator_url=url,
+        slots=slots,
+        claude_bin=claude_bin,
+        drain_grace_s=drain_grace,
+        labels=tuple(sorted({x.strip() for x in labels.split(",") if x.strip()})),
+    )
+    return settings if name is None else RunnerSettings(**{**settings.__dict__, "name": name})
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+
+@click.command()
+@coordinator_options
+def serve(**kwargs: object) -> None:
+    """Run the coordinator (REST API, runner endpoints, reconciler)."""
+    _logging()
+    settings = _coordinator_settings(**kwargs)  # type: ignore[arg-type]
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+
+
+@click.command("runner")
+@option("--coordinator", "url", env="URL", default="http://127.0.0.1:8765", help="Coordinator URL.")
+@runner_options
+def runner_cmd(url: str, **kwargs: object) -> None:
+    """Run a runner: claim runs from the coordinator and execute them."""
+    _logging()
+    settings = _runner_settings(url, **kwargs)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        runner = Runner(settings)
+        runner.install_signal_handlers()
+        await runner.run()
+
+    asyncio.run(main())
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its own signal handling: ``up`` decides how to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@click.command()
+@coordinator_options
+@runner_options
+def up(
+    host: str,
+    port: int,
+    db: str,
+    config: Path,
+    poll_timeout: float,
+    heartbeat_interval: float,
+    lost_after: float,
+    **runner_kwargs: object,
+) -> None:
+    """Run a coordinator and one local runner in one process (SQLite by default)."""
+    _logging()
+    settings = _coordinator_settings(
+        host, port, db, config, poll_timeout, heartbeat_interval, lost_after
+    )
+    url = f"http://{host}:{port}"
+    runner_settings = _runner_settings(url, **runner_kwargs)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        server = _QuietServer(
+            uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning")
+        )
+        serving = asyncio.create_task(server.serve())
+        while not server.started:
+            if serving.done():
+                await serving
+                raise click.ClickException(f"could not start the coordinator on {url}")
+            await asyncio.sleep(0.05)
+        runner = Runner(runner_settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, runner.drain)
+        click.echo(f"corral is up: {url}  (docs {url}/docs, database {db}); Ctrl-C stops it")
+        await runner.run()
+        server.should_exit = True
+        await serving
+
+    asyncio.run(main())
