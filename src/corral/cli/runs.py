@@ -15,7 +15,7 @@ from corral.cli.options import coordinator_url
 from corral.client import CorralClient
 
 TERMINAL = {"completed", "failed", "cancelled", "timed_out"}
-console = Console()
+console = Console(width=160) if not sys.stdout.isatty() else Console()
 
 
 def _print_json(data: Any) -> None:

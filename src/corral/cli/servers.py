@@ -137,6 +137,7 @@ def _runner_settings(
 
 def _logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 
 
 @click.command()
