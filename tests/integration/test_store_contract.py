@@ -50,8 +50,15 @@ def register(
     held: Sequence[Held] = (),
 ) -> Runner:
     runner, _ = store.register_runner(
-        name=name, hostname=f"{name}.host", labels=labels, slots=slots, version="0.1.0",
-        transport="http", now=now, runner_id=runner_id, held=held,
+        name=name,
+        hostname=f"{name}.host",
+        labels=labels,
+        slots=slots,
+        version="0.1.0",
+        transport="http",
+        now=now,
+        runner_id=runner_id,
+        held=held,
     )
     return runner
 
@@ -74,7 +81,10 @@ def running(store: Store, runner: Runner, spec: NewRun | None = None, now: float
 
 
 def finish(
-    store: Store, run: Run, status: RunStatus = RunStatus.COMPLETED, now: float = NOW + 1,
+    store: Store,
+    run: Run,
+    status: RunStatus = RunStatus.COMPLETED,
+    now: float = NOW + 1,
     **kw: Any,
 ) -> Run:
     assert run.runner_id is not None
@@ -91,8 +101,14 @@ def held(*runs: Run) -> list[Held]:
 
 def test_create_and_get_round_trip(store: Store) -> None:
     spec = agent_run(
-        session_name="s1", labels=("gpu", "arm"), timeout_s=60.0, idle_timeout_s=5.0,
-        max_attempts=2, priority=7, required_runner="box-7", env={"A": "1"},
+        session_name="s1",
+        labels=("gpu", "arm"),
+        timeout_s=60.0,
+        idle_timeout_s=5.0,
+        max_attempts=2,
+        priority=7,
+        required_runner="box-7",
+        env={"A": "1"},
     )
     created = store.create_run(spec, NOW)
     got = store.get_run(created.id)
@@ -146,9 +162,7 @@ def test_list_filters_by_status_runner_and_session(store: Store) -> None:
     on_r2 = running(store, r2, now=NOW + 2)
     pending = store.create_run(command(), NOW + 2.5)
     named = store.create_run(agent_run(session_name="feature"), NOW + 3)
-    resumed = store.create_run(
-        agent_run(session_id="sess-1", type=RunType.RESUME_SESSION), NOW + 4
-    )
+    resumed = store.create_run(agent_run(session_id="sess-1", type=RunType.RESUME_SESSION), NOW + 4)
 
     def ids(**kw: Any) -> list[RunId]:
         return [r.id for r in store.list_runs(**kw)]
@@ -292,8 +306,16 @@ def test_finish_records_the_outcome(store: Store, status: RunStatus) -> None:
     runner = register(store)
     run = running(store, runner)
     done = finish(
-        store, run, status, now=NOW + 9, exit_code=3, error="boom", result="out",
-        cost_usd=0.25, usage={"input_tokens": 10}, num_turns=2,
+        store,
+        run,
+        status,
+        now=NOW + 9,
+        exit_code=3,
+        error="boom",
+        result="out",
+        cost_usd=0.25,
+        usage={"input_tokens": 10},
+        num_turns=2,
     )
     assert done.status is status
     assert done.finished_at == NOW + 9
@@ -359,8 +381,13 @@ def test_rate_limit_requeue_gives_the_attempt_back(store: Store) -> None:
     runner = register(store)
     run = running(store, runner, agent_run(session_name="s"))
     requeued = finish(
-        store, run, RunStatus.PENDING, now=NOW + 10, error="rate limited",
-        retry_after_s=120.0, session_id="sess-rl",
+        store,
+        run,
+        RunStatus.PENDING,
+        now=NOW + 10,
+        error="rate limited",
+        retry_after_s=120.0,
+        session_id="sess-rl",
     )
     assert requeued.status is RunStatus.PENDING
     assert requeued.attempts == 0
@@ -386,9 +413,7 @@ def test_a_claimed_run_may_be_requeued(store: Store) -> None:
     assert (back.status, back.attempts, back.available_at) == (RunStatus.PENDING, 0, NOW + 1)
 
 
-def test_too_many_rate_limits_fail_the_run(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_too_many_rate_limits_fail_the_run(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store_module, "MAX_RATE_LIMIT_REQUEUES", 2)
     runner = register(store)
     store.create_run(command(), NOW)
@@ -510,12 +535,20 @@ def test_finishing_runs_sums_session_cost_and_sets_result(store: Store) -> None:
     store.record_session(first.id, runner.id, first.attempts, "sess-1", NOW + 1)
     finish(store, first, now=NOW + 2, result="step one", cost_usd=0.5)
     second = running(
-        store, runner,
+        store,
+        runner,
         agent_run(type=RunType.RESUME_SESSION, session_id="sess-1", session_name="feature"),
         now=NOW + 3,
     )
-    finish(store, second, RunStatus.FAILED, now=NOW + 4, result="step two", cost_usd=0.25,
-           session_id="sess-1")
+    finish(
+        store,
+        second,
+        RunStatus.FAILED,
+        now=NOW + 4,
+        result="step two",
+        cost_usd=0.25,
+        session_id="sess-1",
+    )
     session = store.get_session("sess-1")
     assert session.cost_usd == pytest.approx(0.75)
     assert session.runs == 2
@@ -645,8 +678,15 @@ def test_register_with_a_known_id_reactivates_and_reconciles_held_runs(store: St
     other = register(store, name="other", now=later)
     stolen = claim_one(store, other, later)
     back, sync = store.register_runner(
-        name="r2", hostname="h2", labels=("new",), slots=2, version="0.2.0", transport="ws",
-        now=later + 1, runner_id=runner.id, held=held(taken),
+        name="r2",
+        hostname="h2",
+        labels=("new",),
+        slots=2,
+        version="0.2.0",
+        transport="ws",
+        now=later + 1,
+        runner_id=runner.id,
+        held=held(taken),
     )
     assert back.id == runner.id
     assert back.state is RunnerState.ACTIVE
@@ -663,8 +703,15 @@ def test_register_again_while_still_holding_runs_keeps_them(store: Store) -> Non
     run = running(store, runner)
     store.set_runner_state(runner.id, RunnerState.DRAINING, NOW + 1)
     back, sync = store.register_runner(
-        name="r", hostname="r.host", labels=(), slots=4, version="0.1.0", transport="http",
-        now=NOW + 100, runner_id=runner.id, held=held(run),
+        name="r",
+        hostname="r.host",
+        labels=(),
+        slots=4,
+        version="0.1.0",
+        transport="http",
+        now=NOW + 100,
+        runner_id=runner.id,
+        held=held(run),
     )
     assert back.state is RunnerState.ACTIVE
     assert sync.abandon == [] and sync.cancel == []
@@ -807,8 +854,9 @@ def test_migrate_twice_is_a_no_op(store: Store) -> None:
     assert migrate(store.db) == LATEST_VERSION
     assert migrate(store.db) == LATEST_VERSION
     with store.db.transaction(write=False) as tx:
-        versions = [r["version"] for r in tx.execute(
-            "SELECT version FROM schema_migrations ORDER BY version"
-        )]
+        versions = [
+            r["version"]
+            for r in tx.execute("SELECT version FROM schema_migrations ORDER BY version")
+        ]
     assert versions == [v for v, _ in MIGRATIONS]
     assert store.get_run(run.id) == run

@@ -148,6 +148,18 @@ async def list_runners(request: Request) -> dict[str, Any]:
     return {"runners": [runner_json(r) for r in runners]}
 
 
+@router.get("/stats", tags=["meta"])
+async def stats(request: Request) -> dict[str, Any]:
+    """Runs per status and runners per state: the numbers a glance needs."""
+    coordinator = _coordinator(request)
+    counts = await coordinator._db(coordinator.store.count_runs)
+    runners = await coordinator._db(coordinator.store.list_runners)
+    by_state: dict[str, int] = {}
+    for runner in runners:
+        by_state[runner.state] = by_state.get(runner.state, 0) + 1
+    return {"runs": counts, "runners": by_state}
+
+
 @router.get("/health", tags=["meta"])
 async def health() -> dict[str, str]:
     return {"status": "ok"}

@@ -132,6 +132,12 @@ class Store:
             )
         return [run_from_row(r) for r in rows]
 
+    def count_runs(self) -> dict[str, int]:
+        """How many runs are in each status."""
+        with self.db.transaction(write=False) as tx:
+            rows = tx.execute("SELECT status, COUNT(*) AS n FROM runs GROUP BY status")
+        return {str(r["status"]): int(r["n"]) for r in rows}
+
     def request_cancel(self, run_id: str, now: float) -> Run:
         """Pending runs are cancelled at once; held ones are flagged for their runner to stop."""
         with self.db.transaction() as tx:

@@ -1,0 +1,292 @@
+"""The Store under concurrency: many claimers, racing reports, claims racing reconcile.
+
+PostgreSQL claimers are threads, each with its own Store (its own connection pool) on
+the same schema; SQLite claimers are processes (``spawn``) sharing one database file.
+Every test asserts the same invariants: no run is given to two claimers, no run is lost,
+and every run is completed exactly once on its first attempt.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from corral.errors import LeaseLost
+from corral.ids import RunId, RunnerId
+from corral.runners import RunnerState
+from corral.runs import NewRun, Run, RunReport, RunStatus, RunType
+from corral.store import Store
+
+NOW = 1_700_000_000.0
+DONE = RunReport(status=RunStatus.COMPLETED, exit_code=0, result="ok")
+T = TypeVar("T")
+
+postgres_only = pytest.mark.parametrize(
+    "dialect", [pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+
+
+def register(store: Store, name: str, now: float = NOW) -> RunnerId:
+    runner, _ = store.register_runner(
+        name=name, hostname=name, labels=(), slots=4, version="0", transport="http", now=now
+    )
+    return runner.id
+
+
+def command(**kw: Any) -> NewRun:
+    return NewRun(type=RunType.COMMAND, command=("true",), **kw)
+
+
+@contextmanager
+def stores(url: str, count: int) -> Iterator[list[Store]]:
+    """``count`` independent Stores on ``url`` (on PostgreSQL: one connection pool each)."""
+    opened: list[Store] = []
+    try:
+        for _ in range(count):
+            opened.append(Store.open(url))
+        yield opened
+    finally:
+        for s in opened:
+            s.close()
+
+
+def run_threads(targets: list[Callable[[], T]], timeout: float = 60.0) -> list[T]:
+    """Run each target in its own thread, started together; re-raise the first failure."""
+    results: list[Any] = [None] * len(targets)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(targets))
+
+    def wrap(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = targets[i]()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrap, args=(i,), daemon=True) for i in range(len(targets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "a worker thread hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def drain(store: Store, runner_id: RunnerId, seed: int) -> list[RunId]:
+    """Claim 1–4 runs at a time and complete them until nothing is pending; the ids claimed."""
+    rng = random.Random(seed)
+    claimed: list[RunId] = []
+    while True:
+        runs = store.claim_runs(runner_id, rng.randint(1, 4), NOW + 1)
+        if not runs:
+            if not store.list_runs(statuses=[RunStatus.PENDING], limit=1):
+                return claimed
+            continue  # the pending ones were locked by other claimers for a moment
+        for run in runs:
+            assert run.runner_id == runner_id and run.status is RunStatus.CLAIMED
+            claimed.append(run.id)
+            store.mark_started(run.id, runner_id, run.attempts, NOW + 2)
+            store.finish_run(run.id, runner_id, run.attempts, DONE, NOW + 3)
+
+
+def assert_each_run_done_once(
+    store: Store, created: list[Run], claims: dict[RunnerId, list[RunId]]
+) -> None:
+    all_claims = [run_id for ids in claims.values() for run_id in ids]
+    doubles = [run_id for run_id, n in Counter(all_claims).items() if n > 1]
+    assert doubles == [], f"{len(doubles)} runs were claimed twice"
+    assert set(all_claims) == {r.id for r in created}, "some runs were never claimed"
+    claimer = {run_id: runner for runner, ids in claims.items() for run_id in ids}
+    final = store.list_runs(limit=len(created) + 1)
+    assert len(final) == len(created)
+    for run in final:
+        assert run.status is RunStatus.COMPLETED, run
+        assert run.attempts == 1, run
+        assert run.runner_id == claimer[run.id]
+    assert sum(1 for ids in claims.values() if ids) > 1, "only one claimer ever got work"
+
+
+# ---- many claimers ---------------------------------------------------------------------------
+
+
+@postgres_only
+def test_postgres_concurrent_claimers_never_double_claim(store: Store, store_url: str) -> None:
+    clients, total = 8, 3000
+    created = store.create_runs([command(priority=i % 3) for i in range(total)], NOW)
+    runners = [register(store, f"r{i}") for i in range(clients)]
+    with stores(store_url, clients) as own:
+        results = run_threads(
+            [
+                (lambda s=s, r=r, i=i: drain(s, r, seed=i))
+                for i, (s, r) in enumerate(zip(own, runners, strict=True))
+            ]
+        )
+    assert_each_run_done_once(store, created, dict(zip(runners, results, strict=True)))
+
+
+def _sqlite_worker(url: str, runner_id: str, seed: int, out: Any) -> None:
+    """One claimer process: drain the queue and send back the ids it claimed."""
+    store = Store.open(url)
+    try:
+        out.put((runner_id, drain(store, RunnerId(runner_id), seed), None))
+    except BaseException as exc:
+        out.put((runner_id, [], repr(exc)))
+    finally:
+        store.close()
+
+
+def test_sqlite_concurrent_processes_never_double_claim(tmp_path: Path) -> None:
+    url = str(tmp_path / "corral.db")
+    processes, total = 4, 2000
+    with stores(url, 1) as (store,):
+        created = store.create_runs([command(priority=i % 3) for i in range(total)], NOW)
+        runners = [register(store, f"p{i}") for i in range(processes)]
+        ctx = multiprocessing.get_context("spawn")
+        out = ctx.Queue()
+        procs = [
+            ctx.Process(target=_sqlite_worker, args=(url, r, i, out), daemon=True)
+            for i, r in enumerate(runners)
+        ]
+        for p in procs:
+            p.start()
+        try:
+            reports = [out.get(timeout=60) for _ in procs]  # before join: drain the pipe
+            for p in procs:
+                p.join(10)
+                assert p.exitcode == 0
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            out.close()
+            out.join_thread()
+        failures = [f"{r}: {err}" for r, _, err in reports if err]
+        assert failures == []
+        claims = {RunnerId(r): ids for r, ids, _ in reports}
+        assert_each_run_done_once(store, created, claims)
+
+
+# ---- racing reports --------------------------------------------------------------------------
+
+
+@postgres_only
+def test_postgres_the_same_report_twice_at_once_is_one_transition(
+    store: Store, store_url: str
+) -> None:
+    runner = register(store, "r")
+    with stores(store_url, 2) as (a, b):
+        for i in range(25):
+            store.create_run(command(session_name=f"s{i}"), NOW)
+            (run,) = store.claim_runs(runner, 1, NOW)
+            store.mark_started(run.id, runner, run.attempts, NOW)
+            report = RunReport(
+                status=RunStatus.COMPLETED, result="ok", cost_usd=1.0, session_id=f"sess-{i}"
+            )
+            first, second = run_threads(
+                [
+                    lambda s=s, t=t: s.finish_run(run.id, runner, run.attempts, report, t)
+                    for s, t in ((a, NOW + 10), (b, NOW + 20))
+                ]
+            )
+            assert first == second  # the later one saw the first's transition: a repeat
+            assert first.status is RunStatus.COMPLETED
+            assert first.finished_at in (NOW + 10, NOW + 20)
+            assert store.get_run(run.id) == first
+            session = store.get_session(f"sess-{i}")
+            assert (session.runs, session.cost_usd) == (1, 1.0)  # finished once
+
+
+@postgres_only
+def test_postgres_reports_from_two_runners_at_once_one_wins(store: Store, store_url: str) -> None:
+    holder, other = register(store, "holder"), register(store, "other")
+
+    def report(s: Store, run: Run, runner: RunnerId, t: float) -> Run | LeaseLost:
+        try:
+            return s.finish_run(run.id, runner, run.attempts, DONE, t)
+        except LeaseLost as exc:
+            return exc
+
+    with stores(store_url, 2) as (a, b):
+        for i in range(25):
+            store.create_run(command(), NOW)
+            (run,) = store.claim_runs(holder, 1, NOW)
+            store.mark_started(run.id, holder, run.attempts, NOW)
+            pair = [(a, holder), (b, other)] if i % 2 else [(b, other), (a, holder)]
+            results = run_threads([lambda s=s, r=r: report(s, run, r, NOW + 5) for s, r in pair])
+            by_runner = dict(zip([r for _, r in pair], results, strict=True))
+            assert isinstance(by_runner[other], LeaseLost)
+            won = by_runner[holder]
+            assert isinstance(won, Run) and won.status is RunStatus.COMPLETED
+            assert store.get_run(run.id) == won
+
+
+# ---- claims racing the reconciler ------------------------------------------------------------
+
+
+@postgres_only
+def test_postgres_a_claim_racing_reconcile_never_strands_a_run(
+    store: Store, store_url: str
+) -> None:
+    """A runner declared lost while it claims: the run must not stay with the lost runner."""
+    later = NOW + 100
+    with stores(store_url, 2) as (claimer, reconciler):
+        for i in range(40):
+            runner = register(store, f"r{i}", now=NOW)  # silent since NOW: lost at ``later``
+            run = store.create_run(command(), NOW)
+            run_threads(
+                [
+                    lambda runner=runner: claimer.claim_runs(runner, 1, later),
+                    lambda: reconciler.reconcile(later, lost_after_s=30, timeout_grace_s=5),
+                ]
+            )
+            assert store.get_runner(runner).state is RunnerState.LOST
+            after = store.get_run(run.id)
+            assert after.status is RunStatus.PENDING, f"iteration {i}: {after}"
+            assert after.runner_id is None
+            store.request_cancel(run.id, later)
+
+
+@postgres_only
+def test_postgres_a_report_racing_reconcile_is_one_or_the_other(
+    store: Store, store_url: str
+) -> None:
+    """A silent runner reports just as it is declared lost: the run is either completed
+    (and the reconciler leaves it) or taken back (and the report is refused), and the
+    reconciler never fails for it."""
+    later = NOW + 100
+    with stores(store_url, 2) as (reporter, reconciler):
+        for i in range(40):
+            runner = register(store, f"r{i}", now=NOW)
+            store.create_run(command(), NOW)
+            (run,) = store.claim_runs(runner, 1, NOW)
+            store.mark_started(run.id, runner, run.attempts, NOW)
+
+            def report(run: Run = run, runner: RunnerId = runner) -> Run | None:
+                try:
+                    return reporter.finish_run(run.id, runner, run.attempts, DONE, later)
+                except LeaseLost:
+                    return None
+
+            finished, reconciled = run_threads(
+                [report, lambda: reconciler.reconcile(later, lost_after_s=30, timeout_grace_s=5)]
+            )
+            after = store.get_run(run.id)
+            if finished is not None:
+                assert after == finished
+                assert reconciled.requeued == []
+            else:
+                assert after.status is RunStatus.PENDING
+                assert reconciled.requeued == [run.id]
+            if after.status is RunStatus.PENDING:
+                store.request_cancel(run.id, later)
