@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from corral.coordinator.schemas import (
+    EventsBody,
     LeaseRef,
     LogsBody,
     RegisterRunner,
@@ -123,6 +124,19 @@ async def failed(run_id: str, body: ReportBody, request: Request) -> dict[str, A
     if body.status == "completed":
         raise InvalidRequest("/failed cannot report status 'completed'; use /completed")
     return await _report(run_id, body, RunStatus(body.status or "failed"), request)
+
+
+@router.post("/events")
+async def events(body: EventsBody, request: Request) -> dict[str, Any]:
+    """Apply a batch of reports in order; each gets its own answer, so one refused
+    report (a lost lease) does not hold back the others."""
+    outcomes = await _coordinator(request).apply_events(body.runner_id, body.events)
+    return {
+        "results": [
+            {"ok": True} if error is None else {"ok": False, **error.to_dict()}
+            for error in outcomes
+        ]
+    }
 
 
 async def _report(

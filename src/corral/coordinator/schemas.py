@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -92,6 +92,53 @@ class ReportBody(LeaseRef):
     usage: dict[str, Any] | None = None
     num_turns: int | None = None
     retry_after_s: float | None = Field(None, ge=0)
+
+
+class StartedEvent(_Strict):
+    type: Literal["started"]
+    run_id: str
+    attempt: int
+
+
+class SessionEvent(_Strict):
+    type: Literal["session"]
+    run_id: str
+    attempt: int
+    session_id: str = Field(min_length=1, max_length=200)
+
+
+class LogsEvent(_Strict):
+    type: Literal["logs"]
+    run_id: str
+    attempt: int
+    lines: list[LogLineBody] = Field(max_length=5000)
+
+
+class FinishedEvent(_Strict):
+    type: Literal["finished"]
+    run_id: str
+    attempt: int
+    status: Literal["completed", "failed", "timed_out", "cancelled", "pending"]
+    exit_code: int | None = None
+    error: str | None = None
+    result: str | None = None
+    session_id: str | None = None
+    cost_usd: float | None = None
+    usage: dict[str, Any] | None = None
+    num_turns: int | None = None
+    retry_after_s: float | None = Field(None, ge=0)
+
+
+RunnerEvent = Annotated[
+    StartedEvent | SessionEvent | LogsEvent | FinishedEvent, Field(discriminator="type")
+]
+
+
+class EventsBody(_Strict):
+    """Several reports in one request, applied in order (what a busy runner sends)."""
+
+    runner_id: str
+    events: list[RunnerEvent] = Field(min_length=1, max_length=10000)
 
 
 def iso(ts: float | None) -> str | None:

@@ -28,6 +28,7 @@ from corral.errors import CorralError, LeaseLost, NotFound
 from corral.ids import RunId, RunnerId
 from corral.runner.attempt import Attempt
 from corral.runner.link import HttpLink, LinkDown
+from corral.runner.outbox import Outbox
 from corral.runner.settings import RunnerSettings
 from corral.runs import AgentSpec, Run, RunStatus, RunType
 from corral.store import Held
@@ -50,6 +51,7 @@ class Runner:
         self._registered = asyncio.Event()
         self._register_lock = asyncio.Lock()
         self.base_env = dict(os.environ)
+        self.outbox = Outbox(self.link, lambda: self.rid, max_backoff_s=settings.max_backoff_s)
 
     @property
     def free_slots(self) -> int:
@@ -72,6 +74,7 @@ class Runner:
             asyncio.create_task(self._poll_loop(), name="poller"),
             asyncio.create_task(self._control_loop(), name="control"),
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self.outbox.run(), name="outbox"),
         ]
         await self._draining.wait()
         loops[0].cancel()
@@ -210,7 +213,7 @@ class Runner:
             )
         except CorralError as exc:
             executor = _Unrunnable(str(exc))
-        attempt = Attempt(run, self.runner_id, executor, self.link, self.settings, self.base_env)
+        attempt = Attempt(run, executor, self.outbox, self.settings, self.base_env)
         self.attempts[run.id] = attempt
         task = asyncio.create_task(self._execute(attempt), name=f"run {run.id}")
         self._tasks.add(task)

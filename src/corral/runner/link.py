@@ -171,6 +171,15 @@ class HttpLink:
             },
         )
 
+    async def events(
+        self, runner_id: RunnerId, events: list[dict[str, Any]]
+    ) -> list[errors.CorralError | None]:
+        """Send reports in one request; each answer is None (applied) or the refusal."""
+        response = await self._call(
+            "POST", "/runner/events", json={"runner_id": runner_id, "events": events}
+        )
+        return [None if r["ok"] else errors.from_wire(409, r) for r in response.json()["results"]]
+
     async def report(
         self, run_id: RunId, runner_id: RunnerId, attempt: int, report: RunReport
     ) -> None:

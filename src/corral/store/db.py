@@ -39,7 +39,8 @@ class Database(Protocol):
         ...
 
     def lock_rows(self, *, skip_locked: bool = False) -> str:
-        """The clause that locks selected rows until commit ('' where the whole DB is locked)."""
+        """The clause that locks selected rows against other writers until commit ('' where
+        the whole DB is locked). It does not block foreign-key checks that reference them."""
         ...
 
     def json_subset(self, column: str) -> str:
@@ -177,7 +178,10 @@ class PostgresDatabase:
             raise Unavailable(f"PostgreSQL unavailable: {exc}") from exc
 
     def lock_rows(self, *, skip_locked: bool = False) -> str:
-        return "FOR UPDATE SKIP LOCKED" if skip_locked else "FOR UPDATE"
+        # NO KEY UPDATE: no primary key ever changes, and a plain FOR UPDATE would also
+        # block the key-share locks that inserts referencing the row take (a finishing run's
+        # session row references its runner), deadlocking the reconciler against a report.
+        return "FOR NO KEY UPDATE SKIP LOCKED" if skip_locked else "FOR NO KEY UPDATE"
 
     def json_subset(self, column: str) -> str:
         return f"{column}::jsonb <@ ?::jsonb"

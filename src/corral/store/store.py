@@ -168,7 +168,9 @@ class Store:
         if max_runs <= 0:
             return []
         with self.db.transaction() as tx:
-            runner = _runner_row(tx, runner_id)
+            # Locked, so a reconciler cannot declare the runner lost (and take back what it
+            # holds) between this check and the commit, stranding the new claim.
+            runner = _runner_row(tx, runner_id, lock=self.db.lock_rows())
             if runner["state"] != RunnerState.ACTIVE:
                 return []
             # Labels are matched in SQL: runs this runner cannot take never hide ones it can.
@@ -321,25 +323,25 @@ class Store:
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')",
                     (rid, *values, now),
                 )
-            sync = _sync_held(tx, rid, held, now)
+            sync = _sync_held(tx, rid, held, now, self.db.lock_rows())
             return runner_from_row(_runner_row(tx, rid)), sync
 
     def heartbeat(self, runner_id: str, held: Sequence[Held], now: float) -> RunnerSync:
         """A runner is alive and holds ``held``; raises NotFound for an unknown runner and
         ``runner_lost`` if it was declared lost (it must register again)."""
         with self.db.transaction() as tx:
-            row = _runner_row(tx, runner_id)
+            row = _runner_row(tx, runner_id, lock=self.db.lock_rows())
             if row["state"] in (RunnerState.LOST, RunnerState.STOPPED):
                 raise LeaseLost(
                     f"runner {runner_id} is {row['state']}; register again",
                     code="runner_lost",
                 )
             tx.execute("UPDATE runners SET last_heartbeat_at = ? WHERE id = ?", (now, runner_id))
-            return _sync_held(tx, RunnerId(runner_id), held, now)
+            return _sync_held(tx, RunnerId(runner_id), held, now, self.db.lock_rows())
 
     def set_runner_state(self, runner_id: str, state: RunnerState, now: float) -> Runner:
         with self.db.transaction() as tx:
-            _runner_row(tx, runner_id)
+            _runner_row(tx, runner_id, lock=self.db.lock_rows())
             tx.execute(
                 "UPDATE runners SET state = ?, "
                 "drain_at = CASE WHEN ? = 'draining' THEN ? ELSE drain_at END, "
@@ -347,7 +349,9 @@ class Store:
                 (state, state, now, state, now, runner_id),
             )
             if state is RunnerState.STOPPED:
-                _release_runner_runs(tx, RunnerId(runner_id), now, "runner stopped")
+                _release_runner_runs(
+                    tx, RunnerId(runner_id), now, "runner stopped", self.db.lock_rows()
+                )
             return runner_from_row(_runner_row(tx, runner_id))
 
     def get_runner(self, runner_id: str) -> Runner:
@@ -374,20 +378,23 @@ class Store:
         with self.db.transaction() as tx:
             silent = tx.execute(
                 "SELECT id FROM runners WHERE state IN ('active', 'draining') "
-                "AND last_heartbeat_at < ? " + self.db.lock_rows(),
+                "AND last_heartbeat_at < ? ORDER BY id " + self.db.lock_rows(),
                 (now - lost_after_s,),
             )
             for runner in silent:
                 rid = RunnerId(runner["id"])
                 tx.execute("UPDATE runners SET state = 'lost' WHERE id = ?", (rid,))
                 result.lost_runners.append(rid)
-                released = _release_runner_runs(tx, rid, now, f"runner {rid} was lost")
+                released = _release_runner_runs(
+                    tx, rid, now, f"runner {rid} was lost", self.db.lock_rows()
+                )
                 result.requeued.extend(released[0])
                 result.failed.extend(released[1])
             overdue = tx.execute(
                 "SELECT * FROM runs WHERE status IN ('claimed', 'running') "
                 "AND timeout_s IS NOT NULL "
-                "AND COALESCE(started_at, claimed_at) + timeout_s + ? < ? " + self.db.lock_rows(),
+                "AND COALESCE(started_at, claimed_at) + timeout_s + ? < ? ORDER BY id "
+                + self.db.lock_rows(),
                 (timeout_grace_s, now),
             )
             for row in overdue:
@@ -462,8 +469,8 @@ def _run_row(tx: Tx, run_id: str, lock: str = "") -> Row:
     return row
 
 
-def _runner_row(tx: Tx, runner_id: str) -> Row:
-    row = tx.one("SELECT * FROM runners WHERE id = ?", (runner_id,))
+def _runner_row(tx: Tx, runner_id: str, lock: str = "") -> Row:
+    row = tx.one(f"SELECT * FROM runners WHERE id = ? {lock}", (runner_id,))
     if row is None:
         raise NotFound.of("runner", runner_id)
     return row
@@ -529,13 +536,17 @@ def _requeue_after_rate_limit(
 
 
 def _release_runner_runs(
-    tx: Tx, runner_id: RunnerId, now: float, reason: str
+    tx: Tx, runner_id: RunnerId, now: float, reason: str, lock: str
 ) -> tuple[list[RunId], list[RunId]]:
-    """Runs held by a runner that is gone: back to pending while attempts remain."""
+    """Runs held by a runner that is gone: back to pending while attempts remain.
+
+    ``lock`` locks them first, so a report that is finishing one is waited for (and that
+    run left alone) rather than found changed under us."""
     requeued: list[RunId] = []
     failed: list[RunId] = []
     held = tx.execute(
-        "SELECT * FROM runs WHERE runner_id = ? AND status IN ('claimed', 'running')",
+        "SELECT * FROM runs WHERE runner_id = ? AND status IN ('claimed', 'running') "
+        f"ORDER BY id {lock}",
         (runner_id,),
     )
     for row in held:
@@ -573,12 +584,15 @@ def _release_run(
 UNREPORTED_CLAIM_GRACE_S = 15.0
 
 
-def _sync_held(tx: Tx, runner_id: RunnerId, held: Sequence[Held], now: float) -> RunnerSync:
+def _sync_held(
+    tx: Tx, runner_id: RunnerId, held: Sequence[Held], now: float, lock: str
+) -> RunnerSync:
     sync = RunnerSync()
     mine = {
         r["id"]: r
         for r in tx.execute(
-            "SELECT * FROM runs WHERE runner_id = ? AND status IN ('claimed', 'running')",
+            "SELECT * FROM runs WHERE runner_id = ? AND status IN ('claimed', 'running') "
+            f"ORDER BY id {lock}",
             (runner_id,),
         )
     }
