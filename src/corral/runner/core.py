@@ -106,7 +106,9 @@ class Runner:
             if still:
                 for attempt in self.attempts.values():
                     attempt.shutdown()  # gives the attempt back: another runner takes it
-                await asyncio.wait(still)
+                # Their last reports may not get through (coordinator away): do not wait
+                # forever; the coordinator takes back whatever it did not hear about.
+                await asyncio.wait(still, timeout=self.settings.kill_grace_s + 10.0)
 
     # ---- registration --------------------------------------------------------------------
 
