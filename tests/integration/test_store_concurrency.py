@@ -2,8 +2,9 @@
 
 PostgreSQL claimers are threads, each with its own Store (its own connection pool) on
 the same schema; SQLite claimers are processes (``spawn``) sharing one database file.
-Every test asserts the same invariants: no run is given to two claimers, no run is lost,
-and every run is completed exactly once on its first attempt.
+The claim tests assert that no run is given to two claimers, none is lost, and each is
+completed exactly once on its first attempt; the race tests, that of two conflicting
+operations exactly one takes effect and neither fails or strands a run.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,7 +25,7 @@ from corral.errors import LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.runners import RunnerState
 from corral.runs import NewRun, Run, RunReport, RunStatus, RunType
-from corral.store import Store
+from corral.store import Reconciled, Store
 
 NOW = 1_700_000_000.0
 DONE = RunReport(status=RunStatus.COMPLETED, exit_code=0, result="ok")
@@ -87,7 +89,9 @@ def drain(store: Store, runner_id: RunnerId, seed: int) -> list[RunId]:
     rng = random.Random(seed)
     claimed: list[RunId] = []
     while True:
-        runs = store.claim_runs(runner_id, rng.randint(1, 4), NOW + 1)
+        want = rng.randint(1, 4)
+        runs = store.claim_runs(runner_id, want, NOW + 1)
+        assert len(runs) <= want
         if not runs:
             if not store.list_runs(statuses=[RunStatus.PENDING], limit=1):
                 return claimed
@@ -126,10 +130,7 @@ def test_postgres_concurrent_claimers_never_double_claim(store: Store, store_url
     runners = [register(store, f"r{i}") for i in range(clients)]
     with stores(store_url, clients) as own:
         results = run_threads(
-            [
-                (lambda s=s, r=r, i=i: drain(s, r, seed=i))
-                for i, (s, r) in enumerate(zip(own, runners, strict=True))
-            ]
+            [partial(drain, s, r, i) for i, (s, r) in enumerate(zip(own, runners, strict=True))]
         )
     assert_each_run_done_once(store, created, dict(zip(runners, results, strict=True)))
 
@@ -180,6 +181,23 @@ def test_sqlite_concurrent_processes_never_double_claim(tmp_path: Path) -> None:
 # ---- racing reports --------------------------------------------------------------------------
 
 
+def report_as(
+    store: Store, run: Run, runner: RunnerId, report: RunReport, now: float
+) -> Run | LeaseLost:
+    """``finish_run`` for ``run``'s attempt, returning a refusal instead of raising it."""
+    try:
+        return store.finish_run(run.id, runner, run.attempts, report, now)
+    except LeaseLost as exc:
+        return exc
+
+
+def held_run(store: Store, runner: RunnerId, spec: NewRun) -> Run:
+    """A run created, claimed by ``runner`` and started (nothing else is pending)."""
+    store.create_run(spec, NOW)
+    (run,) = store.claim_runs(runner, 1, NOW)
+    return store.mark_started(run.id, runner, run.attempts, NOW)
+
+
 @postgres_only
 def test_postgres_the_same_report_twice_at_once_is_one_transition(
     store: Store, store_url: str
@@ -187,20 +205,18 @@ def test_postgres_the_same_report_twice_at_once_is_one_transition(
     runner = register(store, "r")
     with stores(store_url, 2) as (a, b):
         for i in range(25):
-            store.create_run(command(session_name=f"s{i}"), NOW)
-            (run,) = store.claim_runs(runner, 1, NOW)
-            store.mark_started(run.id, runner, run.attempts, NOW)
+            run = held_run(store, runner, command(session_name=f"s{i}"))
             report = RunReport(
                 status=RunStatus.COMPLETED, result="ok", cost_usd=1.0, session_id=f"sess-{i}"
             )
             first, second = run_threads(
                 [
-                    lambda s=s, t=t: s.finish_run(run.id, runner, run.attempts, report, t)
-                    for s, t in ((a, NOW + 10), (b, NOW + 20))
+                    partial(report_as, a, run, runner, report, NOW + 10),
+                    partial(report_as, b, run, runner, report, NOW + 20),
                 ]
             )
             assert first == second  # the later one saw the first's transition: a repeat
-            assert first.status is RunStatus.COMPLETED
+            assert isinstance(first, Run) and first.status is RunStatus.COMPLETED
             assert first.finished_at in (NOW + 10, NOW + 20)
             assert store.get_run(run.id) == first
             session = store.get_session(f"sess-{i}")
@@ -210,51 +226,45 @@ def test_postgres_the_same_report_twice_at_once_is_one_transition(
 @postgres_only
 def test_postgres_reports_from_two_runners_at_once_one_wins(store: Store, store_url: str) -> None:
     holder, other = register(store, "holder"), register(store, "other")
-
-    def report(s: Store, run: Run, runner: RunnerId, t: float) -> Run | LeaseLost:
-        try:
-            return s.finish_run(run.id, runner, run.attempts, DONE, t)
-        except LeaseLost as exc:
-            return exc
-
     with stores(store_url, 2) as (a, b):
         for i in range(25):
-            store.create_run(command(), NOW)
-            (run,) = store.claim_runs(holder, 1, NOW)
-            store.mark_started(run.id, holder, run.attempts, NOW)
-            pair = [(a, holder), (b, other)] if i % 2 else [(b, other), (a, holder)]
-            results = run_threads([lambda s=s, r=r: report(s, run, r, NOW + 5) for s, r in pair])
-            by_runner = dict(zip([r for _, r in pair], results, strict=True))
+            run = held_run(store, holder, command())
+            racers = [(a, holder), (b, other)] if i % 2 else [(b, other), (a, holder)]
+            results = run_threads([partial(report_as, s, run, r, DONE, NOW + 5) for s, r in racers])
+            by_runner = dict(zip([r for _, r in racers], results, strict=True))
             assert isinstance(by_runner[other], LeaseLost)
             won = by_runner[holder]
             assert isinstance(won, Run) and won.status is RunStatus.COMPLETED
             assert store.get_run(run.id) == won
 
 
-# ---- claims racing the reconciler ------------------------------------------------------------
+# ---- racing the reconciler -------------------------------------------------------------------
+
+LATER = NOW + 100  # a runner silent since NOW is lost by then
+
+
+def reconcile(store: Store) -> Reconciled:
+    return store.reconcile(LATER, lost_after_s=30, timeout_grace_s=5)
 
 
 @postgres_only
 def test_postgres_a_claim_racing_reconcile_never_strands_a_run(
     store: Store, store_url: str
 ) -> None:
-    """A runner declared lost while it claims: the run must not stay with the lost runner."""
-    later = NOW + 100
+    """A runner declared lost while it claims: the run must not stay with the lost runner
+    (it would never be taken back: the reconciler only looks at live runners)."""
     with stores(store_url, 2) as (claimer, reconciler):
         for i in range(40):
-            runner = register(store, f"r{i}", now=NOW)  # silent since NOW: lost at ``later``
+            runner = register(store, f"r{i}", now=NOW)
             run = store.create_run(command(), NOW)
             run_threads(
-                [
-                    lambda runner=runner: claimer.claim_runs(runner, 1, later),
-                    lambda: reconciler.reconcile(later, lost_after_s=30, timeout_grace_s=5),
-                ]
+                [partial(claimer.claim_runs, runner, 1, LATER), partial(reconcile, reconciler)]
             )
             assert store.get_runner(runner).state is RunnerState.LOST
             after = store.get_run(run.id)
             assert after.status is RunStatus.PENDING, f"iteration {i}: {after}"
             assert after.runner_id is None
-            store.request_cancel(run.id, later)
+            store.request_cancel(run.id, LATER)
 
 
 @postgres_only
@@ -262,31 +272,43 @@ def test_postgres_a_report_racing_reconcile_is_one_or_the_other(
     store: Store, store_url: str
 ) -> None:
     """A silent runner reports just as it is declared lost: the run is either completed
-    (and the reconciler leaves it) or taken back (and the report is refused), and the
-    reconciler never fails for it."""
-    later = NOW + 100
+    (and the reconciler leaves it) or taken back (and the report is refused), and neither
+    side fails (no "changed under us", no deadlock over the session's runner)."""
     with stores(store_url, 2) as (reporter, reconciler):
         for i in range(40):
             runner = register(store, f"r{i}", now=NOW)
-            store.create_run(command(), NOW)
-            (run,) = store.claim_runs(runner, 1, NOW)
-            store.mark_started(run.id, runner, run.attempts, NOW)
-
-            def report(run: Run = run, runner: RunnerId = runner) -> Run | None:
-                try:
-                    return reporter.finish_run(run.id, runner, run.attempts, DONE, later)
-                except LeaseLost:
-                    return None
-
+            run = held_run(store, runner, command(session_name=f"s{i}"))
+            report = RunReport(status=RunStatus.COMPLETED, session_id=f"sess-{i}", cost_usd=1.0)
             finished, reconciled = run_threads(
-                [report, lambda: reconciler.reconcile(later, lost_after_s=30, timeout_grace_s=5)]
+                [
+                    partial(report_as, reporter, run, runner, report, LATER),
+                    partial(reconcile, reconciler),
+                ]
             )
             after = store.get_run(run.id)
-            if finished is not None:
+            if isinstance(finished, Run):
                 assert after == finished
                 assert reconciled.requeued == []
+                assert store.get_session(f"sess-{i}").runs == 1
             else:
                 assert after.status is RunStatus.PENDING
                 assert reconciled.requeued == [run.id]
-            if after.status is RunStatus.PENDING:
-                store.request_cancel(run.id, later)
+                store.request_cancel(run.id, LATER)
+
+
+@postgres_only
+def test_postgres_two_reconcilers_at_once_take_each_run_back_once(
+    store: Store, store_url: str
+) -> None:
+    """Two coordinators reconciling together: no deadlock, each change made once."""
+    with stores(store_url, 2) as (a, b):
+        for i in range(10):
+            runners = [register(store, f"r{i}-{j}", now=NOW) for j in range(4)]
+            runs = [held_run(store, r, command()) for r in runners for _ in range(2)]
+            first, second = run_threads([partial(reconcile, a), partial(reconcile, b)])
+            lost = first.lost_runners + second.lost_runners
+            requeued = first.requeued + second.requeued
+            assert sorted(lost) == sorted(runners)
+            assert sorted(requeued) == sorted(r.id for r in runs)
+            for run in runs:
+                store.request_cancel(run.id, LATER)

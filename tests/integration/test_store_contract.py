@@ -228,6 +228,8 @@ def test_claim_matches_labels(store: Store) -> None:
     assert [r.id for r in store.claim_runs(full.id, 5, NOW + 2)] == [both_run.id]
     unlabeled = store.create_run(command(), NOW + 3)
     assert [r.id for r in store.claim_runs(plain.id, 5, NOW + 4)] == [unlabeled.id]
+    also_unlabeled = store.create_run(command(), NOW + 5)
+    assert [r.id for r in store.claim_runs(gpu.id, 5, NOW + 6)] == [also_unlabeled.id]
 
 
 def test_claim_is_not_blocked_by_runs_the_runner_cannot_take(store: Store) -> None:

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import __version__
 from corral.agents.profiles import load_profiles
@@ -95,7 +95,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    code = {404: "route_not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    codes = {404: "route_not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+    code = codes.get(exc.status_code, "http_error")
     return _error(exc.status_code, code, str(exc.detail))
 
 
@@ -117,4 +118,16 @@ class BodyLimit:
                 )
                 await response(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        received = 0
+
+        async def limited_receive() -> Message:
+            # A body sent without content-length (chunked) is counted as it arrives.
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(413, f"request body over {self.max_bytes} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)
