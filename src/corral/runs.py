@@ -153,6 +153,8 @@ class Run:
     timeout_s: float | None
     idle_timeout_s: float | None
     max_attempts: int
+    # Every claim counts (the attempt number is the lease's identity); the rate-limited
+    # ones are given back: ``attempts - rate_limited`` is what counts against the maximum.
     attempts: int
     priority: int
     required_runner: str | None

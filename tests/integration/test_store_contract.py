@@ -255,12 +255,22 @@ def test_claim_skips_runs_not_yet_available(store: Store) -> None:
     assert [r.id for r in store.claim_runs(runner.id, 5, NOW + 61)] == [run.id]
 
 
-@pytest.mark.parametrize("state", [RunnerState.DRAINING, RunnerState.LOST, RunnerState.STOPPED])
-def test_a_runner_that_is_not_active_claims_nothing(store: Store, state: RunnerState) -> None:
+def test_a_draining_runner_claims_nothing(store: Store) -> None:
+    runner = register(store)
+    run = store.create_run(command(), NOW)
+    store.set_runner_state(runner.id, RunnerState.DRAINING, NOW + 1)
+    assert store.claim_runs(runner.id, 5, NOW + 2) == []
+    assert store.get_run(run.id).status is RunStatus.PENDING
+
+
+@pytest.mark.parametrize("state", [RunnerState.LOST, RunnerState.STOPPED])
+def test_a_lost_runner_is_told_to_register_again(store: Store, state: RunnerState) -> None:
     runner = register(store)
     run = store.create_run(command(), NOW)
     store.set_runner_state(runner.id, state, NOW + 1)
-    assert store.claim_runs(runner.id, 5, NOW + 2) == []
+    with pytest.raises(LeaseLost) as err:
+        store.claim_runs(runner.id, 5, NOW + 2)
+    assert err.value.code == "runner_lost"
     assert store.get_run(run.id).status is RunStatus.PENDING
 
 
@@ -392,7 +402,7 @@ def test_rate_limit_requeue_gives_the_attempt_back(store: Store) -> None:
         session_id="sess-rl",
     )
     assert requeued.status is RunStatus.PENDING
-    assert requeued.attempts == 0
+    assert requeued.attempts == 1  # the lease number stays; rate_limited gives it back
     assert requeued.rate_limited == 1
     assert requeued.available_at == NOW + 130
     assert requeued.runner_id is None
@@ -404,7 +414,24 @@ def test_rate_limit_requeue_gives_the_attempt_back(store: Store) -> None:
 
     assert store.claim_runs(runner.id, 1, NOW + 129) == []
     again = claim_one(store, runner, NOW + 131)
-    assert (again.attempts, again.rate_limited) == (1, 1)
+    assert (again.attempts, again.rate_limited) == (2, 1)
+    # A delayed copy of the first attempt's report cannot touch the new attempt.
+    with pytest.raises(LeaseLost):
+        finish(store, run, RunStatus.PENDING, now=NOW + 132, retry_after_s=1.0)
+    assert store.get_run(run.id).status is RunStatus.CLAIMED
+
+
+def test_a_rate_limit_does_not_count_against_max_attempts(store: Store) -> None:
+    runner = register(store)
+    run = running(store, runner, command(max_attempts=1))
+    finish(store, run, RunStatus.PENDING, now=NOW + 1, retry_after_s=0.0)
+    claim_one(store, runner, NOW + 2)
+    # The runner is then lost: its one real attempt is used up, so the run fails.
+    result = store.reconcile(
+        NOW + 2 + LOST_AFTER + 1, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE
+    )
+    assert result.failed == [run.id]
+    assert "no attempts left (1/1)" in (store.get_run(run.id).error or "")
 
 
 def test_a_claimed_run_may_be_requeued(store: Store) -> None:
@@ -412,7 +439,7 @@ def test_a_claimed_run_may_be_requeued(store: Store) -> None:
     store.create_run(command(), NOW)
     claimed = claim_one(store, runner)
     back = finish(store, claimed, RunStatus.PENDING, retry_after_s=0.0)
-    assert (back.status, back.attempts, back.available_at) == (RunStatus.PENDING, 0, NOW + 1)
+    assert (back.status, back.attempts, back.available_at) == (RunStatus.PENDING, 1, NOW + 1)
 
 
 def test_too_many_rate_limits_fail_the_run(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:

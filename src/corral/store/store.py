@@ -171,8 +171,9 @@ class Store:
             # Locked, so a reconciler cannot declare the runner lost (and take back what it
             # holds) between this check and the commit, stranding the new claim.
             runner = _runner_row(tx, runner_id, lock=self.db.lock_rows())
+            _check_not_lost(runner)
             if runner["state"] != RunnerState.ACTIVE:
-                return []
+                return []  # draining: it finishes what it has and takes nothing new
             # Labels are matched in SQL: runs this runner cannot take never hide ones it can.
             candidates = tx.execute(
                 "SELECT id FROM runs WHERE status = 'pending' AND available_at <= ? "
@@ -331,11 +332,7 @@ class Store:
         ``runner_lost`` if it was declared lost (it must register again)."""
         with self.db.transaction() as tx:
             row = _runner_row(tx, runner_id, lock=self.db.lock_rows())
-            if row["state"] in (RunnerState.LOST, RunnerState.STOPPED):
-                raise LeaseLost(
-                    f"runner {runner_id} is {row['state']}; register again",
-                    code="runner_lost",
-                )
+            _check_not_lost(row)
             tx.execute("UPDATE runners SET last_heartbeat_at = ? WHERE id = ?", (now, runner_id))
             return _sync_held(tx, RunnerId(runner_id), held, now, self.db.lock_rows())
 
@@ -476,6 +473,14 @@ def _runner_row(tx: Tx, runner_id: str, lock: str = "") -> Row:
     return row
 
 
+def _check_not_lost(runner: Row) -> None:
+    """A runner declared lost (or stopped) holds nothing any more: it must register again."""
+    if runner["state"] in (RunnerState.LOST, RunnerState.STOPPED):
+        raise LeaseLost(
+            f"runner {runner['id']} is {runner['state']}; register again", code="runner_lost"
+        )
+
+
 def _check_lease(row: Row, runner_id: str, attempt: int) -> None:
     if row["runner_id"] != runner_id or row["attempts"] != attempt:
         raise LeaseLost(
@@ -526,7 +531,6 @@ def _requeue_after_rate_limit(
         row,
         RunStatus.PENDING,
         now,
-        attempts=row["attempts"] - 1,  # a rate limit does not burn an attempt
         rate_limited=row["rate_limited"] + 1,
         available_at=now + (report.retry_after_s or 0.0),
         runner_id=None,
@@ -564,7 +568,7 @@ def _release_run(
             tx, lost_row, RunStatus.CANCELLED, now, finished_at=now, error=f"cancelled ({reason})"
         )
         failed.append(lost.id)
-    elif lost.attempts < lost.max_attempts:
+    elif lost.attempts - lost.rate_limited < lost.max_attempts:
         _transition(tx, lost_row, RunStatus.PENDING, now, runner_id=None, available_at=now)
         requeued.append(lost.id)
     else:
@@ -574,7 +578,8 @@ def _release_run(
             RunStatus.FAILED,
             now,
             finished_at=now,
-            error=f"{reason}; no attempts left ({lost.attempts}/{lost.max_attempts})",
+            error=f"{reason}; no attempts left "
+            f"({lost.attempts - lost.rate_limited}/{lost.max_attempts})",
         )
         failed.append(lost.id)
 
