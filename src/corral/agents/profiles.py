@@ -56,6 +56,20 @@ def _parse_profile(path: Path, name: str, table: Any) -> AgentSpec:
     unknown = set(table) - _FIELDS
     if unknown:
         raise InvalidRequest(f"{where}: unknown keys {sorted(unknown)}")
+    for key in ("model", "system_prompt"):
+        if key in table and not isinstance(table[key], str):
+            raise InvalidRequest(f"{where}: {key} must be a string")
+    for key in ("allowed_tools", "extra_args"):
+        value = table.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InvalidRequest(f"{where}: {key} must be a list of strings")
+    for key, types, kind in (
+        ("max_turns", int, "an integer"),
+        ("budget_usd", int | float, "a number"),
+    ):
+        value = table.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            raise InvalidRequest(f"{where}: {key} must be {kind}")
     executor = table.get("executor", "claude")
     if executor not in EXECUTORS:
         raise InvalidRequest(f"{where}: unknown executor {executor!r}")

@@ -60,7 +60,7 @@ async def poll_runs(
     """Long-poll: claim up to ``max_runs`` runs, waiting up to the poll timeout; 204 if none."""
     coordinator = _coordinator(request)
     wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
-    runs = await coordinator.poll(RunnerId(runner_id), max_runs, wait)
+    runs = await coordinator.poll(RunnerId(runner_id), max_runs, wait, request.is_disconnected)
     if not runs:
         return Response(status_code=204)
     return {"runs": [run_assignment_json(r) for r in runs]}

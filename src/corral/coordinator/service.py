@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -116,11 +116,23 @@ class Coordinator:
         self.notifier.notify(RUNS_AVAILABLE)  # resumes bound to this runner's name may run now
         return runner, sync
 
-    async def poll(self, runner_id: RunnerId, max_runs: int, timeout_s: float) -> list[Run]:
-        """Claim up to ``max_runs``; if none is there, wait until one is created or timeout."""
+    async def poll(
+        self,
+        runner_id: RunnerId,
+        max_runs: int,
+        timeout_s: float,
+        gone: Callable[[], Awaitable[bool]] | None = None,
+    ) -> list[Run]:
+        """Claim up to ``max_runs``; if none is there, wait until one is created or timeout.
+
+        ``gone`` says whether the runner hung up (it drains, or gave up waiting): its runs
+        would be claimed for nobody, so the wait ends without claiming.
+        """
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             event = self.notifier.event(RUNS_AVAILABLE)
+            if gone is not None and await gone():
+                return []
             runs = await self._db(self.store.claim_runs, runner_id, max_runs, self.clock.now())
             if runs:
                 return runs

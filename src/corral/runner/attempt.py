@@ -53,6 +53,7 @@ class Attempt:
         self._line_no = 0
         self._last_output = time.monotonic()
         self._result_at: float | None = None
+        self._result_seen = asyncio.Event()  # wakes the watcher: a new deadline applies
 
     # ---- orders from outside -------------------------------------------------------------
 
@@ -128,6 +129,7 @@ class Attempt:
         )
         exited = asyncio.ensure_future(child.proc.wait())
         stop_wait = asyncio.ensure_future(self._stop_requested.wait())
+        result_wait = asyncio.ensure_future(self._result_seen.wait())
         try:
             while not exited.done():
                 now = time.monotonic()
@@ -149,14 +151,18 @@ class Attempt:
                 if self._stop is not None:
                     await child.stop(self.settings.kill_grace_s)
                     return self._stop
+                waiters = {exited, stop_wait}
+                if not result_wait.done():
+                    waiters.add(result_wait)  # the result line sets a new deadline
                 await asyncio.wait(
-                    {exited, stop_wait},
+                    waiters,
                     timeout=None if due is None else due[0] - now,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
             return None
         finally:
             stop_wait.cancel()
+            result_wait.cancel()
 
     async def _pump(
         self, stream: asyncio.StreamReader | None, name: str, observer: OutputObserver | None
@@ -181,6 +187,7 @@ class Attempt:
                     self._post({"type": "session", "session_id": seen.session_id})
                 elif isinstance(seen, ResultSeen) and self._result_at is None:
                     self._result_at = time.monotonic()
+                    self._result_seen.set()
 
     # ---- logs ----------------------------------------------------------------------------
 
