@@ -24,6 +24,7 @@ class RunType(enum.StrEnum):
     START_SESSION = "start_session"
     RESUME_SESSION = "resume_session"
     COMMAND = "command"
+    TASK = "task"  # one attempt of a task of a plan: worktree, agent, commit, merge
 
 
 class RunStatus(enum.StrEnum):
@@ -136,6 +137,7 @@ class NewRun:
     # Resumes must run where the session lives: on the runner with this name.
     required_runner: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    task_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,9 @@ class Run:
     claimed_at: float | None
     started_at: float | None
     finished_at: float | None
+    task_id: str | None = None
+    # For a task run handed to a runner: the task, its project and the steps already done.
+    task: dict[str, Any] | None = None
 
     @property
     def agent_name(self) -> str | None:
@@ -192,6 +197,9 @@ class RunReport:
     usage: dict[str, Any] | None = None
     num_turns: int | None = None
     retry_after_s: float | None = None  # set with status PENDING: give the attempt back
+    # A task run says how its attempt ended for the task: merged, no_changes,
+    # merge_conflict … with the commit and merge shas (see tasks/outcome.py).
+    task: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in FINAL_OUTCOMES and self.status is not RunStatus.PENDING:

@@ -171,6 +171,7 @@ def run_json(run: Run) -> dict[str, Any]:
         "num_turns": run.num_turns,
         "cancel_requested": run.cancel_requested,
         "rate_limited": run.rate_limited,
+        "task_id": run.task_id,
         "created_at": iso(run.created_at),
         "claimed_at": iso(run.claimed_at),
         "started_at": iso(run.started_at),

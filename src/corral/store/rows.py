@@ -50,6 +50,7 @@ def run_from_row(row: Row) -> Run:
         claimed_at=row["claimed_at"],
         started_at=row["started_at"],
         finished_at=row["finished_at"],
+        task_id=row.get("task_id"),
     )
 
 

@@ -3,7 +3,7 @@
 Each migration is written once with two dialect placeholders: ``{real}`` (a float column)
 and ``{serial}`` (an auto-increment primary key). Timestamps are seconds since the epoch,
 lists and mappings are JSON text, so both dialects store the same values.
-Tables for tasks and actors come in later migrations.
+Migration 2 adds task graphs; tables for actors come in a later one.
 """
 
 from __future__ import annotations
@@ -94,6 +94,71 @@ CREATE TABLE run_logs (
     ts       {real} NOT NULL,
     UNIQUE (run_id, attempt, line_no)
 );
+""",
+    ),
+    (
+        2,
+        """
+CREATE TABLE projects (
+    id             TEXT PRIMARY KEY,
+    repo_path      TEXT NOT NULL,
+    target_branch  TEXT NOT NULL,
+    merge_strategy TEXT NOT NULL DEFAULT 'merge',
+    on_no_changes  TEXT NOT NULL DEFAULT 'fail',
+    setup_command  TEXT,
+    workers        INTEGER NOT NULL DEFAULT 0,
+    paused         INTEGER NOT NULL DEFAULT 0,
+    pause_reason   TEXT,
+    budget_usd     {real},
+    cost_usd       {real} NOT NULL DEFAULT 0,
+    plan_digest    TEXT,
+    created_at     {real} NOT NULL,
+    updated_at     {real} NOT NULL,
+    UNIQUE (repo_path, target_branch)
+);
+
+CREATE TABLE tasks (
+    id                 TEXT PRIMARY KEY,
+    project_id         TEXT NOT NULL REFERENCES projects (id),
+    key                TEXT NOT NULL,
+    title              TEXT NOT NULL,
+    prompt             TEXT NOT NULL,
+    priority           INTEGER NOT NULL DEFAULT 0,
+    labels             TEXT NOT NULL,
+    agent_name         TEXT,
+    max_attempts       INTEGER NOT NULL,
+    attempts           INTEGER NOT NULL DEFAULT 0,
+    budget_usd         {real},
+    cost_usd           {real} NOT NULL DEFAULT 0,
+    status             TEXT NOT NULL,
+    remaining_blockers INTEGER NOT NULL DEFAULT 0,
+    run_id             TEXT,
+    steps              TEXT NOT NULL DEFAULT '{{}}',
+    conflict           TEXT,
+    last_error         TEXT,
+    session_id         TEXT,
+    commit_sha         TEXT,
+    merge_sha          TEXT,
+    worktree_kept      TEXT,
+    available_at       {real} NOT NULL,
+    created_at         {real} NOT NULL,
+    updated_at         {real} NOT NULL,
+    started_at         {real},
+    finished_at        {real},
+    UNIQUE (project_id, key)
+);
+CREATE INDEX tasks_ready ON tasks (project_id, priority DESC, created_at, id)
+    WHERE status = 'ready';
+
+CREATE TABLE task_dependencies (
+    task_id    TEXT NOT NULL REFERENCES tasks (id),
+    blocked_by TEXT NOT NULL REFERENCES tasks (id),
+    PRIMARY KEY (task_id, blocked_by)
+);
+CREATE INDEX task_dependencies_by_blocker ON task_dependencies (blocked_by);
+
+ALTER TABLE runs ADD COLUMN task_id TEXT REFERENCES tasks (id);
+CREATE INDEX runs_by_task ON runs (task_id);
 """,
     ),
 ]

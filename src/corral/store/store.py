@@ -442,6 +442,7 @@ def _new_run_row(spec: NewRun, now: float) -> Row:
         "attempts": 0,
         "priority": spec.priority,
         "required_runner": spec.required_runner,
+        "task_id": spec.task_id,
         "runner_id": None,
         "error": None,
         "result": None,

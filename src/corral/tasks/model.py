@@ -1,0 +1,93 @@
+"""Tasks: what a task is, and the one table of the status transitions it may take.
+
+    blocked ──(last blocker completed)──▶ ready ──claim──▶ claimed ──▶ in_progress
+       │                                    ▲                            │
+       └──(a blocker failed)──▶ blocked_by_failure                       ▼
+                                 (back to blocked/ready on retry)     merging ──▶ completed
+    in_progress | merging ──(attempt failed, attempts left)──▶ ready (after a backoff)
+    in_progress | merging ──(no attempts left)──▶ failed ──retry──▶ ready
+    merging ──(conflict)──▶ merge_conflict ──retry──▶ ready
+    any unfinished ──cancel──▶ cancelled ──retry──▶ ready | blocked
+
+A transition not in ``TRANSITIONS`` raises ``IllegalTransition`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from corral.errors import IllegalTransition
+
+
+class TaskStatus(enum.StrEnum):
+    BLOCKED = "blocked"
+    READY = "ready"
+    CLAIMED = "claimed"
+    IN_PROGRESS = "in_progress"
+    MERGING = "merging"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    MERGE_CONFLICT = "merge_conflict"
+    BLOCKED_BY_FAILURE = "blocked_by_failure"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_active(self) -> bool:
+        """A worker is on it."""
+        return self in (TaskStatus.CLAIMED, TaskStatus.IN_PROGRESS, TaskStatus.MERGING)
+
+    @property
+    def is_settled(self) -> bool:
+        """Nothing more happens to it unless somebody retries it."""
+        return self in SETTLED
+
+
+SETTLED = frozenset(
+    {
+        TaskStatus.COMPLETED,
+        TaskStatus.FAILED,
+        TaskStatus.MERGE_CONFLICT,
+        TaskStatus.BLOCKED_BY_FAILURE,
+        TaskStatus.CANCELLED,
+    }
+)
+
+T = TaskStatus
+TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
+    T.BLOCKED: frozenset({T.READY, T.BLOCKED_BY_FAILURE, T.CANCELLED}),
+    T.READY: frozenset({T.CLAIMED, T.CANCELLED, T.BLOCKED_BY_FAILURE}),
+    T.CLAIMED: frozenset({T.IN_PROGRESS, T.READY, T.FAILED, T.CANCELLED}),
+    T.IN_PROGRESS: frozenset(
+        {T.MERGING, T.COMPLETED, T.READY, T.FAILED, T.MERGE_CONFLICT, T.CANCELLED}
+    ),
+    T.MERGING: frozenset({T.COMPLETED, T.READY, T.FAILED, T.MERGE_CONFLICT, T.CANCELLED}),
+    T.COMPLETED: frozenset(),
+    T.FAILED: frozenset({T.READY, T.BLOCKED, T.CANCELLED}),
+    T.MERGE_CONFLICT: frozenset({T.READY, T.BLOCKED, T.CANCELLED}),
+    T.BLOCKED_BY_FAILURE: frozenset({T.BLOCKED, T.READY, T.CANCELLED}),
+    T.CANCELLED: frozenset({T.READY, T.BLOCKED}),
+}
+del T
+
+
+def check_task_transition(task: str, old: TaskStatus, new: TaskStatus) -> None:
+    if new not in TRANSITIONS[old]:
+        raise IllegalTransition(
+            f"task {task} cannot go from {old} to {new}", task=task, status=str(old)
+        )
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task as a plan or the CLI describes it; ``key`` is the id the user chose."""
+
+    key: str
+    title: str
+    prompt: str
+    after: tuple[str, ...] = ()  # keys of the tasks that must complete first
+    priority: int = 0
+    labels: tuple[str, ...] = ()
+    agent: str | None = None
+    max_attempts: int = 3
+    budget_usd: float | None = None
