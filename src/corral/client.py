@@ -27,6 +27,10 @@ class CorralClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Any endpoint: the decoded JSON answer, or the coordinator's error raised."""
+        return self._call(method, path, **kwargs)
+
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self._http.request(method, path, **kwargs)

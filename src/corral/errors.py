@@ -107,6 +107,8 @@ def from_wire(status: int, body: Any) -> CorralError:
     ):
         if cls.code == code:
             return cls(message)
+    if code == "runner_lost":  # a LeaseLost of its own code: the runner must register again
+        return LeaseLost(message, code=code)
     if code.endswith("_not_found"):
         return NotFound(message, code=code)
     return CorralError(message, code=code)

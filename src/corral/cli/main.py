@@ -7,7 +7,7 @@ import sys
 import click
 
 from corral import __version__
-from corral.cli import runs, servers
+from corral.cli import runs, servers, tasks
 from corral.errors import CorralError
 
 
@@ -28,6 +28,7 @@ for command in (
     runs.logs,
     runs.result,
     runs.runners,
+    tasks.tasks,
 ):
     cli.add_command(command)
 

@@ -127,10 +127,20 @@ class FinishedEvent(_Strict):
     usage: dict[str, Any] | None = None
     num_turns: int | None = None
     retry_after_s: float | None = Field(None, ge=0)
+    task: dict[str, Any] | None = Field(None, description="a task run's outcome")
+
+
+class TaskStepEvent(_Strict):
+    type: Literal["task_step"]
+    run_id: str
+    attempt: int
+    step: Literal["worktree", "agent", "committed", "merging"]
+    data: dict[str, Any] = Field(default_factory=dict)
 
 
 RunnerEvent = Annotated[
-    StartedEvent | SessionEvent | LogsEvent | FinishedEvent, Field(discriminator="type")
+    StartedEvent | SessionEvent | LogsEvent | FinishedEvent | TaskStepEvent,
+    Field(discriminator="type"),
 ]
 
 
@@ -183,6 +193,7 @@ def run_assignment_json(run: Run) -> dict[str, Any]:
     """What a runner needs to execute a run: the whole spec, with its agent snapshot."""
     return {
         **run_json(run),
+        "task": run.task,
         "agent": run.agent.to_dict() if run.agent else None,
         "env": run.env,
         "required_runner": run.required_runner,

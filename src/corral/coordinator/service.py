@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
@@ -31,6 +32,7 @@ from corral.coordinator.schemas import (
     RunnerEvent,
     SessionEvent,
     StartedEvent,
+    TaskStepEvent,
 )
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import CorralError
@@ -56,6 +58,7 @@ class Coordinator:
         self.clock = clock
         self.profiles = profiles
         self.notifier = Notifier()
+        self.started_at = clock.now()  # runners' silence counts from here (reconcile_once)
 
     async def _db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         return await anyio.to_thread.run_sync(partial(fn, *args, **kwargs))
@@ -135,10 +138,17 @@ class Coordinator:
                 return []
             runs = await self._db(self.store.claim_runs, runner_id, max_runs, self.clock.now())
             if runs:
-                return runs
+                return [await self._with_task(run) for run in runs]
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0 or not await wait_for(event, remaining):
                 return []
+
+    async def _with_task(self, run: Run) -> Run:
+        """A task run goes out with its task, project and the steps already done."""
+        if run.task_id is None:
+            return run
+        context = await self._db(self.store.tasks.task_context, run.task_id)
+        return replace(run, task=context)
 
     async def control(self, runner_id: RunnerId, timeout_s: float) -> list[RunId]:
         """Wait until one of the runner's runs is asked to cancel; returns their ids."""
@@ -199,7 +209,10 @@ class Coordinator:
         for event, (_, run) in zip(events, outcomes, strict=True):
             if isinstance(event, LogsEvent | FinishedEvent):
                 self.notifier.notify(logs_topic(event.run_id))
-            requeued = requeued or (run is not None and run.status is RunStatus.PENDING)
+            # A requeued run, or a task run whose end let the scheduler claim more tasks.
+            requeued = requeued or (
+                run is not None and (run.status is RunStatus.PENDING or run.task_id is not None)
+            )
         if requeued:
             self.notifier.notify(RUNS_AVAILABLE)
         return [error for error, _ in outcomes]
@@ -218,6 +231,10 @@ class Coordinator:
             elif isinstance(event, LogsEvent):
                 lines = [LogLine(x.line_no, x.stream, x.text, x.ts) for x in event.lines]
                 self.store.append_logs(event.run_id, runner_id, event.attempt, lines)
+            elif isinstance(event, TaskStepEvent):
+                self.store.record_task_step(
+                    event.run_id, runner_id, event.attempt, event.step, event.data, now
+                )
             else:
                 report = RunReport(
                     status=RunStatus(event.status),
@@ -229,6 +246,7 @@ class Coordinator:
                     usage=event.usage,
                     num_turns=event.num_turns,
                     retry_after_s=event.retry_after_s,
+                    task=event.task,
                 )
                 return None, self.store.finish_run(
                     event.run_id, runner_id, event.attempt, report, now
@@ -240,10 +258,17 @@ class Coordinator:
     # ---- reconciliation ------------------------------------------------------------------
 
     async def reconcile_once(self) -> Reconciled:
+        now = self.clock.now()
+        lost_after_s = self.settings.lost_after_s
+        if now - self.started_at < lost_after_s:
+            # No runner could heartbeat while no coordinator was up: after a restart, give
+            # them lost_after_s to check in before declaring any lost (and rerunning their
+            # runs). Until then no heartbeat is old enough: the cutoff is the epoch.
+            lost_after_s = now
         done = await self._db(
             self.store.reconcile,
-            self.clock.now(),
-            lost_after_s=self.settings.lost_after_s,
+            now,
+            lost_after_s=lost_after_s,
             timeout_grace_s=self.settings.timeout_grace_s,
         )
         if done.changed:
@@ -255,6 +280,8 @@ class Coordinator:
                 done.timed_out,
             )
             self.notifier.notify(*(logs_topic(r) for r in done.failed + done.timed_out))
+        # Tasks whose retry backoff has ended are claimed into runs.
+        await self._db(self.store.tasks.schedule_all, now)
         # Also wakes pollers for runs whose rate-limit backoff ended, and for runs that
         # another process (a second coordinator, a CLI) wrote to the same database.
         self.notifier.notify(RUNS_AVAILABLE)

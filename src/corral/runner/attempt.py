@@ -80,7 +80,7 @@ class Attempt:
 
     async def execute(self) -> None:
         self._post({"type": "started"})
-        report = await self._supervise()
+        report = await self._work()
         self.report = report
         if self._abandoned:
             return
@@ -99,10 +99,15 @@ class Attempt:
             settle(future, self.abandon)
         return future
 
-    async def _supervise(self) -> RunReport:
+    async def _work(self) -> RunReport:
+        """Do the run; a task run does more than one process (see TaskAttempt)."""
+        return await self._supervise(self.run)
+
+    async def _supervise(self, run: Run) -> RunReport:
+        """Run one process for ``run`` under the watchdog; how it ended."""
         try:
-            spec = self.executor.prepare(self.run, self.base_env)
-            observer = self.executor.observer(self.run)
+            spec = self.executor.prepare(run, self.base_env)
+            observer = self.executor.observer(run)
             self.child = child = await Child.spawn(spec)
         except (OSError, CorralError, ValueError) as exc:
             return RunReport(RunStatus.FAILED, error=f"could not start: {exc}")
@@ -213,4 +218,5 @@ def _report_fields(report: RunReport) -> dict[str, Any]:
         "usage": report.usage,
         "num_turns": report.num_turns,
         "retry_after_s": report.retry_after_s,
+        "task": report.task,
     }

@@ -30,6 +30,7 @@ from corral.runner.attempt import Attempt
 from corral.runner.link import HttpLink, LinkDown
 from corral.runner.outbox import Outbox
 from corral.runner.settings import RunnerSettings
+from corral.runner.task_attempt import TaskAttempt
 from corral.runs import AgentSpec, Run, RunStatus, RunType
 from corral.store import Held
 
@@ -215,7 +216,8 @@ class Runner:
             )
         except CorralError as exc:
             executor = _Unrunnable(str(exc))
-        attempt = Attempt(run, executor, self.outbox, self.settings, self.base_env)
+        kind = TaskAttempt if run.type is RunType.TASK else Attempt
+        attempt = kind(run, executor, self.outbox, self.settings, self.base_env)
         self.attempts[run.id] = attempt
         task = asyncio.create_task(self._execute(attempt), name=f"run {run.id}")
         self._tasks.add(task)
@@ -264,6 +266,8 @@ def _run_from_assignment(data: dict[str, Any]) -> Run:
         priority=data["priority"],
         required_runner=data.get("required_runner"),
         runner_id=data["runner_id"],
+        task_id=data.get("task_id"),
+        task=data.get("task"),
         env=dict(data.get("env") or {}),
         exit_code=None,
         error=None,

@@ -27,6 +27,9 @@ Params = Sequence[Any]
 
 
 class Tx(Protocol):
+    # The clause that locks selected rows until commit, as ``Database.lock_rows()``.
+    lock: str
+
     def execute(self, sql: str, params: Params = ()) -> list[Row]: ...
 
     def one(self, sql: str, params: Params = ()) -> Row | None: ...
@@ -52,6 +55,8 @@ class Database(Protocol):
 
 
 class _SqliteTx:
+    lock = ""
+
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
@@ -148,6 +153,8 @@ class SqliteDatabase:
 
 
 class _PostgresTx:
+    lock = "FOR NO KEY UPDATE"
+
     def __init__(self, conn: psycopg.Connection[Row]) -> None:
         self._conn = conn
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from corral.ids import RunId, RunnerId
+from corral.ids import RunId, RunnerId, new_run_id
 from corral.runners import Runner, RunnerState
-from corral.runs import AgentSpec, Run, RunStatus, RunType
+from corral.runs import AgentSpec, NewRun, Run, RunStatus, RunType
 from corral.sessions import Session
 from corral.store.db import Row
 
@@ -85,3 +85,40 @@ def session_from_row(row: Row) -> Session:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
+
+
+def new_run_row(spec: NewRun, now: float) -> Row:
+    return {
+        "id": new_run_id(),
+        "type": str(spec.type),
+        "status": str(RunStatus.PENDING),
+        "prompt": spec.prompt,
+        "command": dumps(list(spec.command)),
+        "session_name": spec.session_name,
+        "session_id": spec.session_id,
+        "agent": dumps(spec.agent.to_dict()) if spec.agent else None,
+        "project_dir": spec.project_dir,
+        "labels": dumps(sorted(spec.labels)),
+        "env": dumps(spec.env),
+        "timeout_s": spec.timeout_s,
+        "idle_timeout_s": spec.idle_timeout_s,
+        "max_attempts": spec.max_attempts,
+        "attempts": 0,
+        "priority": spec.priority,
+        "required_runner": spec.required_runner,
+        "task_id": spec.task_id,
+        "runner_id": None,
+        "error": None,
+        "result": None,
+        "cost_usd": None,
+        "usage": None,
+        "num_turns": None,
+        "cancel_requested": 0,
+        "rate_limited": 0,
+        "available_at": now,
+        "created_at": now,
+        "claimed_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "updated_at": now,
+    }

@@ -111,6 +111,7 @@ CREATE TABLE projects (
     pause_reason   TEXT,
     budget_usd     {real},
     cost_usd       {real} NOT NULL DEFAULT 0,
+    retry_backoff_s {real} NOT NULL DEFAULT 2,
     plan_digest    TEXT,
     created_at     {real} NOT NULL,
     updated_at     {real} NOT NULL,
@@ -121,11 +122,12 @@ CREATE TABLE tasks (
     id                 TEXT PRIMARY KEY,
     project_id         TEXT NOT NULL REFERENCES projects (id),
     key                TEXT NOT NULL,
+    seq                INTEGER NOT NULL,
     title              TEXT NOT NULL,
     prompt             TEXT NOT NULL,
     priority           INTEGER NOT NULL DEFAULT 0,
     labels             TEXT NOT NULL,
-    agent_name         TEXT,
+    agent              TEXT,
     max_attempts       INTEGER NOT NULL,
     attempts           INTEGER NOT NULL DEFAULT 0,
     budget_usd         {real},
@@ -147,7 +149,7 @@ CREATE TABLE tasks (
     finished_at        {real},
     UNIQUE (project_id, key)
 );
-CREATE INDEX tasks_ready ON tasks (project_id, priority DESC, created_at, id)
+CREATE INDEX tasks_ready ON tasks (project_id, priority DESC, seq)
     WHERE status = 'ready';
 
 CREATE TABLE task_dependencies (

@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.errors import InvalidRequest, LeaseLost, NotFound
-from corral.ids import RunId, RunnerId, new_run_id, new_runner_id
+from corral.ids import RunId, RunnerId, new_runner_id
 from corral.runners import Runner, RunnerState
 from corral.runs import NewRun, Run, RunReport, RunStatus, check_transition
 from corral.sessions import Session
 from corral.store.db import Database, Row, Tx, open_database
-from corral.store.rows import dumps, run_from_row, runner_from_row, session_from_row
+from corral.store.rows import dumps, new_run_row, run_from_row, runner_from_row, session_from_row
+from corral.store.tasks import TaskStore, apply_step, settle_task_run
 
 # A rate-limited run gives its attempt back this many times, then fails.
 MAX_RATE_LIMIT_REQUEUES = 20
@@ -72,6 +73,7 @@ class Reconciled:
 class Store:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.tasks = TaskStore(db)
 
     @classmethod
     def open(cls, url: str) -> Store:
@@ -83,7 +85,7 @@ class Store:
     # ---- runs: clients -------------------------------------------------------------------
 
     def create_runs(self, specs: Sequence[NewRun], now: float) -> list[Run]:
-        rows = [_new_run_row(spec, now) for spec in specs]
+        rows = [new_run_row(spec, now) for spec in specs]
         columns = list(rows[0]) if rows else []
         sql = f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})"
         with self.db.transaction() as tx:
@@ -253,10 +255,28 @@ class Store:
                 fields["session_id"] = report.session_id
             if report.status is RunStatus.PENDING:
                 return _requeue_after_rate_limit(tx, row, report, fields, now)
-            run = _transition(tx, row, status, now, finished_at=now, **fields)
+            run = _transition(
+                tx, row, status, now, task_outcome=report.task, finished_at=now, **fields
+            )
             if run.session_id:
                 _finish_session(tx, run, now)
             return run
+
+    def record_task_step(
+        self,
+        run_id: str,
+        runner_id: str,
+        attempt: int,
+        step: str,
+        data: dict[str, Any],
+        now: float,
+    ) -> None:
+        """A task run finished a step of its attempt (worktree, agent, commit, merge)."""
+        with self.db.transaction() as tx:
+            row = _leased_row(tx, self.db, run_id, runner_id, attempt)
+            if not row["task_id"]:
+                raise InvalidRequest(f"run {run_id} is not a task run")
+            apply_step(tx, tx.lock, row, step, data, now)
 
     def append_logs(
         self, run_id: str, runner_id: str, attempt: int, lines: Sequence[LogLine]
@@ -423,43 +443,6 @@ class Store:
 # ---- helpers (each runs inside the caller's transaction) -----------------------------------
 
 
-def _new_run_row(spec: NewRun, now: float) -> Row:
-    return {
-        "id": new_run_id(),
-        "type": str(spec.type),
-        "status": str(RunStatus.PENDING),
-        "prompt": spec.prompt,
-        "command": dumps(list(spec.command)),
-        "session_name": spec.session_name,
-        "session_id": spec.session_id,
-        "agent": dumps(spec.agent.to_dict()) if spec.agent else None,
-        "project_dir": spec.project_dir,
-        "labels": dumps(sorted(spec.labels)),
-        "env": dumps(spec.env),
-        "timeout_s": spec.timeout_s,
-        "idle_timeout_s": spec.idle_timeout_s,
-        "max_attempts": spec.max_attempts,
-        "attempts": 0,
-        "priority": spec.priority,
-        "required_runner": spec.required_runner,
-        "task_id": spec.task_id,
-        "runner_id": None,
-        "error": None,
-        "result": None,
-        "cost_usd": None,
-        "usage": None,
-        "num_turns": None,
-        "cancel_requested": 0,
-        "rate_limited": 0,
-        "available_at": now,
-        "created_at": now,
-        "claimed_at": None,
-        "started_at": None,
-        "finished_at": None,
-        "updated_at": now,
-    }
-
-
 def _run_row(tx: Tx, run_id: str, lock: str = "") -> Row:
     row = tx.one(f"SELECT * FROM runs WHERE id = ? {lock}", (run_id,))
     if row is None:
@@ -496,8 +479,18 @@ def _leased_row(tx: Tx, db: Database, run_id: str, runner_id: str, attempt: int)
     return row
 
 
-def _transition(tx: Tx, row: Row, new: RunStatus, now: float, **fields: Any) -> Run:
-    """Move one run to ``new`` if the transition table allows it; guarded by its old status."""
+def _transition(
+    tx: Tx,
+    row: Row,
+    new: RunStatus,
+    now: float,
+    task_outcome: dict[str, Any] | None = None,
+    **fields: Any,
+) -> Run:
+    """Move one run to ``new`` if the transition table allows it; guarded by its old status.
+
+    A task's run that ends, however it ends (reported, lost for good, timed out,
+    cancelled), moves its task on in the same transaction."""
     old = RunStatus(row["status"])
     check_transition(row["id"], old, new)
     values = {**fields, "status": str(new), "updated_at": now}
@@ -508,7 +501,10 @@ def _transition(tx: Tx, row: Row, new: RunStatus, now: float, **fields: Any) -> 
     )
     if updated is None:  # cannot happen under the row lock; refuse rather than guess
         raise LeaseLost(f"run {row['id']} changed under us")
-    return run_from_row(updated)
+    run = run_from_row(updated)
+    if run.task_id and new.is_terminal:
+        settle_task_run(tx, tx.lock, run, task_outcome, now)
+    return run
 
 
 def _requeue_after_rate_limit(

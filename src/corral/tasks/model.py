@@ -91,3 +91,52 @@ class TaskSpec:
     agent: str | None = None
     max_attempts: int = 3
     budget_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class Project:
+    """A repository and the branch its plan merges into, with how a plan run behaves."""
+
+    id: str
+    repo_path: str
+    target_branch: str
+    merge_strategy: str  # "merge" (always a merge commit) or "ff" (fast-forward if possible)
+    on_no_changes: str  # "fail" or "complete"
+    setup_command: tuple[str, ...] | None
+    workers: int  # 0: no plan run going on; else at most this many tasks at once
+    paused: bool
+    pause_reason: str | None
+    budget_usd: float | None
+    cost_usd: float
+    retry_backoff_s: float
+    plan_digest: str | None
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    project_id: str
+    key: str
+    title: str
+    prompt: str
+    priority: int
+    labels: tuple[str, ...]
+    agent_name: str | None
+    max_attempts: int
+    attempts: int
+    budget_usd: float | None
+    cost_usd: float
+    status: TaskStatus
+    remaining_blockers: int
+    blocked_by: tuple[str, ...]  # keys
+    run_id: str | None
+    steps: dict[str, object]
+    conflict: str | None
+    last_error: str | None
+    session_id: str | None
+    commit_sha: str | None
+    merge_sha: str | None
+    worktree_kept: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None

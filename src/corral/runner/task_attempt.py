@@ -1,0 +1,161 @@
+"""One attempt of a task: worktree, agent, commit, merge — each step recorded as it ends.
+
+    worktree   .corral/worktrees/<key> on branch corral/<key>, from the target branch
+    agent      the task's agent runs in the worktree (skipped if a step record says it
+               already finished: an agent that finished is never run again)
+    committed  git add -A; commit "corral: <key> <title>" (none: the run made no changes)
+    merging    merged into the target branch in the integration worktree, serialized
+
+Each finished step is reported to the coordinator ("task_step") before the next starts,
+and the agent's result is also written to a local journal first, so a kill -9 right after
+the agent exits still does not run it again. A new attempt after a crash reads both and
+continues from the last finished step; commit and merge are idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from corral.errors import CorralError
+from corral.runner.attempt import Attempt
+from corral.runs import Run, RunReport, RunStatus, RunType
+from corral.workspaces.git import Workspace
+
+log = logging.getLogger("corral.runner")
+
+
+class TaskAttempt(Attempt):
+    async def _work(self) -> RunReport:
+        task: dict[str, Any] = self.run.task or {}
+        if not task:
+            return RunReport(RunStatus.FAILED, error="task run without its task")
+        try:
+            return await self._steps(task)
+        except CorralError as exc:  # git or setup failed: the attempt fails, nothing is lost
+            log.warning("task %s: %s", task.get("key"), exc)
+            return RunReport(RunStatus.FAILED, error=exc.message, task={"outcome": "error"})
+
+    async def _steps(self, task: dict[str, Any]) -> RunReport:
+        key, target = task["key"], task["target_branch"]
+        workspace = Workspace(Path(task["repo_path"]))
+        steps: dict[str, Any] = dict(task.get("steps") or {})
+        journal = _Journal(Path(task["repo_path"]) / ".corral" / "journal" / f"{key}.json")
+        if "agent" not in steps and (saved := journal.read(self.run.id)):
+            steps["agent"] = saved  # the agent finished but its step never got through
+
+        worktree = await asyncio.to_thread(
+            workspace.prepare_worktree, key, target, setup_command=task.get("setup_command")
+        )
+        self._step("worktree", {"path": str(worktree)})
+
+        agent = steps.get("agent")
+        if agent is None:
+            report = await self._supervise(self._agent_run(task, worktree))
+            if report.status is not RunStatus.COMPLETED:
+                return replace(report, task={"outcome": "agent_failed"})
+            agent = {
+                "run_id": self.run.id,
+                "session_id": report.session_id,
+                "result": report.result,
+                "cost_usd": report.cost_usd,
+                "num_turns": report.num_turns,
+            }
+            journal.write(self.run.id, agent)
+            self._step("agent", agent)
+        # The agent's cost is counted with the run it ran in, once.
+        cost = agent.get("cost_usd") if agent.get("run_id") == self.run.id else None
+        done = RunReport(
+            RunStatus.COMPLETED,
+            session_id=agent.get("session_id"),
+            result=agent.get("result"),
+            cost_usd=cost,
+        )
+
+        message = f"corral: {key} {task['title']}"
+        commit = await asyncio.to_thread(workspace.commit_all, worktree, message)
+        if commit is None and not await asyncio.to_thread(
+            workspace.branch_has_changes, key, target
+        ):
+            journal.clear()
+            return replace(done, task={"outcome": "no_changes"})
+        self._step("committed", {"commit": commit})
+
+        self._step("merging", {})
+        merged = await asyncio.to_thread(
+            workspace.merge,
+            key,
+            target,
+            strategy=task.get("merge_strategy", "merge"),
+            message=f"corral: merge {key} {task['title']}",
+        )
+        if merged.status == "conflict":
+            return replace(
+                done,
+                status=RunStatus.FAILED,
+                error=f"merge conflict in {', '.join(merged.conflicted_paths)}",
+                task={
+                    "outcome": "merge_conflict",
+                    "commit": commit,
+                    "conflict": merged.conflict_detail,
+                },
+            )
+        kept = not await asyncio.to_thread(workspace.remove_worktree_if_clean, key)
+        journal.clear()
+        return replace(
+            done,
+            task={
+                "outcome": merged.status,
+                "commit": commit,
+                "merge_commit": merged.commit,
+                "worktree_kept": str(worktree) if kept else None,
+            },
+        )
+
+    def _agent_run(self, task: dict[str, Any], worktree: Path) -> Run:
+        prompt = task["prompt"]
+        if task.get("conflict"):
+            prompt += (
+                f"\n\nAn earlier attempt of this task could not be merged into "
+                f"{task['target_branch']} because of a conflict:\n{task['conflict']}\n"
+                "Make the change so that it applies on the current "
+                f"{task['target_branch']}."
+            )
+        return replace(
+            self.run, type=RunType.START_SESSION, prompt=prompt, project_dir=str(worktree)
+        )
+
+    def _step(self, step: str, data: dict[str, Any]) -> None:
+        self._post({"type": "task_step", "step": step, "data": data})
+
+
+class _Journal:
+    """The agent's result on local disk, written (and synced) before it is reported."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self, run_id: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        agent = data.get("agent") if data.get("run_id") == run_id else None
+        return agent if isinstance(agent, dict) else None
+
+    def write(self, run_id: str, agent: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"run_id": run_id, "agent": agent}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.path)
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)

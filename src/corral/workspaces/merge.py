@@ -1,0 +1,177 @@
+"""Merging a task branch into its target, in the integration worktree, under the branch's lock.
+
+One merge, holding ``flock(<common>/corral-merge-<target>.lock)`` throughout:
+
+1. If the task's tip is already in the target: ``already_merged``, nothing done.
+2. Force-clean the integration worktree (abort a leftover merge, drop a stale
+   ``index.lock``, ``reset --hard``, ``clean -ffdx``) and detach it at the target's tip.
+3. ``git merge --no-ff`` (strategy ``merge``) or ``--ff`` (strategy ``ff``) of the task's tip.
+4. Conflict: note the paths and the conflict hunks, ``merge --abort``, clean up, return
+   ``conflict``; the target does not move. Clean: ``git update-ref refs/heads/<target>
+   <new> <old>``; if the branch moved meanwhile (someone outside corral committed to it),
+   start again from its new tip, a few times.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from corral.errors import InvalidRequest
+from corral.workspaces.cmd import GitError
+from corral.workspaces.commit import identity_args
+from corral.workspaces.names import check_key, sanitize_branch
+
+if TYPE_CHECKING:
+    from corral.workspaces.git import Workspace
+
+Strategy = Literal["merge", "ff"]
+MergeStatus = Literal["merged", "already_merged", "conflict"]
+STRATEGIES: tuple[Strategy, ...] = ("merge", "ff")
+DETAIL_CAP = 4096  # characters of conflict description kept
+CAS_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """``commit``: the target's new tip (merged) or its current tip (already_merged)."""
+
+    status: MergeStatus
+    commit: str | None
+    conflicted_paths: list[str] = field(default_factory=list)
+    conflict_detail: str = ""
+
+
+def lock_path(common_dir: Path, branch: str) -> Path:
+    return common_dir / f"corral-merge-{sanitize_branch(branch)}.lock"
+
+
+@contextmanager
+def merge_lock(common_dir: Path, branch: str) -> Iterator[None]:
+    """Exclusive, blocking: one merge into ``branch`` at a time, across threads and processes.
+
+    ``flock`` locks belong to the open file, so two threads of one process exclude each
+    other too; the kernel releases the lock if the process dies.
+    """
+    fd = os.open(lock_path(common_dir, branch), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def merge_branch(
+    ws: Workspace, key: str, target_branch: str, *, strategy: Strategy, message: str
+) -> MergeResult:
+    check_key(key)
+    if strategy not in STRATEGIES:
+        raise InvalidRequest(f"merge strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    target = ws._checked_branch(target_branch)
+    task_ref, target_ref = f"refs/heads/{ws.branch_name(key)}", f"refs/heads/{target}"
+    ws.ensure_excluded()
+    with merge_lock(ws.git_common_dir, target):
+        for _ in range(CAS_ATTEMPTS):
+            task_tip, old = ws.head(task_ref), ws.head(target_ref)
+            if ws.is_ancestor(task_tip, old):
+                return MergeResult("already_merged", old)
+            wt = _integration_worktree(ws, target, old)
+            ws._git(wt, "checkout", "-q", "--detach", "--force", old)
+            result = _merge_in(ws, wt, task_tip, strategy, message)
+            if result is not None:
+                return result
+            new = ws._out(wt, "rev-parse", "HEAD")
+            swap = ws._git(
+                ws.repo,
+                "update-ref",
+                "-m",
+                f"corral: merge {task_ref.removeprefix('refs/heads/')}",
+                target_ref,
+                new,
+                old,
+                ok=range(256),
+            )
+            if swap.returncode == 0:
+                return MergeResult("merged", new)
+            if ws.head(target_ref) == old:
+                raise GitError(
+                    f"cannot move {target_ref} to {new}: {swap.stderr.strip()}",
+                    returncode=swap.returncode,
+                    stderr=swap.stderr.strip(),
+                )
+            # The target moved under us: merge again from its new tip.
+        raise GitError(
+            f"{target_ref} kept moving while merging {task_ref}; gave up after "
+            f"{CAS_ATTEMPTS} attempts",
+            code="merge_contended",
+        )
+
+
+def _integration_worktree(ws: Workspace, target: str, at: str) -> Path:
+    """The target's integration worktree, valid and clean (created at ``at`` if need be)."""
+    path = ws.integration_path(target)
+    if ws._checkout_at(path) is None:
+        ws._discard_broken(path)
+        ws._git(ws.repo, "worktree", "add", "--detach", str(path), at)
+        return path
+    _clean(ws, path)
+    return path
+
+
+def _clean(ws: Workspace, path: Path) -> None:
+    """Force the integration worktree back to a clean state, whatever was left in it."""
+    private = ws._private_dir(path)
+    # We hold the branch's lock: no corral git runs here, so a lock file is a dead git's.
+    (private / "index.lock").unlink(missing_ok=True)
+    if ws._git(path, "rev-parse", "-q", "--verify", "MERGE_HEAD", ok=(0, 1)).returncode == 0:
+        ws._git(path, "merge", "--abort", ok=range(256))  # reset --hard below finishes the job
+    for state in ("rebase-merge", "rebase-apply"):
+        shutil.rmtree(private / state, ignore_errors=True)
+    ws._git(path, "reset", "-q", "--hard")
+    ws._git(path, "clean", "-q", "-ffdx")
+
+
+def _merge_in(
+    ws: Workspace, wt: Path, task_tip: str, strategy: Strategy, message: str
+) -> MergeResult | None:
+    """Merge ``task_tip`` into the detached ``wt``; None if clean, a conflict result if not."""
+    mode = "--no-ff" if strategy == "merge" else "--ff"
+    proc = ws._git(
+        wt,
+        *identity_args(ws, wt),
+        "merge",
+        mode,
+        "--no-edit",
+        "--no-verify",
+        "-m",
+        message,
+        task_tip,
+        ok=range(256),
+    )
+    if proc.returncode == 0:
+        return None
+    paths = [
+        p for p in ws._out(wt, "diff", "--name-only", "-z", "--diff-filter=U").split("\0") if p
+    ]
+    if not paths:
+        _clean(ws, wt)
+        raise GitError(
+            f"`git merge {mode} {task_tip}` failed without a conflict: "
+            f"{(proc.stderr or proc.stdout).strip()}",
+            returncode=proc.returncode,
+            stderr=proc.stderr.strip(),
+        )
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("CONFLICT")]
+    hunks = ws._git(wt, "diff", "--no-color", "--no-ext-diff").stdout
+    detail = "\n".join(notes) + ("\n\n" if notes else "") + hunks
+    if len(detail) > DETAIL_CAP:
+        detail = detail[:DETAIL_CAP].rsplit("\n", 1)[0] + "\n… (truncated)"
+    ws._git(wt, "merge", "--abort")
+    _clean(ws, wt)
+    return MergeResult("conflict", None, paths, detail)
