@@ -14,7 +14,7 @@ import uvicorn
 
 from corral.cli.options import option
 from corral.coordinator.app import create_app
-from corral.coordinator.settings import CoordinatorSettings
+from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
 from corral.runner.core import Runner
 from corral.runner.settings import RunnerSettings
 
@@ -146,7 +146,13 @@ def serve(**kwargs: object) -> None:
     """Run the coordinator (REST API, runner endpoints, reconciler)."""
     _logging()
     settings = _coordinator_settings(**kwargs)  # type: ignore[arg-type]
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )
 
 
 @click.command("runner")
@@ -196,7 +202,13 @@ def up(
 
     async def main() -> None:
         server = _QuietServer(
-            uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning")
+            uvicorn.Config(
+                create_app(settings),
+                host=host,
+                port=port,
+                log_level="warning",
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            )
         )
         serving = asyncio.create_task(server.serve())
         while not server.started:

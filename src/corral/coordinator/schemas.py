@@ -134,7 +134,7 @@ class TaskStepEvent(_Strict):
     type: Literal["task_step"]
     run_id: str
     attempt: int
-    step: Literal["worktree", "agent", "committed", "merging"]
+    step: Literal["worktree", "agent", "committed", "merging", "cleanup"]
     data: dict[str, Any] = Field(default_factory=dict)
 
 

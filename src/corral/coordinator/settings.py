@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+# On shutdown, open long-polls are cut after this long instead of held to their timeout.
+SHUTDOWN_GRACE_S = 2
+
 
 @dataclass(frozen=True)
 class CoordinatorSettings:

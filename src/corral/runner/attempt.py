@@ -92,6 +92,10 @@ class Attempt:
             log.warning("run %s: final report refused: %s", self.run.id, exc)
             return
         log.info("run %s: %s", self.run.id, report.status)
+        self.after_report()
+
+    def after_report(self) -> None:
+        """Work that may go on after the slot is free again (nothing for a plain run)."""
 
     def _post(self, event: dict[str, Any], *, settle_it: bool = True) -> asyncio.Future[None]:
         future = self.outbox.send({**event, "run_id": self.run.id, "attempt": self.attempt})

@@ -14,8 +14,7 @@ import httpx
 
 from corral import errors
 from corral.ids import RunId, RunnerId
-from corral.runs import RunReport, RunStatus
-from corral.store import Held, LogLine
+from corral.store import Held
 
 
 class LinkDown(Exception):
@@ -139,38 +138,6 @@ class HttpLink:
     async def deregister(self, runner_id: RunnerId) -> None:
         await self._call("POST", "/runner/deregister", json={"runner_id": runner_id})
 
-    async def started(self, run_id: RunId, runner_id: RunnerId, attempt: int) -> None:
-        await self._call(
-            "POST",
-            f"/runner/runs/{run_id}/started",
-            json={"runner_id": runner_id, "attempt": attempt},
-        )
-
-    async def session(
-        self, run_id: RunId, runner_id: RunnerId, attempt: int, session_id: str
-    ) -> None:
-        await self._call(
-            "POST",
-            f"/runner/runs/{run_id}/session",
-            json={"runner_id": runner_id, "attempt": attempt, "session_id": session_id},
-        )
-
-    async def logs(
-        self, run_id: RunId, runner_id: RunnerId, attempt: int, lines: list[LogLine]
-    ) -> None:
-        await self._call(
-            "POST",
-            f"/runner/runs/{run_id}/logs",
-            json={
-                "runner_id": runner_id,
-                "attempt": attempt,
-                "lines": [
-                    {"line_no": ln.line_no, "stream": ln.stream, "text": ln.text, "ts": ln.ts}
-                    for ln in lines
-                ],
-            },
-        )
-
     async def events(
         self, runner_id: RunnerId, events: list[dict[str, Any]]
     ) -> list[errors.CorralError | None]:
@@ -179,25 +146,3 @@ class HttpLink:
             "POST", "/runner/events", json={"runner_id": runner_id, "events": events}
         )
         return [None if r["ok"] else errors.from_wire(409, r) for r in response.json()["results"]]
-
-    async def report(
-        self, run_id: RunId, runner_id: RunnerId, attempt: int, report: RunReport
-    ) -> None:
-        body = {
-            "runner_id": runner_id,
-            "attempt": attempt,
-            "exit_code": report.exit_code,
-            "error": report.error,
-            "result": report.result,
-            "session_id": report.session_id,
-            "cost_usd": report.cost_usd,
-            "usage": report.usage,
-            "num_turns": report.num_turns,
-            "retry_after_s": report.retry_after_s,
-        }
-        if report.status is RunStatus.COMPLETED:
-            await self._call("POST", f"/runner/runs/{run_id}/completed", json=body)
-        else:
-            await self._call(
-                "POST", f"/runner/runs/{run_id}/failed", json={**body, "status": str(report.status)}
-            )

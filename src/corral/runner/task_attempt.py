@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,14 @@ from corral.workspaces.git import Workspace
 log = logging.getLogger("corral.runner")
 
 
+# Worktree removals still going on after their attempts ended (kept referenced).
+_CLEANUPS: set[asyncio.Task[None]] = set()
+
+
 class TaskAttempt(Attempt):
+    _mark = 0.0  # when the last step ended (monotonic)
+    _cleanup: tuple[Workspace, str, str, Path] | None = None
+
     async def _work(self) -> RunReport:
         task: dict[str, Any] = self.run.task or {}
         if not task:
@@ -42,6 +50,7 @@ class TaskAttempt(Attempt):
             return RunReport(RunStatus.FAILED, error=exc.message, task={"outcome": "error"})
 
     async def _steps(self, task: dict[str, Any]) -> RunReport:
+        self._mark = time.monotonic()
         key, target = task["key"], task["target_branch"]
         workspace = Workspace(Path(task["repo_path"]))
         steps: dict[str, Any] = dict(task.get("steps") or {})
@@ -105,17 +114,40 @@ class TaskAttempt(Attempt):
                     "conflict": merged.conflict_detail,
                 },
             )
-        kept = not await asyncio.to_thread(workspace.remove_worktree_if_clean, key)
+        merge_seconds, merged_at = time.monotonic() - self._mark, time.time()
         journal.clear()
+        self._cleanup = (workspace, key, target, worktree)
         return replace(
             done,
             task={
                 "outcome": merged.status,
                 "commit": commit,
                 "merge_commit": merged.commit,
-                "worktree_kept": str(worktree) if kept else None,
+                "merge_seconds": merge_seconds,
+                "merged_at": merged_at,
             },
         )
+
+    def after_report(self) -> None:
+        """Remove the merged task's worktree once the task is reported: its dependents
+        need not wait for it. A dirty one is kept, and said so."""
+        if self._cleanup is not None:
+            task = asyncio.create_task(self._remove_worktree(*self._cleanup))
+            _CLEANUPS.add(task)
+            task.add_done_callback(_CLEANUPS.discard)
+
+    async def _remove_worktree(
+        self, workspace: Workspace, key: str, target: str, worktree: Path
+    ) -> None:
+        try:
+            removed = await asyncio.to_thread(
+                workspace.remove_worktree_if_clean, key, delete_branch_if_merged_into=target
+            )
+        except CorralError as exc:
+            log.warning("task %s: could not remove its worktree: %s", key, exc)
+            removed = False
+        if not removed:
+            self._step("cleanup", {"worktree_kept": str(worktree)})
 
     def _agent_run(self, task: dict[str, Any], worktree: Path) -> Run:
         prompt = task["prompt"]
@@ -131,7 +163,11 @@ class TaskAttempt(Attempt):
         )
 
     def _step(self, step: str, data: dict[str, Any]) -> None:
-        self._post({"type": "task_step", "step": step, "data": data})
+        """Report a finished step, with how long it took and when it ended."""
+        now = time.monotonic()
+        timing = {"seconds": round(now - self._mark, 6), "at": time.time()}
+        self._mark = now
+        self._post({"type": "task_step", "step": step, "data": {**data, **timing}})
 
 
 class _Journal:

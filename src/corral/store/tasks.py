@@ -313,6 +313,8 @@ def apply_step(tx: Tx, lock: str, run: Row, step: str, data: dict[str, Any], now
         fields["session_id"] = data.get("session_id")
     if step == "committed":
         fields["commit_sha"] = data.get("commit")
+    if step == "cleanup":
+        fields["worktree_kept"] = data.get("worktree_kept")
     status = TaskStatus(task["status"])
     target = TaskStatus.MERGING if step == "merging" else TaskStatus.IN_PROGRESS
     if status is not target and target in TRANSITIONS[status]:
@@ -338,6 +340,9 @@ def settle_task_run(
     if TaskStatus(task["status"]).is_settled:
         return _schedule(tx, project, now)  # cancelled meanwhile: nothing more to do
     kind = (outcome or {}).get("outcome")
+    if outcome:  # kept with the steps: what the attempt ended with, and its timings
+        steps = {**json.loads(task["steps"]), "result": outcome}
+        _update(tx, "tasks", task["id"], now, steps=dumps(steps))
     done = {
         "worktree_kept": (outcome or {}).get("worktree_kept"),
         "commit_sha": (outcome or {}).get("commit") or task["commit_sha"],

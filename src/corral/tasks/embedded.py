@@ -26,7 +26,7 @@ from typing import IO
 import uvicorn
 
 from corral.coordinator.app import create_app
-from corral.coordinator.settings import CoordinatorSettings
+from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
 from corral.errors import Conflict, Unavailable
 from corral.runner.core import Runner
 from corral.runner.settings import RunnerSettings
@@ -98,6 +98,7 @@ class Embedded:
                 host="127.0.0.1",
                 port=port,
                 log_level="warning",
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
                 lifespan="on",
             )
         )

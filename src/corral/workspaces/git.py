@@ -193,7 +193,7 @@ class Workspace:
         if checked_out is None:
             if path.exists() or path.is_symlink():
                 return False  # not a worktree git knows: nothing says its contents are spare
-            self._prune_if_stale(path, ref)
+            self._forget_stale(path, ref)
         elif checked_out != ref:
             return False
         else:
@@ -281,19 +281,18 @@ class Workspace:
             path.unlink()
         elif path.exists():
             shutil.rmtree(path)
-        self._prune_if_stale(path, branch_ref)
+        self._forget_stale(path, branch_ref)
 
-    def _prune_if_stale(self, path: Path, branch_ref: str | None) -> None:
-        """``git worktree prune``, but only when a stale registration is in our way.
+    def _forget_stale(self, path: Path, branch_ref: str | None) -> None:
+        """Drop the registrations, whose directory is gone, of ``path`` or ``branch_ref``.
 
-        Pruning is repository-wide: it would also forget the user's own worktrees whose
-        directories are missing (an unmounted disk), so it is not done gratuitously.
+        ``git worktree remove`` on each rather than ``git worktree prune``: pruning is
+        repository-wide and would also forget the user's own worktrees whose directories
+        are missing for now (an unmounted disk).
         """
-        if any(
-            entry.prunable and (where == path.resolve() or entry.branch == branch_ref)
-            for where, entry in self._registered().items()
-        ):
-            self._git(self.repo, "worktree", "prune")
+        for where, entry in self._registered().items():
+            if entry.prunable and (where == path.resolve() or entry.branch == branch_ref):
+                self._git(self.repo, "worktree", "remove", str(where))
 
     def _private_dir(self, worktree: Path) -> Path:
         return Path(self._out(worktree, "rev-parse", "--absolute-git-dir"))

@@ -156,9 +156,8 @@ def _merge_in(
     )
     if proc.returncode == 0:
         return None
-    paths = [
-        p for p in ws._out(wt, "diff", "--name-only", "-z", "--diff-filter=U").split("\0") if p
-    ]
+    unmerged = ws._git(wt, "diff", "--name-only", "-z", "--diff-filter=U").stdout
+    paths = [p for p in unmerged.split("\0") if p]
     if not paths:
         _clean(ws, wt)
         raise GitError(
