@@ -201,10 +201,19 @@ def plan(obj: Context, path: Path) -> None:
     default=None,
     help="Stop claiming new tasks once the plan has cost this much (USD).",
 )
+@click.option(
+    "--sync-checkout",
+    is_flag=True,
+    help="If the target branch is checked out here, bring its files up to date at the end "
+    "(a two-way merge that keeps your local changes).",
+)
 @click.pass_obj
-def run(obj: Context, workers: int, claude_bin: str, budget_usd: float | None) -> None:
+def run(
+    obj: Context, workers: int, claude_bin: str, budget_usd: float | None, sync_checkout: bool
+) -> None:
     """Work through the plan until every task is settled; exits 0 if all completed."""
     started = time.monotonic()
+    tip_before = _git(obj.repo, "rev-parse", f"refs/heads/{obj.branch}")
     runner = (
         None
         if obj.url
@@ -224,7 +233,36 @@ def run(obj: Context, workers: int, claude_bin: str, budget_usd: float | None) -
         interrupted = _watch(client, pid, started)
         client.call("POST", f"/projects/{pid}/stop")
         state = client.call("GET", f"/projects/{pid}/tasks")
-    raise SystemExit(_summary(state, time.monotonic() - started, interrupted))
+    code = _summary(state, time.monotonic() - started, interrupted)
+    _checkout_note(obj, tip_before, sync_checkout)
+    raise SystemExit(code)
+
+
+def _checkout_note(obj: Context, tip_before: str, sync: bool) -> None:
+    """The merges moved the target branch; the user's own checkout of it was not touched."""
+    tip = _git(obj.repo, "rev-parse", f"refs/heads/{obj.branch}")
+    head = subprocess.run(
+        ["git", "symbolic-ref", "-q", "HEAD"], cwd=obj.repo, capture_output=True, text=True
+    ).stdout.strip()
+    if tip == tip_before or head != f"refs/heads/{obj.branch}":
+        return
+    if not sync:
+        console.print(
+            f"{obj.branch} moved on while it is checked out here; your files were left as "
+            f"they were. To update them: git read-tree -m -u {tip_before[:12]} {obj.branch} "
+            "(or run with --sync-checkout)"
+        )
+        return
+    done = subprocess.run(
+        ["git", "read-tree", "-m", "-u", tip_before, tip],
+        cwd=obj.repo,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        console.print(f"[yellow]could not update your checkout: {done.stderr.strip()}[/]")
+    else:
+        console.print(f"updated your checkout of {obj.branch} to {tip[:12]}")
 
 
 def _watch(client: CorralClient, pid: str, started: float) -> bool:

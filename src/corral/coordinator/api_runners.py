@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -32,6 +35,22 @@ def _coordinator(request: Request) -> Coordinator:
     return coordinator
 
 
+@contextlib.asynccontextmanager
+async def hangup(request: Request) -> AsyncIterator[asyncio.Future[None]]:
+    """Done when the client of a long-poll hangs up (a runner draining or restarting), so
+    the wait ends at once instead of holding the request to its timeout."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        yield watcher
+    finally:
+        watcher.cancel()
+
+
 def _sync_json(sync: RunnerSync) -> dict[str, Any]:
     return {"cancel": sync.cancel, "abandon": sync.abandon}
 
@@ -60,7 +79,8 @@ async def poll_runs(
     """Long-poll: claim up to ``max_runs`` runs, waiting up to the poll timeout; 204 if none."""
     coordinator = _coordinator(request)
     wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
-    runs = await coordinator.poll(RunnerId(runner_id), max_runs, wait, request.is_disconnected)
+    async with hangup(request) as gone:
+        runs = await coordinator.poll(RunnerId(runner_id), max_runs, wait, gone)
     if not runs:
         return Response(status_code=204)
     return {"runs": [run_assignment_json(r) for r in runs]}
@@ -75,7 +95,8 @@ async def control(
     """Long-poll for orders about runs the runner holds (cancellations); 204 if none."""
     coordinator = _coordinator(request)
     wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
-    cancels = await coordinator.control(RunnerId(runner_id), wait)
+    async with hangup(request) as gone:
+        cancels = await coordinator.control(RunnerId(runner_id), wait, gone)
     if not cancels:
         return Response(status_code=204)
     return {"cancel": cancels}

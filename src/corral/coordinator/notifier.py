@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from typing import Any
 
 RUNS_AVAILABLE = "runs"
 
@@ -41,12 +42,15 @@ class Notifier:
                 event.set()
 
 
-async def wait_for(event: asyncio.Event, timeout: float) -> bool:
-    """True if the event was set within ``timeout`` seconds."""
+async def wait_for(
+    event: asyncio.Event, timeout: float, hangup: asyncio.Future[None] | None = None
+) -> bool:
+    """True if the event was set within ``timeout`` seconds; False on timeout, or as soon
+    as ``hangup`` is done (the waiting client went away)."""
     if timeout <= 0:
         return event.is_set()
-    try:
-        await asyncio.wait_for(event.wait(), timeout)
-    except TimeoutError:
-        return False
-    return True
+    waiter = asyncio.ensure_future(event.wait())
+    watched: set[asyncio.Future[Any]] = {waiter} if hangup is None else {waiter, hangup}
+    done, _ = await asyncio.wait(watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    return waiter in done

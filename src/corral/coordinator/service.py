@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import TypeVar
@@ -124,7 +124,7 @@ class Coordinator:
         runner_id: RunnerId,
         max_runs: int,
         timeout_s: float,
-        gone: Callable[[], Awaitable[bool]] | None = None,
+        gone: asyncio.Future[None] | None = None,
     ) -> list[Run]:
         """Claim up to ``max_runs``; if none is there, wait until one is created or timeout.
 
@@ -134,13 +134,13 @@ class Coordinator:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             event = self.notifier.event(RUNS_AVAILABLE)
-            if gone is not None and await gone():
+            if gone is not None and gone.done():
                 return []
             runs = await self._db(self.store.claim_runs, runner_id, max_runs, self.clock.now())
             if runs:
                 return [await self._with_task(run) for run in runs]
             remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0 or not await wait_for(event, remaining):
+            if remaining <= 0 or not await wait_for(event, remaining, gone):
                 return []
 
     async def _with_task(self, run: Run) -> Run:
@@ -150,7 +150,9 @@ class Coordinator:
         context = await self._db(self.store.tasks.task_context, run.task_id)
         return replace(run, task=context)
 
-    async def control(self, runner_id: RunnerId, timeout_s: float) -> list[RunId]:
+    async def control(
+        self, runner_id: RunnerId, timeout_s: float, gone: asyncio.Future[None] | None = None
+    ) -> list[RunId]:
         """Wait until one of the runner's runs is asked to cancel; returns their ids."""
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
@@ -159,7 +161,7 @@ class Coordinator:
             if cancels:
                 return cancels
             remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0 or not await wait_for(event, remaining):
+            if remaining <= 0 or not await wait_for(event, remaining, gone):
                 return []
 
     async def heartbeat(self, runner_id: str, held: Sequence[Held]) -> RunnerSync:
