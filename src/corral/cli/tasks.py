@@ -202,6 +202,20 @@ def plan(obj: Context, path: Path) -> None:
     help="Stop claiming new tasks once the plan has cost this much (USD).",
 )
 @click.option(
+    "--retry-backoff",
+    "retry_backoff_s",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds before a failed task's first retry, doubling after each failure "
+    "(kept for the project; default: 2).",
+)
+@click.option(
+    "--resolve-conflicts/--no-resolve-conflicts",
+    default=None,
+    help="Hand a task whose merge conflicts back to its agent once, with the conflict "
+    "(kept for the project).",
+)
+@click.option(
     "--sync-checkout",
     is_flag=True,
     help="If the target branch is checked out here, bring its files up to date at the end "
@@ -209,7 +223,13 @@ def plan(obj: Context, path: Path) -> None:
 )
 @click.pass_obj
 def run(
-    obj: Context, workers: int, claude_bin: str, budget_usd: float | None, sync_checkout: bool
+    obj: Context,
+    workers: int,
+    claude_bin: str,
+    budget_usd: float | None,
+    retry_backoff_s: float | None,
+    resolve_conflicts: bool | None,
+    sync_checkout: bool,
 ) -> None:
     """Work through the plan until every task is settled; exits 0 if all completed."""
     started = time.monotonic()
@@ -226,7 +246,12 @@ def run(
             stack.enter_context(run_lock(obj.repo))
             stop_dead_local_runners(obj.db, obj.repo, time.time())
         client = stack.enter_context(obj.client(runner))
-        project = obj.project(client, budget_usd=budget_usd)
+        project = obj.project(
+            client,
+            budget_usd=budget_usd,
+            retry_backoff_s=retry_backoff_s,
+            resolve_conflicts=resolve_conflicts,
+        )
         pid = project["project_id"]
         client.call("POST", f"/projects/{pid}/resume")
         client.call("POST", f"/projects/{pid}/start", json={"workers": workers})

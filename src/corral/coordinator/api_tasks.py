@@ -29,6 +29,7 @@ class ProjectBody(_Strict):
     setup_command: list[str] | None = None
     budget_usd: float | None = Field(None, ge=0)
     retry_backoff_s: float | None = Field(None, ge=0)
+    resolve_conflicts: bool | None = None
 
 
 class TaskBody(_Strict):
@@ -76,6 +77,7 @@ def project_json(project: Project, tasks: list[Task] | None = None) -> dict[str,
         "budget_usd": project.budget_usd,
         "cost_usd": project.cost_usd,
         "plan_digest": project.plan_digest,
+        "resolve_conflicts": project.resolve_conflicts,
     }
     if tasks is not None:
         counts: dict[str, int] = {}
@@ -128,6 +130,7 @@ async def ensure_project(body: ProjectBody, request: Request) -> dict[str, Any]:
         setup_command=body.setup_command,
         budget_usd=body.budget_usd,
         retry_backoff_s=body.retry_backoff_s,
+        resolve_conflicts=body.resolve_conflicts,
     )
     return project_json(project)
 

@@ -26,6 +26,7 @@ from typing import Any
 from corral.errors import CorralError
 from corral.runner.attempt import Attempt
 from corral.runs import Run, RunReport, RunStatus, RunType
+from corral.workspaces import resolve
 from corral.workspaces.git import Workspace
 
 log = logging.getLogger("corral.runner")
@@ -64,10 +65,20 @@ class TaskAttempt(Attempt):
         self._step("worktree", {"path": str(worktree)})
 
         agent = steps.get("agent")
+        conflicted: list[str] = []
+        if agent is None and task.get("conflict"):
+            conflicted = await asyncio.to_thread(resolve.merge_target_into, worktree, target)
         if agent is None:
-            report = await self._supervise(self._agent_run(task, worktree))
+            report = await self._supervise(self._agent_run(task, worktree, conflicted))
             if report.status is not RunStatus.COMPLETED:
                 return replace(report, task={"outcome": "agent_failed"})
+            if left := resolve.unresolved(worktree, conflicted):
+                return replace(
+                    report,
+                    status=RunStatus.FAILED,
+                    task={"outcome": "error"},
+                    error=f"the agent left conflict markers in {', '.join(left)}",
+                )
             agent = {
                 "run_id": self.run.id,
                 "session_id": report.session_id,
@@ -149,14 +160,21 @@ class TaskAttempt(Attempt):
         if not removed:
             self._step("cleanup", {"worktree_kept": str(worktree)})
 
-    def _agent_run(self, task: dict[str, Any], worktree: Path) -> Run:
+    def _agent_run(self, task: dict[str, Any], worktree: Path, conflicted: list[str]) -> Run:
         prompt = task["prompt"]
         if task.get("conflict"):
+            target = task["target_branch"]
             prompt += (
-                f"\n\nAn earlier attempt of this task could not be merged into "
-                f"{task['target_branch']} because of a conflict:\n{task['conflict']}\n"
-                "Make the change so that it applies on the current "
-                f"{task['target_branch']}."
+                f"\n\nAn earlier attempt of this task could not be merged into {target}:\n"
+                f"{task['conflict']}\n"
+                f"{target} has now been merged into this worktree"
+                + (
+                    f"; resolve the conflict markers in {', '.join(conflicted)}"
+                    if conflicted
+                    else ""
+                )
+                + ", keeping both the task's change and what is already on "
+                f"{target}."
             )
         return replace(
             self.run, type=RunType.START_SESSION, prompt=prompt, project_dir=str(worktree)

@@ -60,6 +60,7 @@ class TaskStore:
         setup_command: Sequence[str] | None = None,
         budget_usd: float | None = None,
         retry_backoff_s: float | None = None,
+        resolve_conflicts: bool | None = None,
     ) -> Project:
         """The project of this repository and branch, created on first use; settings given
         here replace the stored ones."""
@@ -90,6 +91,7 @@ class TaskStore:
                 "setup_command": dumps(list(setup_command)) if setup_command else None,
                 "budget_usd": budget_usd,
                 "retry_backoff_s": retry_backoff_s,
+                "resolve_conflicts": None if resolve_conflicts is None else int(resolve_conflicts),
             }
             _update(tx, "projects", pid, now, **{k: v for k, v in changes.items() if v is not None})
             return project_from_row(_project_row(tx, pid))
@@ -353,6 +355,20 @@ def settle_task_run(
         or (kind == "no_changes" and project["on_no_changes"] == "complete")
     ):
         _complete(tx, task, now, last_error="no changes" if kind == "no_changes" else None, **done)
+    elif kind == "merge_conflict" and project["resolve_conflicts"] and not task["conflict_retries"]:
+        # Once, the agent gets the conflict to resolve: a fresh attempt, in its worktree.
+        _set_task_status(
+            tx,
+            task,
+            TaskStatus.READY,
+            now,
+            conflict=(outcome or {}).get("conflict"),
+            conflict_retries=1,
+            steps="{}",
+            run_id=None,
+            available_at=now,
+            last_error="merge conflict: handed back to the agent",
+        )
     elif kind == "merge_conflict":
         _set_task_status(
             tx,
@@ -653,6 +669,7 @@ def project_from_row(row: Row) -> Project:
         budget_usd=row["budget_usd"],
         cost_usd=row["cost_usd"],
         retry_backoff_s=row["retry_backoff_s"],
+        resolve_conflicts=bool(row["resolve_conflicts"]),
         plan_digest=row["plan_digest"],
     )
 

@@ -110,6 +110,7 @@ class Project:
     cost_usd: float
     retry_backoff_s: float
     plan_digest: str | None
+    resolve_conflicts: bool = False
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,10 @@ def commit_all(ws: Workspace, worktree: Path, message: str) -> str | None:
                 "--pathspec-file-nul",
                 stdin="".join(f":(literal){name}\0" for name in unstage),
             )
-    if ws._git(wt, "diff", "--cached", "--quiet", ok=(0, 1)).returncode == 0:
+    # A merge under way (a conflict handed back to the agent) is committed even when the
+    # resolution leaves the tree as it was: the merge commit is what records the target.
+    merging = ws._git(wt, "rev-parse", "-q", "--verify", "MERGE_HEAD", ok=(0, 1)).returncode == 0
+    if not merging and ws._git(wt, "diff", "--cached", "--quiet", ok=(0, 1)).returncode == 0:
         return _earlier_commit(ws, wt, branch_ref, message)
     ws._git(wt, *identity_args(ws, wt), "commit", "-q", "--no-verify", "-m", message)
     return ws._out(wt, "rev-parse", "HEAD")
