@@ -20,9 +20,10 @@ from typing import Any
 
 from corral.agents.base import Executor, OutputObserver, ResultSeen, SessionSeen, StopReason
 from corral.errors import CorralError
-from corral.runner.outbox import Outbox, settle
+from corral.runner.outbox import settle
 from corral.runner.process import Child
 from corral.runner.settings import RunnerSettings
+from corral.runner.transport import ReportSink
 from corral.runs import Run, RunReport, RunStatus
 
 log = logging.getLogger("corral.runner")
@@ -34,7 +35,7 @@ class Attempt:
         self,
         run: Run,
         executor: Executor,
-        outbox: Outbox,
+        outbox: ReportSink,
         settings: RunnerSettings,
         base_env: dict[str, str],
     ) -> None:

@@ -390,6 +390,10 @@ def settle_task_run(
             if kind == "no_changes"
             else (run.error or f"task run {run.status}")
         )
+        if kind == "no_changes":  # a retry must run the agent again, not reuse its result
+            steps = json.loads(_task_row(tx, task["id"])["steps"])
+            steps.pop("agent", None)
+            _update(tx, "tasks", task["id"], now, steps=dumps(steps))
         _fail_attempt(tx, task, project, error, now)
     if project["budget_usd"] is not None and project["cost_usd"] >= project["budget_usd"]:
         reason = (

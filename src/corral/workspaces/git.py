@@ -173,6 +173,10 @@ class Workspace:
                 code="worktree_mismatch",
             )
         private = self._private_dir(path)
+        # The attempt preparing the worktree owns it: an index.lock there was left by the
+        # git of an attempt killed mid-step (kill -9 during `git add`), and would fail every
+        # later commit of the task.
+        (private / "index.lock").unlink(missing_ok=True)
         bootstrap.copy_included(self.repo, path, private, include_file)
         if setup_command:
             bootstrap.setup_once(path, private, setup_command, setup_timeout)

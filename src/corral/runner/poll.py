@@ -1,0 +1,172 @@
+"""The seed's HTTP long-poll transport.
+
+    poller     long-polls for runs while a slot is free
+    control    long-polls for cancellations of the runs the runner holds
+    heartbeat  tells the coordinator it is alive and which runs it holds; the answer says
+               which to cancel and which it no longer holds (those are stopped at once)
+    outbox     reports, batched into POST /runner/events
+
+Every call survives the coordinator's absence: retried forever with capped, jittered
+backoff. After a network cut or a coordinator restart the runner registers again under
+the same id and reports what it still runs, so nothing is started twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from corral import __version__
+from corral.backoff import backoff_delay
+from corral.errors import CorralError, LeaseLost, NotFound
+from corral.ids import RunId, RunnerId
+from corral.runner.link import HttpLink, LinkDown
+from corral.runner.outbox import Outbox
+from corral.runner.settings import RunnerSettings
+from corral.runner.transport import Host
+
+log = logging.getLogger("corral.runner")
+T = TypeVar("T")
+
+
+class PollTransport:
+    kind = "poll"
+
+    def __init__(self, host: Host, settings: RunnerSettings, link: HttpLink | None = None) -> None:
+        self.host = host
+        self.settings = settings
+        self.link = link or HttpLink(settings.coordinator_url)
+        self.runner_id: RunnerId | None = None
+        self.heartbeat_interval_s = 60.0
+        self.poll_timeout_s = 30.0
+        self.reports = Outbox(self.link, lambda: self.rid, max_backoff_s=settings.max_backoff_s)
+        self._registered = asyncio.Event()
+        self._register_lock = asyncio.Lock()
+        self._poller: asyncio.Task[None] | None = None
+
+    @property
+    def rid(self) -> RunnerId:
+        assert self.runner_id is not None, "registered first"
+        return self.runner_id
+
+    async def open(self) -> None:
+        await self._register()
+
+    async def serve(self) -> None:
+        self._poller = asyncio.create_task(self._poll_loop(), name="poller")
+        loops = [
+            self._poller,
+            asyncio.create_task(self._control_loop(), name="control"),
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self.reports.run(), name="outbox"),
+        ]
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+
+    def stop_claiming(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+
+    async def close(self) -> None:
+        if self.runner_id is not None:
+            with contextlib.suppress(LinkDown, CorralError):
+                await self.link.deregister(self.runner_id)
+        await self.link.aclose()
+
+    # ---- registration --------------------------------------------------------------------
+
+    async def _register(self) -> None:
+        async with self._register_lock:
+            registration = await self._retry(
+                "register",
+                lambda: self.link.register(
+                    name=self.settings.name,
+                    hostname=socket.gethostname(),
+                    labels=list(self.settings.labels),
+                    slots=self.settings.slots,
+                    version=__version__,
+                    runner_id=self.runner_id,
+                    held=self.host.held(),
+                ),
+            )
+            if self.runner_id and registration.runner_id != self.runner_id:
+                log.warning(
+                    "coordinator forgot runner %s; now %s", self.runner_id, registration.runner_id
+                )
+            self.runner_id = registration.runner_id
+            self.heartbeat_interval_s = registration.heartbeat_interval_s
+            self.poll_timeout_s = registration.poll_timeout_s
+            self._apply(registration.cancel, registration.abandon)
+            self._registered.set()
+            log.info(
+                "runner %s registered (%s, %d slots, long-poll)",
+                self.runner_id,
+                self.settings.name,
+                self.settings.slots,
+            )
+
+    async def _reregister(self) -> None:
+        self._registered.clear()
+        await self._register()
+
+    def _apply(self, cancel: list[RunId], abandon: list[RunId]) -> None:
+        for run_id in abandon:
+            self.host.abandon(run_id)
+        for run_id in cancel:
+            self.host.cancel(run_id)
+
+    async def _retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        failures = 0
+        while True:
+            try:
+                return await call()
+            except LinkDown as exc:
+                delay = backoff_delay(failures, cap=self.settings.max_backoff_s)
+                log.warning("%s: coordinator unreachable (%s); retry in %.1fs", what, exc, delay)
+                failures += 1
+                await asyncio.sleep(delay)
+
+    # ---- loops ---------------------------------------------------------------------------
+
+    async def _poll_loop(self) -> None:
+        while True:
+            while self.host.free_slots <= 0:
+                await self.host.slot_freed()
+            try:
+                runs = await self._retry(
+                    "poll",
+                    lambda: self.link.poll(self.rid, self.host.free_slots, self.poll_timeout_s),
+                )
+            except (NotFound, LeaseLost):
+                await self._reregister()
+                continue
+            for data in runs:
+                self.host.start(data)
+
+    async def _control_loop(self) -> None:
+        while True:
+            await self._registered.wait()
+            cancels = await self._retry(
+                "control", lambda: self.link.control(self.rid, self.poll_timeout_s)
+            )
+            self._apply(cancels, [])
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            try:
+                cancel, abandon = await self._retry(
+                    "heartbeat", lambda: self.link.heartbeat(self.rid, self.host.held())
+                )
+            except (NotFound, LeaseLost):
+                await self._reregister()  # declared lost while we were away
+                continue
+            self._apply(cancel, abandon)

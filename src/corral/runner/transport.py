@@ -1,0 +1,62 @@
+"""How a runner talks to its coordinator: one interface, a long-poll and a WebSocket kind.
+
+The runner's core owns the slots and the attempts; a transport gets runs in, carries
+reports out and brings orders (cancel, abandon, drain) back. Both kinds survive the
+coordinator's absence and come back without starting anything twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from corral.ids import RunId
+from corral.store import Held
+
+
+class ReportSink(Protocol):
+    def send(self, event: dict[str, Any]) -> asyncio.Future[None]:
+        """Queue a report; the future ends when the coordinator applied (or refused) it."""
+        ...
+
+
+class Host(Protocol):
+    """What a transport may ask of the runner's core."""
+
+    @property
+    def free_slots(self) -> int: ...
+
+    def held(self) -> list[Held]: ...
+
+    def start(self, assignment: dict[str, Any]) -> None: ...
+
+    def cancel(self, run_id: RunId) -> None: ...
+
+    def abandon(self, run_id: RunId) -> None: ...
+
+    def stop_all_work(self) -> None: ...
+
+    def drain(self) -> None: ...
+
+    async def slot_freed(self) -> None: ...
+
+
+class Transport(Protocol):
+    kind: str  # "poll" or "websocket"
+
+    @property
+    def reports(self) -> ReportSink: ...
+
+    async def open(self) -> None:
+        """Register (retrying until the coordinator answers)."""
+        ...
+
+    async def serve(self) -> None:
+        """Bring in runs and orders until cancelled."""
+        ...
+
+    def stop_claiming(self) -> None: ...
+
+    async def close(self) -> None:
+        """Say goodbye (best effort) and release the connection."""
+        ...
