@@ -261,17 +261,14 @@ class Coordinator:
 
     async def reconcile_once(self) -> Reconciled:
         now = self.clock.now()
-        lost_after_s = self.settings.lost_after_s
-        if now - self.started_at < lost_after_s:
-            # No runner could heartbeat while no coordinator was up: after a restart, give
-            # them lost_after_s to check in before declaring any lost (and rerunning their
-            # runs). Until then no heartbeat is old enough: the cutoff is the epoch.
-            lost_after_s = now
+        # No runner could heartbeat while no coordinator was up: after a restart, each
+        # gets its whole threshold to check in before it is declared lost.
         done = await self._db(
             self.store.reconcile,
             now,
-            lost_after_s=lost_after_s,
+            lost_after_s=self.settings.lost_after_s,
             timeout_grace_s=self.settings.timeout_grace_s,
+            up_since=self.started_at,
         )
         if done.changed:
             log.warning(

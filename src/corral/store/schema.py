@@ -3,7 +3,7 @@
 Each migration is written once with two dialect placeholders: ``{real}`` (a float column)
 and ``{serial}`` (an auto-increment primary key). Timestamps are seconds since the epoch,
 lists and mappings are JSON text, so both dialects store the same values.
-Migration 2 adds task graphs; tables for actors come in a later one.
+Migration 2 adds task graphs, 3 the WebSocket runner link; actors come later.
 """
 
 from __future__ import annotations
@@ -163,6 +163,22 @@ CREATE INDEX task_dependencies_by_blocker ON task_dependencies (blocked_by);
 
 ALTER TABLE runs ADD COLUMN task_id TEXT REFERENCES tasks (id);
 CREATE INDEX runs_by_task ON runs (task_id);
+""",
+    ),
+    (
+        3,
+        """
+CREATE TABLE runner_commands (
+    runner_id  TEXT NOT NULL REFERENCES runners (id),
+    idx        INTEGER NOT NULL,
+    body       TEXT NOT NULL,
+    created_at {real} NOT NULL,
+    PRIMARY KEY (runner_id, idx)
+);
+ALTER TABLE runners ADD COLUMN next_command_idx INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE runners ADD COLUMN acked_command_idx INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runners ADD COLUMN last_event_idx INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runners ADD COLUMN lost_after_s {real};
 """,
     ),
 ]

@@ -17,6 +17,7 @@ from corral.runners import Runner, RunnerState
 from corral.runs import NewRun, Run, RunReport, RunStatus, check_transition
 from corral.sessions import Session
 from corral.store.db import Database, Row, Tx, open_database
+from corral.store.link import LinkStore
 from corral.store.rows import dumps, new_run_row, run_from_row, runner_from_row, session_from_row
 from corral.store.tasks import TaskStore, apply_step, settle_task_run
 
@@ -74,6 +75,7 @@ class Store:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.tasks = TaskStore(db)
+        self.link = LinkStore(self)
 
     @classmethod
     def open(cls, url: str) -> Store:
@@ -170,31 +172,43 @@ class Store:
         if max_runs <= 0:
             return []
         with self.db.transaction() as tx:
-            # Locked, so a reconciler cannot declare the runner lost (and take back what it
-            # holds) between this check and the commit, stranding the new claim.
-            runner = _runner_row(tx, runner_id, lock=self.db.lock_rows())
-            _check_not_lost(runner)
-            if runner["state"] != RunnerState.ACTIVE:
-                return []  # draining: it finishes what it has and takes nothing new
-            # Labels are matched in SQL: runs this runner cannot take never hide ones it can.
-            candidates = tx.execute(
-                "SELECT id FROM runs WHERE status = 'pending' AND available_at <= ? "
-                "AND (required_runner IS NULL OR required_runner = ?) "
-                f"AND {self.db.json_subset('labels')} "
-                "ORDER BY priority DESC, created_at, id LIMIT ? "
-                + self.db.lock_rows(skip_locked=True),
-                (now, runner["name"], runner["labels"], max_runs),
+            return self._claim(tx, runner_id, max_runs, now)
+
+    def _claim(self, tx: Tx, runner_id: str, max_runs: int | None, now: float) -> list[Run]:
+        """The claim itself, in the caller's transaction; ``None``: fill the free slots."""
+        # Locked, so a reconciler cannot declare the runner lost (and take back what it
+        # holds) between this check and the commit, stranding the new claim.
+        runner = _runner_row(tx, runner_id, lock=self.db.lock_rows())
+        _check_not_lost(runner)
+        if runner["state"] != RunnerState.ACTIVE:
+            return []  # draining: it finishes what it has and takes nothing new
+        if max_runs is None:
+            held = tx.one(
+                "SELECT COUNT(*) AS n FROM runs WHERE runner_id = ? "
+                "AND status IN ('claimed', 'running')",
+                (runner_id,),
             )
-            chosen = [c["id"] for c in candidates]
-            if not chosen:
+            max_runs = runner["slots"] - int(held["n"] if held else 0)
+            if max_runs <= 0:
                 return []
-            rows = tx.execute(
-                "UPDATE runs SET status = 'claimed', runner_id = ?, attempts = attempts + 1, "
-                "claimed_at = ?, started_at = NULL, cancel_requested = 0, updated_at = ? "
-                f"WHERE id IN ({', '.join('?' for _ in chosen)}) AND status = 'pending' "
-                "RETURNING *",
-                (runner_id, now, now, *chosen),
-            )
+        # Labels are matched in SQL: runs this runner cannot take never hide ones it can.
+        candidates = tx.execute(
+            "SELECT id FROM runs WHERE status = 'pending' AND available_at <= ? "
+            "AND (required_runner IS NULL OR required_runner = ?) "
+            f"AND {self.db.json_subset('labels')} "
+            "ORDER BY priority DESC, created_at, id LIMIT ? " + self.db.lock_rows(skip_locked=True),
+            (now, runner["name"], runner["labels"], max_runs),
+        )
+        chosen = [c["id"] for c in candidates]
+        if not chosen:
+            return []
+        rows = tx.execute(
+            "UPDATE runs SET status = 'claimed', runner_id = ?, attempts = attempts + 1, "
+            "claimed_at = ?, started_at = NULL, cancel_requested = 0, updated_at = ? "
+            f"WHERE id IN ({', '.join('?' for _ in chosen)}) AND status = 'pending' "
+            "RETURNING *",
+            (runner_id, now, now, *chosen),
+        )
         runs = [run_from_row(r) for r in rows]
         runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
         return runs
@@ -319,20 +333,33 @@ class Store:
         transport: str,
         now: float,
         runner_id: str | None = None,
-        held: Sequence[Held] = (),
+        held: Sequence[Held] | None = (),
+        lost_after_s: float | None = None,
     ) -> tuple[Runner, RunnerSync]:
         """Register a new runner, or bring back a known one (after a network cut or a
-        coordinator restart) and tell it which of the runs it still holds are its own."""
+        coordinator restart) and tell it which of the runs it still holds are its own.
+
+        ``held=None``: the runner's link replays its own state (WebSocket), nothing to sync.
+        ``lost_after_s``: its own silence threshold (else the coordinator's)."""
         if slots < 1:
             raise InvalidRequest("a runner needs at least one slot")
         with self.db.transaction() as tx:
             known = runner_id and tx.one("SELECT id FROM runners WHERE id = ?", (runner_id,))
-            values = (name, hostname, dumps(list(labels)), slots, version, transport, now)
+            values = (
+                name,
+                hostname,
+                dumps(list(labels)),
+                slots,
+                version,
+                transport,
+                now,
+                lost_after_s,
+            )
             if known:
                 tx.execute(
                     "UPDATE runners SET name = ?, hostname = ?, labels = ?, slots = ?, "
-                    "version = ?, transport = ?, last_heartbeat_at = ?, state = 'active', "
-                    "drain_at = NULL, stopped_at = NULL WHERE id = ?",
+                    "version = ?, transport = ?, last_heartbeat_at = ?, lost_after_s = ?, "
+                    "state = 'active', drain_at = NULL, stopped_at = NULL WHERE id = ?",
                     (*values, runner_id),
                 )
                 rid = RunnerId(str(runner_id))
@@ -340,11 +367,15 @@ class Store:
                 rid = new_runner_id()
                 tx.execute(
                     "INSERT INTO runners (id, name, hostname, labels, slots, version, transport, "
-                    "last_heartbeat_at, registered_at, state) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')",
+                    "last_heartbeat_at, lost_after_s, registered_at, state) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')",
                     (rid, *values, now),
                 )
-            sync = _sync_held(tx, rid, held, now, self.db.lock_rows())
+            sync = (
+                RunnerSync()
+                if held is None
+                else _sync_held(tx, rid, held, now, self.db.lock_rows())
+            )
             return runner_from_row(_runner_row(tx, rid)), sync
 
     def heartbeat(self, runner_id: str, held: Sequence[Held], now: float) -> RunnerSync:
@@ -355,6 +386,17 @@ class Store:
             _check_not_lost(row)
             tx.execute("UPDATE runners SET last_heartbeat_at = ? WHERE id = ?", (now, runner_id))
             return _sync_held(tx, RunnerId(runner_id), held, now, self.db.lock_rows())
+
+    def touch_runners(self, runner_ids: Sequence[str], now: float) -> None:
+        """Heartbeats of connected runners (their pings), written in one statement."""
+        if runner_ids:
+            with self.db.transaction() as tx:
+                tx.execute(
+                    "UPDATE runners SET last_heartbeat_at = ? "
+                    f"WHERE id IN ({', '.join('?' for _ in runner_ids)}) "
+                    "AND state IN ('active', 'draining')",
+                    (now, *runner_ids),
+                )
 
     def set_runner_state(self, runner_id: str, state: RunnerState, now: float) -> Runner:
         with self.db.transaction() as tx:
@@ -386,17 +428,23 @@ class Store:
 
     # ---- reconciliation ------------------------------------------------------------------
 
-    def reconcile(self, now: float, *, lost_after_s: float, timeout_grace_s: float) -> Reconciled:
+    def reconcile(
+        self, now: float, *, lost_after_s: float, timeout_grace_s: float, up_since: float = 0.0
+    ) -> Reconciled:
         """Declare silent runners lost and take their runs back; end runs past their timeout.
 
+        A runner is silent past its own threshold (or ``lost_after_s``). ``up_since``: when
+        this coordinator started; no runner could reach it before, so none is declared lost
+        until a whole threshold has passed since then.
         Idempotent: running it twice, or from two coordinators, changes nothing more.
         """
         result = Reconciled()
         with self.db.transaction() as tx:
             silent = tx.execute(
                 "SELECT id FROM runners WHERE state IN ('active', 'draining') "
-                "AND last_heartbeat_at < ? ORDER BY id " + self.db.lock_rows(),
-                (now - lost_after_s,),
+                "AND last_heartbeat_at < ? - COALESCE(lost_after_s, ?) "
+                "AND ? < ? - COALESCE(lost_after_s, ?) ORDER BY id " + self.db.lock_rows(),
+                (now, lost_after_s, up_since, now, lost_after_s),
             )
             for runner in silent:
                 rid = RunnerId(runner["id"])

@@ -182,24 +182,8 @@ class TaskStore:
         return task_from_row(row, deps.get(key, ()))
 
     def task_context(self, task_id: str) -> dict[str, Any]:
-        """What a runner needs for a task run: the task, its project, the steps done."""
         with self.db.transaction(write=False) as tx:
-            task = _task_row(tx, task_id)
-            project = project_from_row(_project_row(tx, task["project_id"]))
-        return {
-            "id": task["id"],
-            "key": task["key"],
-            "title": task["title"],
-            "prompt": task["prompt"],
-            "attempt": task["attempts"],
-            "steps": json.loads(task["steps"]),
-            "conflict": task["conflict"],
-            "repo_path": project.repo_path,
-            "target_branch": project.target_branch,
-            "merge_strategy": project.merge_strategy,
-            "on_no_changes": project.on_no_changes,
-            "setup_command": list(project.setup_command) if project.setup_command else None,
-        }
+            return task_context_tx(tx, task_id)
 
     # ---- control -------------------------------------------------------------------------
 
@@ -297,6 +281,26 @@ class TaskStore:
             _block_dependents(tx, row["id"], now)
             deps = _dependency_keys(tx, project_id)
             return task_from_row(_task_row(tx, row["id"]), deps.get(key, ()))
+
+
+def task_context_tx(tx: Tx, task_id: str) -> dict[str, Any]:
+    """What a runner needs for a task run: the task, its project, the steps done."""
+    task = _task_row(tx, task_id)
+    project = project_from_row(_project_row(tx, task["project_id"]))
+    return {
+        "id": task["id"],
+        "key": task["key"],
+        "title": task["title"],
+        "prompt": task["prompt"],
+        "attempt": task["attempts"],
+        "steps": json.loads(task["steps"]),
+        "conflict": task["conflict"],
+        "repo_path": project.repo_path,
+        "target_branch": project.target_branch,
+        "merge_strategy": project.merge_strategy,
+        "on_no_changes": project.on_no_changes,
+        "setup_command": list(project.setup_command) if project.setup_command else None,
+    }
 
 
 # ---- hooks called from run operations (inside their transaction) -----------------------------

@@ -1,0 +1,299 @@
+"""Runner-link wire messages: the versioned tagged union both ends speak, and its JSON codec.
+
+Every frame is one JSON object ``{"v": 1, "type": "<Name>", ...fields}`` (seed 000):
+
+    runner                                       coordinator
+      ToServerInit ─────────────────────────────▶
+                   ◀──────────────────────────── ToClientInit, ToClientCommands (missed ones)
+      ToServerEvents (unacked ones, resent) ────▶
+                   ◀──────────────────────────── ToClientAckEvents (after the commit)
+      ToServerPing, ToServerAckCommands, ToServerStopping ─▶
+                   ◀──── ToClientPong, ToClientCommands, ToClientDrain, ToClientClose
+
+Commands (coordinator → runner) and events (runner → coordinator) are ``Indexed``: numbered
+per runner from 1, so each side drops duplicates by index. Bodies are opaque to the protocol
+(a JSON object with a string ``type``). Decoding is strict and every problem raises
+``ProtocolError`` with a stable code; unknown extra fields are ignored so that adding an
+optional field does not need a version bump.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal, NoReturn, TypeVar, overload
+
+from corral.errors import CorralError
+from corral.ids import RunnerId
+
+PROTOCOL_VERSION = 1
+
+# WebSocket close codes and the reasons that travel with them.
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY_VIOLATION = 1008
+REASON_RUNNER_SHUTDOWN = "corral.runner_shutdown"  # the runner leaves on purpose (code 1000)
+REASON_EVICTED = "corral.evicted"  # a newer socket of the same runner took over
+REASON_INIT_TIMEOUT = "corral.init_timeout"
+REASON_RUNNER_LOST = "corral.runner_lost"
+REASON_STOPPED = "corral.stopped"  # the coordinator stopped the runner after its drain
+
+# ProtocolError codes.
+MALFORMED_FRAME = "malformed_frame"
+UNKNOWN_MESSAGE = "unknown_message"
+UNSUPPORTED_VERSION = "unsupported_version"
+EXPECTED_INIT = "expected_init"  # anything but Init opened the conversation
+DUPLICATE_INIT = "duplicate_init"
+UNEXPECTED_MESSAGE = "unexpected_message"  # a valid message at a point where it is not allowed
+
+
+def protocol_error_reason(code: str) -> str:
+    return f"corral.protocol_error:{code}"
+
+
+class ProtocolError(CorralError):
+    """The peer broke the protocol; ``code`` is one of the constants above."""
+
+    code = "protocol_error"
+    http_status = 400
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason, code=code)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Indexed:
+    """A numbered command or event; ``body`` is ``{"type": str, ...}``."""
+
+    idx: int
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToServerInit:
+    name: str
+    version: str
+    protocol_version: int
+    total_slots: int
+    last_command_idx: int
+    runner_id: RunnerId | None
+    labels: tuple[str, ...]
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToServerEvents:
+    events: tuple[Indexed, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ToServerAckCommands:
+    last_command_idx: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToServerPing:
+    ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class ToServerStopping:
+    pass  # the runner is shutting down gracefully: stop giving it work
+
+
+@dataclass(frozen=True, slots=True)
+class ToClientInit:
+    runner_id: RunnerId
+    last_event_idx: int
+    metadata: dict[str, Any]  # runner_lost_threshold, ping_interval, ack_interval (seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class ToClientCommands:
+    commands: tuple[Indexed, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ToClientAckEvents:
+    last_event_idx: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToClientPong:
+    ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class ToClientDrain:
+    grace_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ToClientClose:
+    reason: str
+
+
+ToServerMessage = (
+    ToServerInit | ToServerEvents | ToServerAckCommands | ToServerPing | ToServerStopping
+)
+ToClientMessage = (
+    ToClientInit
+    | ToClientCommands
+    | ToClientAckEvents
+    | ToClientPong
+    | ToClientDrain
+    | ToClientClose
+)
+Message = ToServerMessage | ToClientMessage
+
+_ALL: tuple[type[Any], ...] = (*ToServerMessage.__args__, *ToClientMessage.__args__)
+_FIELD_NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in _ALL}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, Indexed):
+        return {"idx": value.idx, "body": value.body}
+    return value
+
+
+def encode(message: Message) -> str:
+    frame: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": type(message).__name__}
+    for name in _FIELD_NAMES[type(message)]:
+        frame[name] = _plain(getattr(message, name))
+    return json.dumps(frame, separators=(",", ":"), allow_nan=False)
+
+
+# ---- decoding: one small reader per field type, each failing with malformed_frame ------------
+
+_Frame = dict[str, Any]
+_T = TypeVar("_T")
+
+
+def _malformed(reason: str) -> NoReturn:
+    raise ProtocolError(MALFORMED_FRAME, reason)
+
+
+def _get(frame: _Frame, name: str) -> Any:
+    if name not in frame:
+        _malformed(f"missing field {name!r}")
+    return frame[name]
+
+
+def _int(frame: _Frame, name: str, minimum: int = 0) -> int:
+    value = _get(frame, name)
+    # ``type(...) is int`` on purpose: JSON true/false decode to bool, a subclass of int.
+    if type(value) is not int or value < minimum:
+        _malformed(f"{name!r} must be an integer >= {minimum}")
+    return value
+
+
+def _num(frame: _Frame, name: str, minimum: float = -math.inf) -> float:
+    value = _get(frame, name)
+    if type(value) not in (int, float) or not math.isfinite(value) or value < minimum:
+        _malformed(f"{name!r} must be a finite number >= {minimum}")
+    return float(value)
+
+
+def _of(frame: _Frame, name: str, kind: type[_T]) -> _T:
+    value = _get(frame, name)
+    if not isinstance(value, kind):  # str or dict: json.loads makes no subclasses of them
+        _malformed(f"{name!r} must be a {kind.__name__}")
+    return value
+
+
+def _opt_runner_id(frame: _Frame, name: str) -> RunnerId | None:
+    return None if _get(frame, name) is None else RunnerId(_of(frame, name, str))
+
+
+def _strs(frame: _Frame, name: str) -> tuple[str, ...]:
+    value = _get(frame, name)
+    if type(value) is not list or any(type(item) is not str for item in value):
+        _malformed(f"{name!r} must be a list of strings")
+    return tuple(value)
+
+
+def _indexed(frame: _Frame, name: str) -> tuple[Indexed, ...]:
+    items = _get(frame, name)
+    if type(items) is not list:
+        _malformed(f"{name!r} must be a list")
+    out = []
+    for item in items:
+        if type(item) is not dict:
+            _malformed(f"{name!r} items must be objects")
+        idx = _int(item, "idx", minimum=1)
+        body = _of(item, "body", dict)
+        if type(body.get("type")) is not str:
+            _malformed(f"{name!r} item {idx}: body needs a string 'type'")
+        out.append(Indexed(idx, body))
+    return tuple(out)
+
+
+def _init(frame: _Frame) -> ToServerInit:
+    protocol_version = _int(frame, "protocol_version", minimum=1)
+    if protocol_version > PROTOCOL_VERSION:
+        raise ProtocolError(
+            UNSUPPORTED_VERSION, f"protocol {protocol_version} > {PROTOCOL_VERSION}"
+        )
+    return ToServerInit(
+        name=_of(frame, "name", str),
+        version=_of(frame, "version", str),
+        protocol_version=protocol_version,
+        total_slots=_int(frame, "total_slots"),
+        last_command_idx=_int(frame, "last_command_idx"),
+        runner_id=_opt_runner_id(frame, "runner_id"),
+        labels=_strs(frame, "labels"),
+        metadata=_of(frame, "metadata", dict),
+    )
+
+
+_TO_SERVER: dict[str, Callable[[_Frame], ToServerMessage]] = {
+    "ToServerInit": _init,
+    "ToServerEvents": lambda f: ToServerEvents(_indexed(f, "events")),
+    "ToServerAckCommands": lambda f: ToServerAckCommands(_int(f, "last_command_idx")),
+    "ToServerPing": lambda f: ToServerPing(_num(f, "ts")),
+    "ToServerStopping": lambda f: ToServerStopping(),
+}
+_TO_CLIENT: dict[str, Callable[[_Frame], ToClientMessage]] = {
+    "ToClientInit": lambda f: ToClientInit(
+        RunnerId(_of(f, "runner_id", str)), _int(f, "last_event_idx"), _of(f, "metadata", dict)
+    ),
+    "ToClientCommands": lambda f: ToClientCommands(_indexed(f, "commands")),
+    "ToClientAckEvents": lambda f: ToClientAckEvents(_int(f, "last_event_idx")),
+    "ToClientPong": lambda f: ToClientPong(_num(f, "ts")),
+    "ToClientDrain": lambda f: ToClientDrain(_num(f, "grace_s", minimum=0.0)),
+    "ToClientClose": lambda f: ToClientClose(_of(f, "reason", str)),
+}
+
+
+def _no_constants(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")  # json accepts NaN and Infinity unless told so
+
+
+@overload
+def decode(text: str | bytes, *, side: Literal["server"]) -> ToServerMessage: ...
+@overload
+def decode(text: str | bytes, *, side: Literal["client"]) -> ToClientMessage: ...
+def decode(text: str | bytes, *, side: Literal["server", "client"]) -> Message:
+    """Parse one frame; ``side`` is the end decoding it (the server reads ToServer*)."""
+    decoders: Mapping[str, Callable[[_Frame], Message]]
+    decoders = _TO_SERVER if side == "server" else _TO_CLIENT
+    try:
+        frame = json.loads(text, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError, a ValueError
+        raise ProtocolError(MALFORMED_FRAME, f"not JSON: {exc}") from exc
+    if type(frame) is not dict:
+        _malformed("a frame must be a JSON object")
+    version = _get(frame, "v")
+    if type(version) is not int:
+        _malformed("'v' must be an integer")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(UNSUPPORTED_VERSION, f"v={version}, this end speaks {PROTOCOL_VERSION}")
+    decoder = decoders.get(_of(frame, "type", str))
+    if decoder is None:
+        raise ProtocolError(UNKNOWN_MESSAGE, f"{frame['type']!r} is not a message to the {side}")
+    return decoder(frame)
