@@ -54,3 +54,13 @@ async def wait_for(
     done, _ = await asyncio.wait(watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     waiter.cancel()
     return waiter in done
+
+
+async def wait_any(events: list[asyncio.Event], timeout: float) -> None:
+    """Until one of ``events`` is set, or ``timeout`` seconds."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -16,6 +16,7 @@ from typing import TypeVar
 import anyio.to_thread
 
 from corral.clock import Clock
+from corral.coordinator.connections import Connections
 from corral.coordinator.notifier import (
     RUNS_AVAILABLE,
     Notifier,
@@ -58,6 +59,7 @@ class Coordinator:
         self.clock = clock
         self.profiles = profiles
         self.notifier = Notifier()
+        self.connections = Connections()
         self.started_at = clock.now()  # runners' silence counts from here (reconcile_once)
 
     async def _db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
@@ -96,6 +98,10 @@ class Coordinator:
                 continue
             run = await self._db(self.store.get_run, run_id)
             if run.status.is_terminal:
+                # The last lines may have been stored after the read above (they always are
+                # before the run ends): read again, and send them before the end.
+                if await self._db(self.store.read_logs, run_id, after_id, 1):
+                    continue
                 yield run
                 return
             await wait_for(event, self.settings.poll_timeout_s)
@@ -261,6 +267,9 @@ class Coordinator:
 
     async def reconcile_once(self) -> Reconciled:
         now = self.clock.now()
+        # WebSocket runners ping every few seconds: their heartbeats are written together.
+        if pinged := self.connections.take_pinged():
+            await self._db(self.store.touch_runners, pinged, now)
         # No runner could heartbeat while no coordinator was up: after a restart, each
         # gets its whole threshold to check in before it is declared lost.
         done = await self._db(

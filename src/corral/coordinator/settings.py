@@ -21,5 +21,9 @@ class CoordinatorSettings:
     reconcile_interval_s: float = 1.0
     # A runner enforces run timeouts itself; the coordinator steps in this much later.
     timeout_grace_s: float = 30.0
+    # WebSocket runners: ping often, and are lost soon after they stop pinging.
+    ws_ping_interval_s: float = 3.0
+    ws_lost_after_s: float = 15.0
+    ws_ack_interval_s: float = 300.0
     max_prompt_bytes: int = 256 * 1024
     max_body_bytes: int = 8 * 1024 * 1024

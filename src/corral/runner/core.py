@@ -22,6 +22,7 @@ from corral.runner.poll import PollTransport
 from corral.runner.settings import RunnerSettings
 from corral.runner.task_attempt import TaskAttempt
 from corral.runner.transport import Transport
+from corral.runner.websocket import WebSocketTransport
 from corral.runs import AgentSpec, Run, RunStatus, RunType
 from corral.store import Held
 
@@ -138,6 +139,8 @@ class Runner:
 
 
 def _transport_for(runner: Runner, settings: RunnerSettings) -> Transport:
+    if settings.transport == "websocket":
+        return WebSocketTransport(runner, settings)
     return PollTransport(runner, settings)
 
 

@@ -13,6 +13,7 @@ class RunnerSettings:
     slots: int = 4
     labels: tuple[str, ...] = ()
     claude_bin: str = "claude"
+    transport: str = "poll"  # "websocket" or "poll" (the seed's HTTP long-poll)
     # No output for this long stops an agent run (commands only when the run sets it).
     agent_idle_timeout_s: float = 600.0
     kill_grace_s: float = 5.0  # SIGTERM, then this long, then SIGKILL

@@ -1,0 +1,263 @@
+"""The WebSocket transport: one socket to the coordinator, a pump around RunnerConnection.
+
+The pure ``RunnerConnection`` decides everything (numbering, replay after reconnect,
+duplicate drops, pings, acks, backoff, the runner-lost timer); this pump only moves
+frames, reads the clock and carries out its outputs: start/cancel/abandon a run, stop
+all work when the lost timer fires, drain when asked. Reports go out as numbered events;
+a report's future ends when the coordinator acknowledges it (after committing it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import time
+from typing import Any
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+from corral import __version__
+from corral.errors import LeaseLost
+from corral.ids import RunId, RunnerId
+from corral.protocol import messages as wire
+from corral.protocol.outputs import (
+    Closed,
+    Connected,
+    DrainRequested,
+    Execute,
+    Reconnect,
+    RunnerOutput,
+    Send,
+    StopAllWork,
+)
+from corral.protocol.runner import RunnerConnection, RunnerState
+from corral.runner.settings import RunnerSettings
+from corral.runner.transport import Host
+
+log = logging.getLogger("corral.runner")
+MAX_FRAME = 64 * 1024 * 1024
+
+
+def socket_url(coordinator_url: str) -> str:
+    base = coordinator_url.rstrip("/")
+    if base.startswith("https://"):
+        return "wss://" + base.removeprefix("https://") + "/runner/socket"
+    return "ws://" + base.removeprefix("http://") + "/runner/socket"
+
+
+class WebSocketTransport:
+    kind = "websocket"
+
+    def __init__(
+        self, host: Host, settings: RunnerSettings, *, rng: random.Random | None = None
+    ) -> None:
+        self.host = host
+        self.settings = settings
+        self.url = socket_url(settings.coordinator_url)
+        self.conn = RunnerConnection(
+            name=settings.name,
+            version=__version__,
+            total_slots=settings.slots,
+            labels=settings.labels,
+            metadata={"hostname": socket.gethostname()},
+            rng=rng or random.Random(),
+            max_backoff_s=settings.max_backoff_s,
+        )
+        self._ws: ClientConnection | None = None
+        self._futures: dict[int, asyncio.Future[None]] = {}
+        self._pending: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
+        self._flush_scheduled = False
+        self._connected = asyncio.Event()
+        self._over = asyncio.Event()
+        self._main: asyncio.Task[None] | None = None
+
+    @property
+    def runner_id(self) -> RunnerId | None:
+        return self.conn.runner_id
+
+    @property
+    def reports(self) -> WebSocketTransport:
+        return self
+
+    # ---- the Transport interface ---------------------------------------------------------
+
+    async def open(self) -> None:
+        self._main = asyncio.create_task(self._connect_forever(), name="websocket")
+        connected = asyncio.ensure_future(self._connected.wait())
+        await asyncio.wait({connected, self._main}, return_when=asyncio.FIRST_COMPLETED)
+        connected.cancel()
+        if self._main.done():
+            await self._main
+
+    async def serve(self) -> None:
+        assert self._main is not None, "open() first"
+        await asyncio.shield(self._main)
+
+    def stop_claiming(self) -> None:
+        self._run(self.conn.stopping(time.time()))
+
+    async def close(self) -> None:
+        self._flush()
+        self._over.set()
+        outputs = self.conn.shutdown(time.time())
+        await self._carry_out(outputs)
+        if self._ws is not None:
+            with contextlib.suppress(websockets.ConnectionClosed, OSError):
+                await self._ws.close(wire.CLOSE_NORMAL, wire.REASON_RUNNER_SHUTDOWN)
+        if self._main is not None:
+            self._main.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._main
+
+    # ---- reports (the ReportSink) --------------------------------------------------------
+
+    def send(self, event: dict[str, Any]) -> asyncio.Future[None]:
+        """Queue a report; reports made in the same moment travel in one frame."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((event, future))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        outputs = self.conn.send_events([event for event, _ in batch], time.time())
+        numbered = self.conn.unacked_events[-len(batch) :]
+        for indexed, (_, future) in zip(numbered, batch, strict=True):
+            self._futures[indexed.idx] = future
+        self._run(outputs)
+
+    def _settle_acknowledged(self) -> None:
+        unacked = {e.idx for e in self.conn.unacked_events}
+        for idx in [i for i in self._futures if i not in unacked]:
+            future = self._futures.pop(idx)
+            if not future.done():
+                future.set_result(None)
+
+    def _fail_all(self, error: Exception) -> None:
+        for future in self._futures.values():
+            if not future.done():
+                future.set_exception(error)
+        self._futures.clear()
+
+    # ---- the socket ----------------------------------------------------------------------
+
+    async def _connect_forever(self) -> None:
+        while not self._over.is_set():
+            if self.conn.state is RunnerState.CLOSED:
+                return
+            outputs = self.conn.connect(time.time())
+            try:
+                async with websockets.connect(
+                    self.url, open_timeout=10, max_size=MAX_FRAME, ping_interval=None
+                ) as ws:
+                    self._ws = ws
+                    await self._carry_out(outputs)
+                    await self._converse(ws)
+                    lost = self.conn.socket_closed(time.time())
+            except (OSError, TimeoutError, websockets.WebSocketException) as exc:
+                log.warning("coordinator socket %s: %s", self.url, exc)
+                lost = (
+                    self.conn.socket_closed(time.time())
+                    if self.conn.state is RunnerState.ACTIVE
+                    else self.conn.connect_failed(time.time())
+                )
+            finally:
+                self._ws = None
+                self._connected.clear()
+            await self._carry_out(lost)
+            await self._wait_to_reconnect()
+
+    async def _converse(self, ws: ClientConnection) -> None:
+        ticker = asyncio.create_task(self._tick_while_open())
+        try:
+            async for frame in ws:
+                try:
+                    message = wire.decode(frame, side="client")
+                except wire.ProtocolError as exc:
+                    log.warning("bad frame from the coordinator: %s", exc)
+                    await ws.close(wire.CLOSE_POLICY_VIOLATION, exc.reason[:120])
+                    return
+                await self._carry_out(self.conn.receive(message, time.time()))
+                self._settle_acknowledged()
+                if self.conn.state is RunnerState.CLOSED:
+                    return
+        except websockets.ConnectionClosed:
+            return
+        finally:
+            ticker.cancel()
+
+    async def _tick_while_open(self) -> None:
+        while True:
+            deadline = self.conn.next_deadline()
+            await asyncio.sleep(1.0 if deadline is None else max(0.0, deadline - time.time()))
+            await self._carry_out(self.conn.tick(time.time()))
+
+    async def _wait_to_reconnect(self) -> None:
+        """Tick while disconnected: reconnect when the backoff says so, and stop all work
+        if the runner-lost timer runs out first."""
+        while self.conn.state is RunnerState.DISCONNECTED and not self._over.is_set():
+            deadline = self.conn.next_deadline()
+            await asyncio.sleep(1.0 if deadline is None else max(0.0, deadline - time.time()))
+            outputs = self.conn.tick(time.time())
+            await self._carry_out(outputs)
+            if any(isinstance(o, Reconnect) for o in outputs):
+                return
+
+    # ---- outputs -------------------------------------------------------------------------
+
+    def _run(self, outputs: list[RunnerOutput]) -> None:
+        if outputs:
+            asyncio.get_running_loop().create_task(self._carry_out(outputs))
+
+    async def _carry_out(self, outputs: list[RunnerOutput]) -> None:
+        for out in outputs:
+            if isinstance(out, Send):
+                ws = self._ws
+                if ws is not None:
+                    with contextlib.suppress(websockets.ConnectionClosed, OSError):
+                        await ws.send(wire.encode(out.message))
+            elif isinstance(out, Execute):
+                self._execute(out.command.body)
+            elif isinstance(out, Connected):
+                if out.fresh and self._futures:
+                    # A new identity: reports of the old one will never be acknowledged,
+                    # and the runs they are about belong to nobody here any more.
+                    self._fail_all(LeaseLost("the coordinator gave this runner a new id"))
+                    self.host.stop_all_work()
+                log.info(
+                    "runner %s connected (%s, %d slots, websocket)",
+                    out.runner_id,
+                    self.settings.name,
+                    self.settings.slots,
+                )
+                self._connected.set()
+            elif isinstance(out, StopAllWork):
+                log.warning("away longer than the runner-lost threshold: stopping all work")
+                self.host.stop_all_work()
+            elif isinstance(out, DrainRequested):
+                log.info("the coordinator asks this runner to drain")
+                self.host.drain()
+            elif isinstance(out, Closed) and not out.reconnect:
+                log.warning("coordinator closed the link: %s", out.reason)
+                self._over.set()
+                self.host.drain()
+
+    def _execute(self, body: dict[str, Any]) -> None:
+        kind = body.get("type")
+        if kind == "start_run":
+            self.host.start(body["run"])
+        elif kind == "cancel_run":
+            self.host.cancel(RunId(str(body["run_id"])))
+        elif kind == "abandon_run":
+            self.host.abandon(RunId(str(body["run_id"])))
+        else:
+            log.warning("unknown command %r ignored", kind)
