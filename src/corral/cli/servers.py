@@ -116,6 +116,13 @@ def runner_options(fn: click.decorators.FC) -> click.decorators.FC:
                 type=float,
                 help="On SIGTERM, seconds running work may go on before it is stopped.",
             ),
+            option(
+                "--transport",
+                env="TRANSPORT",
+                default="websocket",
+                type=click.Choice(["websocket", "poll"]),
+                help="Link to the coordinator: a WebSocket, or the HTTP long-poll.",
+            ),
         ]
     ):
         fn = decorate(fn)
@@ -123,13 +130,20 @@ def runner_options(fn: click.decorators.FC) -> click.decorators.FC:
 
 
 def _runner_settings(
-    url: str, name: str | None, slots: int, labels: str, claude_bin: str, drain_grace: float
+    url: str,
+    name: str | None,
+    slots: int,
+    labels: str,
+    claude_bin: str,
+    drain_grace: float,
+    transport: str,
 ) -> RunnerSettings:
     settings = RunnerSettings(
         coordinator_url=url,
         slots=slots,
         claude_bin=claude_bin,
         drain_grace_s=drain_grace,
+        transport=transport,
         labels=tuple(sorted({x.strip() for x in labels.split(",") if x.strip()})),
     )
     return settings if name is None else RunnerSettings(**{**settings.__dict__, "name": name})

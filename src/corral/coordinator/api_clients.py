@@ -8,7 +8,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 
+from corral.coordinator import socket
 from corral.coordinator.schemas import (
     CreateRun,
     CreateRuns,
@@ -146,6 +148,29 @@ async def list_runners(request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
     runners = await coordinator._db(coordinator.store.list_runners)
     return {"runners": [runner_json(r) for r in runners]}
+
+
+class DrainBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    grace_s: float = Field(120.0, ge=0, le=86400)
+
+
+@router.post("/runners/{runner_id}/drain", tags=["runners"])
+async def drain_runner(
+    runner_id: str, request: Request, body: DrainBody | None = None
+) -> dict[str, Any]:
+    """Take no new work on this runner; it finishes what it has (up to grace_s) and leaves."""
+    coordinator = _coordinator(request)
+    await socket.drain(coordinator, runner_id, body.grace_s if body else 120.0)
+    return runner_json(await coordinator._db(coordinator.store.get_runner, runner_id))
+
+
+@router.post("/runners/{runner_id}/stop", tags=["runners"])
+async def stop_runner(runner_id: str, request: Request) -> dict[str, Any]:
+    """Stop a runner now: its runs go back to pending for other runners."""
+    coordinator = _coordinator(request)
+    await socket.stop(coordinator, runner_id)
+    return runner_json(await coordinator._db(coordinator.store.get_runner, runner_id))
 
 
 @router.get("/stats", tags=["meta"])

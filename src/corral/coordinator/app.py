@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral import __version__
 from corral.agents.profiles import load_profiles
 from corral.clock import Clock, SystemClock
-from corral.coordinator import api_clients, api_runners, api_tasks
+from corral.coordinator import api_clients, api_runners, api_tasks, socket
 from corral.coordinator.service import Coordinator
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import CorralError
@@ -63,6 +63,7 @@ def create_app(
     app.include_router(api_clients.router)
     app.include_router(api_runners.router)
     app.include_router(api_tasks.router)
+    app.include_router(socket.router)
     app.add_exception_handler(CorralError, _corral_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)

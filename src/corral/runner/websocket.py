@@ -40,6 +40,7 @@ from corral.runner.transport import Host
 
 log = logging.getLogger("corral.runner")
 MAX_FRAME = 64 * 1024 * 1024
+KEEPALIVE_S = 5.0
 
 
 def socket_url(coordinator_url: str) -> str:
@@ -157,7 +158,12 @@ class WebSocketTransport:
             outputs = self.conn.connect(time.time())
             try:
                 async with websockets.connect(
-                    self.url, open_timeout=10, max_size=MAX_FRAME, ping_interval=None
+                    self.url,
+                    open_timeout=10,
+                    max_size=MAX_FRAME,
+                    # Transport keepalive: a half-open socket is noticed within seconds.
+                    ping_interval=KEEPALIVE_S,
+                    ping_timeout=KEEPALIVE_S * 2,
                 ) as ws:
                     self._ws = ws
                     await self._carry_out(outputs)
@@ -186,7 +192,13 @@ class WebSocketTransport:
                     log.warning("bad frame from the coordinator: %s", exc)
                     await ws.close(wire.CLOSE_POLICY_VIOLATION, exc.reason[:120])
                     return
-                await self._carry_out(self.conn.receive(message, time.time()))
+                try:
+                    outputs = self.conn.receive(message, time.time())
+                except wire.ProtocolError as exc:  # a valid frame at the wrong moment
+                    log.warning("coordinator broke the protocol: %s", exc)
+                    await ws.close(wire.CLOSE_POLICY_VIOLATION, exc.reason[:120])
+                    return
+                await self._carry_out(outputs)
                 self._settle_acknowledged()
                 if self.conn.state is RunnerState.CLOSED:
                     return
@@ -229,10 +241,9 @@ class WebSocketTransport:
                 self._execute(out.command.body)
             elif isinstance(out, Connected):
                 if out.fresh and self._futures:
-                    # A new identity: reports of the old one will never be acknowledged,
-                    # and the runs they are about belong to nobody here any more.
+                    # A new identity: reports of the old one will never be acknowledged
+                    # (the connection also says StopAllWork: those runs are not ours).
                     self._fail_all(LeaseLost("the coordinator gave this runner a new id"))
-                    self.host.stop_all_work()
                 log.info(
                     "runner %s connected (%s, %d slots, websocket)",
                     out.runner_id,
@@ -246,7 +257,7 @@ class WebSocketTransport:
             elif isinstance(out, DrainRequested):
                 log.info("the coordinator asks this runner to drain")
                 self.host.drain()
-            elif isinstance(out, Closed) and not out.reconnect:
+            elif isinstance(out, Closed) and not out.reconnect and not self._over.is_set():
                 log.warning("coordinator closed the link: %s", out.reason)
                 self._over.set()
                 self.host.drain()

@@ -1,0 +1,119 @@
+"""What the protocol's state machines ask their pump to do: tagged dataclasses, one per effect.
+
+    RunnerConnection → Send[ToServerMessage] · Execute · Connected · Disconnected · Reconnect
+                       · StopAllWork · DrainRequested · Closed
+    ServerSession    → Send[ToClientMessage] · Close · Register · Apply · CommandsAcked
+                       · Alive · Stopping
+
+The pump carries them out in list order: an ``Apply`` before a ``Send`` means store first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from corral.ids import RunnerId
+from corral.protocol.messages import Indexed, ToClientMessage, ToServerInit, ToServerMessage
+
+M = TypeVar("M", covariant=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Send(Generic[M]):
+    """Write ``message`` (encoded with ``messages.encode``) to the socket."""
+
+    message: M
+
+
+# ---- the runner's end ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    command: Indexed  # a new command for the app; each index is executed once
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    runner_id: RunnerId
+    fresh: bool  # a new identity: the first connect, or the coordinator replaced our id
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnected:
+    pass  # no usable link now; a Reconnect follows after the backoff
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnect:
+    pass  # time to open a socket again, then call ``connect``
+
+
+@dataclass(frozen=True, slots=True)
+class StopAllWork:
+    pass  # the coordinator has reclaimed our runs: stop them so that no run runs twice
+
+
+@dataclass(frozen=True, slots=True)
+class DrainRequested:
+    grace_s: float  # the coordinator asks for a forced shutdown within this grace
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    reason: str
+    reconnect: bool  # False: evicted, stopped or shut down, this connection is over
+
+
+RunnerOutput = (
+    Send[ToServerMessage]
+    | Execute
+    | Connected
+    | Disconnected
+    | Reconnect
+    | StopAllWork
+    | DrainRequested
+    | Closed
+)
+
+
+# ---- the coordinator's end -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    code: int  # WebSocket close code: 1000 normal, 1001 going away, 1008 policy violation
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    """Look up or create the runner, then call ``ServerSession.registered``."""
+
+    init: ToServerInit
+
+
+@dataclass(frozen=True, slots=True)
+class Apply:
+    """Commit these new events (in order), then call ``ServerSession.applied``."""
+
+    events: tuple[Indexed, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CommandsAcked:
+    last_command_idx: int  # persist: commands up to here need not be sent again
+
+
+@dataclass(frozen=True, slots=True)
+class Alive:
+    now: float  # a ping arrived: the runner's heartbeat
+
+
+@dataclass(frozen=True, slots=True)
+class Stopping:
+    pass  # the runner shuts down gracefully: mark it draining
+
+
+ServerOutput = Send[ToClientMessage] | Close | Register | Apply | CommandsAcked | Alive | Stopping

@@ -1,0 +1,59 @@
+"""The runner's replay buffer: events numbered per runner, kept until the coordinator
+acknowledges them, and replayed on every reconnect (seed 000, "resendUnacknowledgedEvents").
+
+    append ──▶ [idx 1 · 2 · 3 · 4]  ──acknowledge(2)──▶ [3 · 4] ──replay──▶ ToServerEvents
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from corral.protocol.messages import Indexed, ToServerEvents
+
+
+class ReplayBuffer:
+    def __init__(self, *, max_batch: int = 500) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self._max_batch = max_batch
+        self._next_idx = 1
+        self._pending: deque[Indexed] = deque()  # in idx order
+
+    @property
+    def pending(self) -> tuple[Indexed, ...]:
+        return tuple(self._pending)
+
+    def append(self, bodies: Iterable[dict[str, Any]]) -> list[Indexed]:
+        """Number ``bodies`` in order; all or none (a bad body raises and changes nothing)."""
+        bodies = list(bodies)
+        for body in bodies:
+            # Checked here, not at the coordinator: a bad event would be replayed forever.
+            if not isinstance(body, dict) or not isinstance(body.get("type"), str):
+                raise ValueError(f"an event body needs a string 'type': {body!r}")
+        events = [Indexed(self._next_idx + i, body) for i, body in enumerate(bodies)]
+        self._next_idx += len(events)
+        self._pending.extend(events)
+        return events
+
+    def acknowledge(self, last_idx: int) -> None:
+        while self._pending and self._pending[0].idx <= last_idx:
+            self._pending.popleft()
+
+    def skip_past(self, applied_idx: int) -> None:
+        """Never number a new event at or below what the coordinator has applied: it would
+        drop the event as a duplicate of an old one."""
+        self._next_idx = max(self._next_idx, applied_idx + 1)
+
+    def reset(self) -> None:
+        """A new identity: forget every event and number from 1 again."""
+        self._pending.clear()
+        self._next_idx = 1
+
+    def frames(self, events: Iterable[Indexed] | None = None) -> list[ToServerEvents]:
+        """``events`` (default: all pending) as messages of at most ``max_batch`` events, so a
+        long disconnection does not produce one frame larger than the socket accepts."""
+        items = list(self._pending if events is None else events)
+        step = self._max_batch
+        return [ToServerEvents(tuple(items[i : i + step])) for i in range(0, len(items), step)]

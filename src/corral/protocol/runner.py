@@ -1,0 +1,297 @@
+"""The runner's end of the link: ``RunnerConnection``, a pure state machine (seed 000).
+
+    idle ──connect──▶ connecting ──ToClientInit──▶ active
+                        │    ▲                       │
+     socket_closed /    │    └────connect────┐       │ socket_closed,
+     connect_failed     ▼                    │       │ ToClientClose(other reason)
+                      disconnected ◀─────────┴───────┘
+                        (tick: Reconnect after the backoff, StopAllWork once the lost
+                         timer expires)
+    any ──ToClientClose(evicted | stopped), shutdown──▶ closed (terminal)
+
+Every method takes the time and returns outputs for the pump to carry out. Events are
+numbered per runner from 1 and kept until the coordinator acknowledges them, so they survive
+any number of reconnects; commands are executed once each, by index.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from collections.abc import Iterable
+from typing import Any, assert_never
+
+from corral.backoff import backoff_delay
+from corral.errors import IllegalTransition
+from corral.ids import RunnerId
+from corral.protocol import messages as wire
+from corral.protocol.outputs import (
+    Closed,
+    Connected,
+    Disconnected,
+    DrainRequested,
+    Execute,
+    Reconnect,
+    RunnerOutput,
+    Send,
+    StopAllWork,
+)
+from corral.protocol.replay import ReplayBuffer
+
+
+class RunnerState(enum.StrEnum):
+    IDLE = "idle"
+    CONNECTING = "connecting"
+    ACTIVE = "active"
+    DISCONNECTED = "disconnected"
+    CLOSED = "closed"
+
+
+S = RunnerState
+TRANSITIONS: dict[RunnerState, frozenset[RunnerState]] = {
+    S.IDLE: frozenset({S.CONNECTING, S.CLOSED}),
+    S.CONNECTING: frozenset({S.ACTIVE, S.DISCONNECTED, S.CLOSED}),
+    S.ACTIVE: frozenset({S.DISCONNECTED, S.CLOSED}),
+    S.DISCONNECTED: frozenset({S.CONNECTING, S.CLOSED}),
+    S.CLOSED: frozenset(),
+}
+_LINKED = (S.CONNECTING, S.ACTIVE)  # a socket is open (or opening)
+del S
+
+
+def _seconds(metadata: dict[str, Any], key: str, default: float) -> float:
+    value: Any = metadata.get(key)
+    if type(value) in (int, float) and math.isfinite(value) and value > 0:
+        return float(value)
+    return default
+
+
+class RunnerConnection:
+    """One runner process's link, across every socket it opens. A ``ProtocolError`` from
+    ``receive`` means: close that socket (1008) and report ``socket_closed``."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        version: str,
+        total_slots: int,
+        labels: Iterable[str],
+        metadata: dict[str, Any],
+        rng: random.Random,
+        max_backoff_s: float = 30.0,
+        default_lost_threshold_s: float = 15.0,
+        default_ping_interval_s: float = 3.0,
+        default_ack_interval_s: float = 300.0,
+        max_batch_events: int = 500,
+    ) -> None:
+        self._hello = (name, version, total_slots, tuple(labels), dict(metadata))
+        self._rng = rng
+        self._max_backoff_s = max_backoff_s
+        self._defaults = (default_lost_threshold_s, default_ping_interval_s, default_ack_interval_s)
+        self.lost_threshold_s, self.ping_interval_s, self.ack_interval_s = self._defaults
+        self._state = RunnerState.IDLE
+        self._runner_id: RunnerId | None = None
+        self._last_command_idx = 0
+        self._acked_command_idx: int | None = None  # None: ack at the next tick (just connected)
+        self._events = ReplayBuffer(max_batch=max_batch_events)
+        self._attempt = 0  # failed attempts since the last successful Init
+        self._draining = False
+        self._stopping_sent = False  # on the current socket
+        self._work_stopped = False  # StopAllWork was output since the last successful Init
+        # Timers as absolute deadlines; None when not running.
+        self._ping_at: float | None = None
+        self._ack_at: float | None = None
+        self._reconnect_at: float | None = None
+        self._lost_at: float | None = None
+        self.gaps = 0  # commands that skipped an index: only a coordinator bug causes one
+        self.rtt: float | None = None
+
+    @property
+    def state(self) -> RunnerState:
+        return self._state
+
+    @property
+    def runner_id(self) -> RunnerId | None:
+        return self._runner_id
+
+    @property
+    def last_command_idx(self) -> int:
+        return self._last_command_idx
+
+    @property
+    def unacked_events(self) -> tuple[wire.Indexed, ...]:
+        return self._events.pending
+
+    @property
+    def attempt(self) -> int:
+        return self._attempt
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def connect(self, now: float) -> list[RunnerOutput]:
+        self._move(RunnerState.CONNECTING)
+        self._reconnect_at = None
+        self._stopping_sent = False
+        name, version, slots, labels, metadata = self._hello
+        init = wire.ToServerInit(
+            name, version, wire.PROTOCOL_VERSION, slots, self._last_command_idx, self._runner_id,
+            labels, metadata,
+        )  # fmt: skip
+        return [Send(init)]
+
+    def socket_closed(self, now: float) -> list[RunnerOutput]:
+        # Idempotent: the pump reports a close after a ToClientClose we already handled.
+        return self._lose_link(now) if self._state in _LINKED else []
+
+    def connect_failed(self, now: float) -> list[RunnerOutput]:
+        return self.socket_closed(now)
+
+    def send_event(self, body: dict[str, Any], now: float) -> list[RunnerOutput]:
+        return self.send_events((body,), now)
+
+    def send_events(self, bodies: Iterable[dict[str, Any]], now: float) -> list[RunnerOutput]:
+        batch = self._events.append(bodies)
+        if self._state is not RunnerState.ACTIVE:
+            return []  # kept for the replay after the next Init
+        return [Send(frame) for frame in self._events.frames(batch)]
+
+    def stopping(self, now: float) -> list[RunnerOutput]:
+        """Graceful shutdown begins; told to every coordinator we talk to from now on."""
+        self._draining = True
+        if self._state is not RunnerState.ACTIVE or self._stopping_sent:
+            return []
+        self._stopping_sent = True
+        return [Send(wire.ToServerStopping())]
+
+    def shutdown(self, now: float) -> list[RunnerOutput]:
+        """Work is done: close (code 1000, ``corral.runner_shutdown``) and never reconnect."""
+        if self._state is RunnerState.CLOSED:
+            return []
+        out: list[RunnerOutput] = []
+        if self._state is RunnerState.ACTIVE and not self._stopping_sent:
+            out.append(Send(wire.ToServerStopping()))  # seed: "if not sent"
+        return [*out, *self._close(wire.REASON_RUNNER_SHUTDOWN)]
+
+    def receive(self, message: wire.ToClientMessage, now: float) -> list[RunnerOutput]:
+        if self._state not in _LINKED:
+            return []  # a late frame from a socket we have already given up on
+        if isinstance(message, wire.ToClientClose):
+            if message.reason in (wire.REASON_EVICTED, wire.REASON_STOPPED):
+                return self._close(message.reason)
+            return [Closed(message.reason, reconnect=True), *self._lose_link(now)]
+        if isinstance(message, wire.ToClientInit):
+            if self._state is RunnerState.ACTIVE:
+                raise wire.ProtocolError(wire.DUPLICATE_INIT, "a second ToClientInit on one socket")
+            return self._on_init(message, now)
+        if self._state is RunnerState.CONNECTING:
+            raise wire.ProtocolError(
+                wire.EXPECTED_INIT, f"{type(message).__name__} before ToClientInit"
+            )
+        if isinstance(message, wire.ToClientCommands):
+            return self._on_commands(message)
+        if isinstance(message, wire.ToClientAckEvents):
+            self._events.acknowledge(message.last_event_idx)
+            return []
+        if isinstance(message, wire.ToClientPong):
+            self.rtt = max(0.0, now - message.ts)
+            return []
+        if isinstance(message, wire.ToClientDrain):
+            return [DrainRequested(message.grace_s)]
+        assert_never(message)
+
+    def tick(self, now: float) -> list[RunnerOutput]:
+        out: list[RunnerOutput] = []
+        if self._state is RunnerState.ACTIVE:
+            if self._ping_at is not None and now >= self._ping_at:
+                out.append(Send(wire.ToServerPing(now)))
+                self._ping_at = now + self.ping_interval_s
+            if self._ack_at is not None and now >= self._ack_at:
+                acked = self._acked_command_idx
+                if acked is None or self._last_command_idx > acked:
+                    out.append(Send(wire.ToServerAckCommands(self._last_command_idx)))
+                    self._acked_command_idx = self._last_command_idx
+                self._ack_at = now + self.ack_interval_s
+        if self._lost_at is not None and now >= self._lost_at:
+            # Stop before reconnecting: the coordinator may already have rerun our runs.
+            out.append(StopAllWork())
+            self._lost_at = None
+            self._work_stopped = True
+        if self._reconnect_at is not None and now >= self._reconnect_at:
+            out.append(Reconnect())
+            self._reconnect_at = None
+        return out
+
+    def next_deadline(self) -> float | None:
+        timers = (self._ping_at, self._ack_at, self._reconnect_at, self._lost_at)
+        return min((t for t in timers if t is not None), default=None)
+
+    def _move(self, new: RunnerState) -> None:
+        if new not in TRANSITIONS[self._state]:
+            raise IllegalTransition(f"runner connection cannot go from {self._state} to {new}")
+        self._state = new
+
+    def _on_init(self, message: wire.ToClientInit, now: float) -> list[RunnerOutput]:
+        out: list[RunnerOutput] = []
+        fresh = message.runner_id != self._runner_id
+        if fresh and self._runner_id is not None:
+            # The coordinator no longer knows our old identity: its runs were reclaimed (stop
+            # them, if the lost timer has not already), and its unacknowledged events and
+            # command numbering mean nothing to the new one. Clearing them avoids the bug of
+            # a reused identity whose new events are dropped as duplicates of old indexes.
+            if not self._work_stopped:
+                out.append(StopAllWork())
+            self._events.reset()
+            self._last_command_idx = 0
+        self._runner_id = message.runner_id
+        meta = message.metadata
+        self.lost_threshold_s = _seconds(meta, "runner_lost_threshold", self._defaults[0])
+        self.ping_interval_s = _seconds(meta, "ping_interval", self._defaults[1])
+        self.ack_interval_s = _seconds(meta, "ack_interval", self._defaults[2])
+        self._events.skip_past(message.last_event_idx)
+        self._events.acknowledge(message.last_event_idx)
+        self._move(RunnerState.ACTIVE)
+        out.extend(Send(frame) for frame in self._events.frames())  # seed: resend unacked
+        if self._draining:
+            self._stopping_sent = True
+            out.append(Send(wire.ToServerStopping()))
+        self._attempt = 0
+        self._lost_at = self._reconnect_at = None
+        self._work_stopped = False
+        self._ping_at = now + self.ping_interval_s
+        self._ack_at, self._acked_command_idx = now, None  # ack at once after a (re)connect
+        out.append(Connected(message.runner_id, fresh))
+        return out
+
+    def _on_commands(self, message: wire.ToClientCommands) -> list[RunnerOutput]:
+        out: list[RunnerOutput] = []
+        for command in sorted(message.commands, key=lambda c: c.idx):
+            if command.idx <= self._last_command_idx:
+                continue  # a duplicate, or one executed before a reconnect
+            if command.idx > self._last_command_idx + 1:
+                self.gaps += 1  # the coordinator resends all unacknowledged: never a loss here
+            self._last_command_idx = command.idx
+            out.append(Execute(command))
+        return out
+
+    def _lose_link(self, now: float) -> list[RunnerOutput]:
+        self._move(RunnerState.DISCONNECTED)
+        self._ping_at = self._ack_at = None
+        # The lost timer runs from the first disconnection until an Init succeeds; before we
+        # ever had an identity there is no work to lose.
+        if self._runner_id is not None and self._lost_at is None and not self._work_stopped:
+            self._lost_at = now + self.lost_threshold_s
+        delay = backoff_delay(
+            self._attempt, base=1.0, cap=self._max_backoff_s, jitter=0.25, rng=self._rng
+        )
+        self._attempt += 1
+        self._reconnect_at = now + delay
+        return [Disconnected()]
+
+    def _close(self, reason: str) -> list[RunnerOutput]:
+        self._move(RunnerState.CLOSED)
+        self._ping_at = self._ack_at = self._reconnect_at = self._lost_at = None
+        return [Closed(reason, reconnect=False)]

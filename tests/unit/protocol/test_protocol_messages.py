@@ -1,0 +1,238 @@
+"""The runner-link codec (``corral.protocol.messages``): every message survives a round trip,
+and every malformed frame is refused with its stable ``ProtocolError`` code."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+import pytest
+
+from corral.errors import CorralError
+from corral.ids import RunnerId
+from corral.protocol.messages import (
+    MALFORMED_FRAME,
+    PROTOCOL_VERSION,
+    UNKNOWN_MESSAGE,
+    UNSUPPORTED_VERSION,
+    Indexed,
+    Message,
+    ProtocolError,
+    ToClientAckEvents,
+    ToClientClose,
+    ToClientCommands,
+    ToClientDrain,
+    ToClientInit,
+    ToClientPong,
+    ToServerAckCommands,
+    ToServerEvents,
+    ToServerInit,
+    ToServerPing,
+    ToServerStopping,
+    decode,
+    encode,
+    protocol_error_reason,
+)
+
+START = Indexed(1, {"type": "start_run", "run": {"id": "run_0123456789ab", "prompt": "hi"}})
+CANCEL = Indexed(2, {"type": "cancel_run", "run_id": "run_0123456789ab"})
+STARTED = Indexed(7, {"type": "started", "run_id": "run_0123456789ab", "attempt": 1})
+
+TO_SERVER: list[Message] = [
+    ToServerInit(
+        name="host-a",
+        version="0.1.0",
+        protocol_version=PROTOCOL_VERSION,
+        total_slots=4,
+        last_command_idx=12,
+        runner_id=RunnerId("rnr_000000000001"),
+        labels=("gpu", "linux"),
+        metadata={"hostname": "host-a", "nested": {"x": [1, 2]}},
+    ),
+    ToServerInit("host-b", "0.1.0", 1, 0, 0, None, (), {}),
+    ToServerEvents((STARTED, Indexed(8, {"type": "logs", "run_id": "r", "data": "é\n"}))),
+    ToServerEvents(()),
+    ToServerAckCommands(12),
+    ToServerPing(1_700_000_000.25),
+    ToServerStopping(),
+]
+TO_CLIENT: list[Message] = [
+    ToClientInit(RunnerId("rnr_1"), 7, {"runner_lost_threshold": 15.0, "ping_interval": 3}),
+    ToClientCommands((START, CANCEL)),
+    ToClientAckEvents(7),
+    ToClientPong(1_700_000_000.25),
+    ToClientDrain(120.0),
+    ToClientClose("corral.evicted"),
+]
+SAMPLES = [("server", m) for m in TO_SERVER] + [("client", m) for m in TO_CLIENT]
+
+
+def frame(type_: str, **fields: Any) -> str:
+    return json.dumps({"v": 1, "type": type_, **fields})
+
+
+def init_fields(**overrides: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "name": "h",
+        "version": "1",
+        "protocol_version": 1,
+        "total_slots": 1,
+        "last_command_idx": 0,
+        "runner_id": None,
+        "labels": [],
+        "metadata": {},
+    }
+    return {**fields, **overrides}
+
+
+def expect(code: str, text: str | bytes, side: Literal["server", "client"] = "server") -> None:
+    with pytest.raises(ProtocolError) as caught:
+        decode(text, side=side)
+    assert caught.value.code == code, caught.value.reason
+
+
+# ---- round trips ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("side", "message"), SAMPLES, ids=lambda x: type(x).__name__)
+def test_every_message_round_trips(side: Literal["server", "client"], message: Message) -> None:
+    text = encode(message)
+    assert decode(text, side=side) == message
+    assert decode(text.encode(), side=side) == message  # bytes frames too
+
+
+@pytest.mark.parametrize(("side", "message"), SAMPLES, ids=lambda x: type(x).__name__)
+def test_wire_shape_is_versioned_and_tagged(
+    side: Literal["server", "client"], message: Message
+) -> None:
+    wire = json.loads(encode(message))
+    assert wire["v"] == PROTOCOL_VERSION == 1
+    assert wire["type"] == type(message).__name__
+
+
+def test_wire_fields_are_plain_json() -> None:
+    wire = json.loads(encode(TO_SERVER[0]))
+    assert wire["labels"] == ["gpu", "linux"]
+    assert wire["runner_id"] == "rnr_000000000001"
+    events = json.loads(encode(ToServerEvents((STARTED,))))["events"]
+    assert events == [{"idx": 7, "body": STARTED.body}]
+
+
+@pytest.mark.parametrize("message", TO_SERVER, ids=lambda m: type(m).__name__)
+def test_the_client_refuses_messages_for_the_server(message: Message) -> None:
+    expect(UNKNOWN_MESSAGE, encode(message), side="client")
+
+
+@pytest.mark.parametrize("message", TO_CLIENT, ids=lambda m: type(m).__name__)
+def test_the_server_refuses_messages_for_the_client(message: Message) -> None:
+    expect(UNKNOWN_MESSAGE, encode(message), side="server")
+
+
+def test_unknown_extra_fields_are_ignored() -> None:
+    assert decode(frame("ToServerPing", ts=1.0, later="x"), side="server") == ToServerPing(1.0)
+
+
+def test_an_integer_timestamp_is_a_float() -> None:
+    message = decode(frame("ToServerPing", ts=5), side="server")
+    assert message == ToServerPing(5.0)
+    assert isinstance(message, ToServerPing) and type(message.ts) is float
+
+
+# ---- malformed frames ----------------------------------------------------------------------
+
+EVENT = {"idx": 1, "body": {"type": "started"}}
+MALFORMED: dict[str, str | bytes] = {
+    "not JSON": "{not json",
+    "empty": "",
+    "not UTF-8": b'{"v":1,"type":"ToServerStopping","x":"\xff"}',
+    "array": "[1, 2]",
+    "string": '"ToServerPing"',
+    "null": "null",
+    "NaN literal": '{"v":1,"type":"ToServerPing","ts":NaN}',
+    "infinite number": '{"v":1,"type":"ToServerPing","ts":1e999}',
+    "missing v": json.dumps({"type": "ToServerStopping"}),
+    "v as string": json.dumps({"v": "1", "type": "ToServerStopping"}),
+    "v as bool": json.dumps({"v": True, "type": "ToServerStopping"}),
+    "missing type": json.dumps({"v": 1}),
+    "type not a string": json.dumps({"v": 1, "type": 3}),
+    "missing field": frame("ToServerAckCommands"),
+    "idx as string": frame("ToServerAckCommands", last_command_idx="3"),
+    "idx as float": frame("ToServerAckCommands", last_command_idx=3.0),
+    "idx as bool": frame("ToServerAckCommands", last_command_idx=True),
+    "negative ack idx": frame("ToServerAckCommands", last_command_idx=-1),
+    "ts as string": frame("ToServerPing", ts="now"),
+    "ts as bool": frame("ToServerPing", ts=False),
+    "events not a list": frame("ToServerEvents", events={"idx": 1}),
+    "event not an object": frame("ToServerEvents", events=[1]),
+    "event without idx": frame("ToServerEvents", events=[{"body": {"type": "x"}}]),
+    "negative event idx": frame("ToServerEvents", events=[{**EVENT, "idx": -1}]),
+    "event idx zero": frame("ToServerEvents", events=[{**EVENT, "idx": 0}]),
+    "event body not an object": frame("ToServerEvents", events=[{"idx": 1, "body": []}]),
+    "event body without type": frame("ToServerEvents", events=[{"idx": 1, "body": {}}]),
+    "event body type not str": frame("ToServerEvents", events=[{"idx": 1, "body": {"type": 1}}]),
+    "init missing labels": frame(
+        "ToServerInit", **{k: v for k, v in init_fields().items() if k != "labels"}
+    ),
+    "init labels not strings": frame("ToServerInit", **init_fields(labels=["a", 1])),
+    "init labels a string": frame("ToServerInit", **init_fields(labels="gpu")),
+    "init metadata a list": frame("ToServerInit", **init_fields(metadata=[])),
+    "init runner_id a number": frame("ToServerInit", **init_fields(runner_id=5)),
+    "init name null": frame("ToServerInit", **init_fields(name=None)),
+    "init negative slots": frame("ToServerInit", **init_fields(total_slots=-1)),
+    "init negative last_command_idx": frame("ToServerInit", **init_fields(last_command_idx=-2)),
+    "init protocol_version zero": frame("ToServerInit", **init_fields(protocol_version=0)),
+}
+MALFORMED_FOR_CLIENT: dict[str, str] = {
+    "init runner_id null": frame("ToClientInit", runner_id=None, last_event_idx=0, metadata={}),
+    "init negative last_event_idx": frame(
+        "ToClientInit", runner_id="r", last_event_idx=-1, metadata={}
+    ),
+    "command idx negative": frame(
+        "ToClientCommands", commands=[{"idx": -5, "body": {"type": "cancel_run"}}]
+    ),
+    "negative drain grace": frame("ToClientDrain", grace_s=-1),
+    "close reason missing": frame("ToClientClose"),
+}
+
+
+@pytest.mark.parametrize("text", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_frames_are_refused(text: str | bytes) -> None:
+    expect(MALFORMED_FRAME, text, side="server")
+
+
+@pytest.mark.parametrize("text", MALFORMED_FOR_CLIENT.values(), ids=MALFORMED_FOR_CLIENT.keys())
+def test_malformed_frames_to_the_client_are_refused(text: str) -> None:
+    expect(MALFORMED_FRAME, text, side="client")
+
+
+def test_unknown_types_are_refused() -> None:
+    expect(UNKNOWN_MESSAGE, frame("ToServerTeleport"), side="server")
+    expect(UNKNOWN_MESSAGE, frame("toserverping", ts=1.0), side="server")
+
+
+def test_another_envelope_version_is_refused() -> None:
+    expect(UNSUPPORTED_VERSION, json.dumps({"v": 2, "type": "ToServerStopping"}))
+    expect(UNSUPPORTED_VERSION, json.dumps({"v": 0, "type": "ToClientPong", "ts": 1}), "client")
+
+
+def test_an_init_from_a_future_protocol_is_refused() -> None:
+    expect(UNSUPPORTED_VERSION, frame("ToServerInit", **init_fields(protocol_version=2)))
+
+
+def test_protocol_errors_carry_a_stable_code() -> None:
+    error = ProtocolError(MALFORMED_FRAME, "not JSON")
+    assert isinstance(error, CorralError)
+    assert (error.code, error.reason, error.message) == ("malformed_frame", "not JSON", "not JSON")
+    assert protocol_error_reason("expected_init") == "corral.protocol_error:expected_init"
+
+
+def test_a_50_event_batch_encodes_and_decodes_well_under_a_millisecond() -> None:
+    body = {"type": "logs", "run_id": "run_0123456789ab", "attempt": 1, "data": "x" * 200}
+    batch = ToServerEvents(tuple(Indexed(i, dict(body, seq=i)) for i in range(1, 51)))
+    best = float("inf")
+    for _ in range(20):  # best of 20: the machine's noise is not the codec's cost
+        started = time.perf_counter()
+        assert decode(encode(batch), side="server") == batch
+        best = min(best, time.perf_counter() - started)
+    assert best < 0.002  # typically ~0.3 ms; loose so that a slow CI machine passes
