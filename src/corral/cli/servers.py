@@ -58,7 +58,21 @@ def coordinator_options(fn: click.decorators.FC) -> click.decorators.FC:
                 env="LOST_AFTER",
                 default=120.0,
                 type=float,
-                help="Seconds without a heartbeat before a runner is lost.",
+                help="Seconds without a heartbeat before a long-poll runner is lost.",
+            ),
+            option(
+                "--ping-interval",
+                env="PING_INTERVAL",
+                default=3.0,
+                type=float,
+                help="Seconds between a WebSocket runner's pings.",
+            ),
+            option(
+                "--runner-lost-threshold",
+                env="RUNNER_LOST_THRESHOLD",
+                default=15.0,
+                type=float,
+                help="Seconds without a ping before a WebSocket runner is lost.",
             ),
         ]
     ):
@@ -74,6 +88,8 @@ def _coordinator_settings(
     poll_timeout: float,
     heartbeat_interval: float,
     lost_after: float,
+    ping_interval: float,
+    runner_lost_threshold: float,
 ) -> CoordinatorSettings:
     return CoordinatorSettings(
         db_url=db,
@@ -83,6 +99,8 @@ def _coordinator_settings(
         poll_timeout_s=poll_timeout,
         heartbeat_interval_s=heartbeat_interval,
         lost_after_s=lost_after,
+        ws_ping_interval_s=ping_interval,
+        ws_lost_after_s=runner_lost_threshold,
     )
 
 
@@ -204,12 +222,22 @@ def up(
     poll_timeout: float,
     heartbeat_interval: float,
     lost_after: float,
+    ping_interval: float,
+    runner_lost_threshold: float,
     **runner_kwargs: object,
 ) -> None:
     """Run a coordinator and one local runner in one process (SQLite by default)."""
     _logging()
     settings = _coordinator_settings(
-        host, port, db, config, poll_timeout, heartbeat_interval, lost_after
+        host,
+        port,
+        db,
+        config,
+        poll_timeout,
+        heartbeat_interval,
+        lost_after,
+        ping_interval,
+        runner_lost_threshold,
     )
     url = f"http://{host}:{port}"
     runner_settings = _runner_settings(url, **runner_kwargs)  # type: ignore[arg-type]

@@ -65,7 +65,12 @@ class PollTransport:
             asyncio.create_task(self.reports.run(), name="outbox"),
         ]
         try:
-            await asyncio.gather(*loops)
+            # Not gather: the poller is cancelled on purpose when the runner drains, and
+            # the others (the outbox above all) must go on delivering the last reports.
+            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if not task.cancelled() and (error := task.exception()) is not None:
+                    raise error
         finally:
             for task in loops:
                 task.cancel()

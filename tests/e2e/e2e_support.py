@@ -1,0 +1,400 @@
+"""Helpers of the end-to-end tests: real ``corral serve`` and ``corral runner`` processes.
+
+Every process runs in its own process group and working directory, with its output in a
+log file, in an environment isolated from the developer's (``HOME``, the fake Claude's
+home and ledger, no ``CLAUDECODE*`` or ``CORRAL_*`` variables). Waiting is always a
+condition polled against a deadline (``wait_until``), never a sleep that hopes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import httpx
+
+from corral.client import CorralClient
+
+BIN_DIR = Path(sys.executable).parent
+CORRAL = str(BIN_DIR / "corral")
+FAKE_CLAUDE = str(Path(__file__).resolve().parents[1] / "fakes" / "claude")
+TERMINAL = frozenset({"completed", "failed", "cancelled", "timed_out"})
+
+# Short timings, so that long-polls, heartbeats and loss all happen within a test.
+POLL_TIMEOUT_S = 2.0
+HEARTBEAT_INTERVAL_S = 0.5
+LOST_AFTER_S = 2.0
+START_TIMEOUT_S = 30.0
+LOG_TAIL_LINES = 300
+
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = 20.0,
+    *,
+    interval: float = 0.05,
+    what: str | None = None,
+) -> T:
+    """Poll ``predicate`` until it returns something truthy (returned); fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout:.1f}s waiting for {what or predicate!r}; "
+                f"last value: {value!r}"
+            )
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting to be reaped counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X")
+
+
+def isolated_env(root: Path) -> dict[str, str]:
+    """The environment of every process a test starts."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("CLAUDECODE", "CLAUDE_CODE", "CORRAL_", "FAKE_CLAUDE"))
+    }
+    home = root / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    env.update(
+        HOME=str(home),
+        FAKE_CLAUDE_HOME=str(root / "fake-claude"),
+        FAKE_CLAUDE_LEDGER=str(root / "fake-claude-ledger.jsonl"),
+        # The fake claude's "#!/usr/bin/env python3" finds this venv's interpreter.
+        PATH=f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONUNBUFFERED="1",
+        # These tests exercise the seed's long-poll protocol (heartbeats, re-registration);
+        # the WebSocket link has its own (test_e2e_websocket.py passes --transport).
+        CORRAL_TRANSPORT="poll",
+    )
+    return env
+
+
+class Proc:
+    """A ``corral`` process in its own process group, its output appended to a log file."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], root: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.cwd = root / name
+        self.cwd.mkdir(parents=True, exist_ok=True)
+        self.log_path = root / "logs" / f"{name}.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.popen: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        assert not self.alive(), f"{self.name} is already running"
+        self._close_log()
+        self.starts += 1
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed when the process is reaped)
+        self._log.write(f"==== start #{self.starts}: {' '.join(self.argv)}\n".encode())
+        self._log.flush()
+        self.popen = subprocess.Popen(
+            self.argv,
+            cwd=self.cwd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, killed as a whole
+        )
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None, f"{self.name} was never started"
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def send(self, sig: signal.Signals) -> None:
+        """Signal the process itself (not its group)."""
+        os.kill(self.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        assert self.popen is not None
+        code = self.popen.wait(timeout)
+        self._close_log()
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group and reap the process."""
+        if self.popen is None:
+            return
+        if self.popen.returncode is None:  # not reaped yet: its pid is still its group's id
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=30)
+        self._close_log()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class Coordinator(Proc):
+    def __init__(
+        self,
+        name: str,
+        env: dict[str, str],
+        root: Path,
+        *,
+        port: int,
+        db: str,
+        lost_after_s: float = LOST_AFTER_S,
+    ) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        argv = [
+            CORRAL,
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--db",
+            db,
+            "--poll-timeout",
+            str(POLL_TIMEOUT_S),
+            "--heartbeat-interval",
+            str(HEARTBEAT_INTERVAL_S),
+            "--lost-after",
+            str(lost_after_s),
+        ]
+        super().__init__(name, argv, env, root)
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        def ready() -> bool:
+            if not self.alive():
+                raise AssertionError(f"{self.name} exited ({self.popen and self.popen.returncode})")
+            return self.healthy()
+
+        wait_until(ready, timeout, what=f"{self.name} to answer GET /health")
+
+
+class Runner(Proc):
+    def __init__(
+        self,
+        name: str,
+        env: dict[str, str],
+        root: Path,
+        *,
+        url: str,
+        slots: int,
+        extra: Iterable[str] = (),
+    ) -> None:
+        argv = [
+            CORRAL,
+            "runner",
+            "--coordinator",
+            url,
+            "--name",
+            name,
+            "--slots",
+            str(slots),
+            "--claude-bin",
+            FAKE_CLAUDE,
+            *extra,
+        ]
+        super().__init__(name, argv, env, root)
+
+
+class Cluster:
+    """The processes of one test: coordinators, runners, CLI calls, and a client."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.env = isolated_env(root)
+        self.ledger_path = Path(self.env["FAKE_CLAUDE_LEDGER"])
+        self.procs: list[Proc] = []
+        self.coordinator: Coordinator | None = None
+        self._client: CorralClient | None = None
+
+    # ---- processes -----------------------------------------------------------------------
+
+    def start_coordinator(
+        self,
+        *,
+        port: int | None = None,
+        db: str | None = None,
+        lost_after_s: float = LOST_AFTER_S,
+        wait: bool = True,
+    ) -> Coordinator:
+        coordinator = Coordinator(
+            f"coordinator{len([p for p in self.procs if isinstance(p, Coordinator)]) or ''}",
+            self.env,
+            self.root,
+            port=port or free_port(),
+            db=db or str(self.root / "corral.db"),
+            lost_after_s=lost_after_s,
+        )
+        self.procs.append(coordinator)
+        self.coordinator = coordinator
+        coordinator.start()
+        if wait:
+            coordinator.wait_ready()
+        return coordinator
+
+    def restart_coordinator(self) -> None:
+        """Start the (dead) coordinator again: same port, same database."""
+        assert self.coordinator is not None
+        self.coordinator.kill()
+        self.reset_client()
+        self.coordinator.start()
+        self.coordinator.wait_ready()
+
+    def start_runner(
+        self,
+        name: str,
+        *,
+        slots: int = 2,
+        url: str | None = None,
+        extra: Iterable[str] = (),
+        wait: bool = True,
+    ) -> Runner:
+        runner = Runner(name, self.env, self.root, url=url or self.url, slots=slots, extra=extra)
+        self.procs.append(runner)
+        runner.start()
+        if wait:
+            self.wait_runner(name)
+        return runner
+
+    def wait_runner(self, name: str, state: str = "active", timeout: float = 30.0) -> str:
+        """Wait until the runner called ``name`` is in ``state``; returns its runner id."""
+
+        def found() -> str | None:
+            for r in self.client.runners():
+                if r["name"] == name and r["state"] == state:
+                    return str(r["runner_id"])
+            return None
+
+        return wait_until(found, timeout, what=f"runner {name} to be {state}")
+
+    def runner_by_id(self, runner_id: str) -> dict[str, Any]:
+        (found,) = [r for r in self.client.runners() if r["runner_id"] == runner_id]
+        return found
+
+    @property
+    def url(self) -> str:
+        assert self.coordinator is not None, "start a coordinator first"
+        return self.coordinator.url
+
+    # ---- clients -------------------------------------------------------------------------
+
+    @property
+    def client(self) -> CorralClient:
+        if self._client is None:
+            self._client = CorralClient(self.url, timeout_s=20.0)
+        return self._client
+
+    def reset_client(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def cli(
+        self, *args: str, url: str | None = None, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the ``corral`` CLI (``CORRAL_URL`` names the coordinator)."""
+        env = {**self.env, "CORRAL_URL": url or self.url}
+        return subprocess.run(
+            [CORRAL, *args],
+            env=env,
+            cwd=self.root,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def wait_run(
+        self,
+        run_id: str,
+        statuses: Iterable[str] = TERMINAL,
+        timeout: float = 30.0,
+        where: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> dict[str, Any]:
+        """Wait until the run is in one of ``statuses`` (and ``where`` holds); returns it."""
+        wanted = frozenset(statuses)
+
+        def reached() -> dict[str, Any] | None:
+            run = self.client.get_run(run_id)
+            if run["status"] in wanted and (where is None or where(run)):
+                return run
+            return None
+
+        return wait_until(reached, timeout, what=f"run {run_id} to be {sorted(wanted)}")
+
+    def ledger(self) -> list[dict[str, Any]]:
+        """The fake Claude's invocations, in order."""
+        try:
+            text = self.ledger_path.read_text()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    # ---- teardown ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.reset_client()
+        # Runners first: their children die with them (PDEATHSIG), then the coordinators.
+        for proc in sorted(self.procs, key=lambda p: isinstance(p, Coordinator)):
+            proc.kill()
+
+    def logs(self) -> list[tuple[str, str]]:
+        """(title, last lines) of every process log and of the fake Claude's ledger."""
+        sections = []
+        for proc in self.procs:
+            lines = proc.log().splitlines()
+            tail = "\n".join(lines[-LOG_TAIL_LINES:])
+            sections.append((f"{proc.name} log ({proc.log_path}, last lines)", tail))
+        if self.ledger_path.exists():
+            sections.append(("fake claude ledger", self.ledger_path.read_text()))
+        return sections
