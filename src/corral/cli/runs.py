@@ -240,3 +240,31 @@ def runners_list(url: str, as_json: bool) -> None:
             (r["last_heartbeat_at"] or "")[:19],
         )
     console.print(table)
+
+
+@runners.command("drain")
+@coordinator_url
+@click.option(
+    "--grace",
+    "grace_s",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="Seconds its running work may go on.",
+)
+@click.argument("runner_id")
+def runners_drain(url: str, grace_s: float, runner_id: str) -> None:
+    """Take no new work on RUNNER_ID; it finishes what it has and leaves."""
+    with CorralClient(url) as client:
+        runner = client.call("POST", f"/runners/{runner_id}/drain", json={"grace_s": grace_s})
+    click.echo(f"{runner_id} {runner['state']}")
+
+
+@runners.command("stop")
+@coordinator_url
+@click.argument("runner_id")
+def runners_stop(url: str, runner_id: str) -> None:
+    """Stop RUNNER_ID now; its runs go back to pending for other runners."""
+    with CorralClient(url) as client:
+        runner = client.call("POST", f"/runners/{runner_id}/stop")
+    click.echo(f"{runner_id} {runner['state']}")
