@@ -45,8 +45,11 @@ def make_repo(tmp: Path, tasks: int, chain: int) -> Path:
     git(repo, "commit", "-qm", "init")
     lines = ["tasks:"]
     for i in range(tasks):
-        lines += [f"  - id: t{i}", f"    title: task {i}",
-                  f'    prompt: "[fake:write=files/t{i}.txt:{i}]"']
+        lines += [
+            f"  - id: t{i}",
+            f"    title: task {i}",
+            f'    prompt: "[fake:write=files/t{i}.txt:{i}]"',
+        ]
         if i % chain:
             lines.append(f"    after: [t{i - 1}]")
     (tmp / "plan.yaml").write_text("\n".join(lines) + "\n")
@@ -69,12 +72,21 @@ def main() -> None:
         repo = make_repo(tmp, args.tasks, args.chain)
         env = {k: v for k, v in os.environ.items() if not k.startswith("CLAUDECODE")}
         env.update(FAKE_CLAUDE_HOME=str(tmp / "fake"), HOME=str(tmp))
-        subprocess.run([CORRAL, "tasks", "plan", str(tmp / "plan.yaml")], cwd=repo, env=env,
-                       check=True, capture_output=True)
+        subprocess.run(
+            [CORRAL, "tasks", "plan", str(tmp / "plan.yaml")],
+            cwd=repo,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         start = time.monotonic()
         done = subprocess.run(
             [CORRAL, "tasks", "run", "--workers", str(args.workers), "--claude-bin", FAKE_CLAUDE],
-            cwd=repo, env=env, capture_output=True, text=True)
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         total = time.monotonic() - start
         if done.returncode != 0:
             sys.exit(f"tasks run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -102,16 +114,22 @@ def main() -> None:
             wake.append(attempt_start - blocker_result["merged_at"])
 
     ms = 1000.0
-    print(f"\ntask graph: {args.tasks} tasks in chains of {args.chain}, {args.workers} workers, "
-          "SQLite, fake agent writing one file")
+    print(
+        f"\ntask graph: {args.tasks} tasks in chains of {args.chain}, {args.workers} workers, "
+        "SQLite, fake agent writing one file"
+    )
     print(f"total {total:.1f} s ({args.tasks / total:.1f} tasks/s)")
     print(f"{'per task':<34} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
-    for name, values in [("agent (fake claude process)", agent),
-                         ("git (worktree + commit + merge)", gitwork),
-                         ("orchestration overhead", overhead),
-                         ("blocker merged -> dependent start", wake)]:
-        print(f"{name:<34} {pct(values, 50) * ms:>8.1f} {pct(values, 99) * ms:>8.1f} "
-              f"{statistics.mean(values) * ms:>8.1f}")
+    for name, values in [
+        ("agent (fake claude process)", agent),
+        ("git (worktree + commit + merge)", gitwork),
+        ("orchestration overhead", overhead),
+        ("blocker merged -> dependent start", wake),
+    ]:
+        print(
+            f"{name:<34} {pct(values, 50) * ms:>8.1f} {pct(values, 99) * ms:>8.1f} "
+            f"{statistics.mean(values) * ms:>8.1f}"
+        )
 
 
 if __name__ == "__main__":
