@@ -333,8 +333,9 @@ def settle_task_run(
     tx: Tx, lock: str, run: Run, outcome: dict[str, Any] | None, now: float
 ) -> list[Run]:
     """A task's run has ended (or was handed back): move the task on and schedule more."""
+    # Project first, then task: the order retry() takes them in (no deadlock between them).
+    project = _project_row(tx, _task_row(tx, str(run.task_id))["project_id"], lock=lock)
     task = _task_row(tx, str(run.task_id), lock=lock)
-    project = _project_row(tx, task["project_id"], lock=lock)
     if task["run_id"] != run.id or run.status is RunStatus.PENDING:
         return []
     cost = run.cost_usd or 0.0

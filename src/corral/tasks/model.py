@@ -57,7 +57,11 @@ T = TaskStatus
 TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     T.BLOCKED: frozenset({T.READY, T.BLOCKED_BY_FAILURE, T.CANCELLED}),
     T.READY: frozenset({T.CLAIMED, T.CANCELLED, T.BLOCKED_BY_FAILURE}),
-    T.CLAIMED: frozenset({T.IN_PROGRESS, T.READY, T.FAILED, T.CANCELLED}),
+    # Straight to an end from claimed: an attempt that finds its work already done (a
+    # crash after the merge) may report before it records any step.
+    T.CLAIMED: frozenset(
+        {T.IN_PROGRESS, T.READY, T.FAILED, T.CANCELLED, T.COMPLETED, T.MERGE_CONFLICT}
+    ),
     T.IN_PROGRESS: frozenset(
         {T.MERGING, T.COMPLETED, T.READY, T.FAILED, T.MERGE_CONFLICT, T.CANCELLED}
     ),

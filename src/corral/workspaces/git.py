@@ -8,6 +8,7 @@ Layout, for the user's repository ``repo`` (the top level of their checkout)::
     <common>/info/exclude                    holds ``.corral/`` (added once), so the user's
                                              ``git status`` never shows corral's directories
     <common>/corral-merge-<target>.lock      ``flock`` serializing merges into <target>
+    <common>/corral-worktrees.lock           ``flock`` serializing ``git worktree`` commands
     <common>/worktrees/<key>/corral-*        bootstrap records (see ``bootstrap``)
 
 ``<common>`` is ``git rev-parse --git-common-dir`` (``repo/.git`` for a plain clone).
@@ -238,6 +239,12 @@ class Workspace:
     def _git(
         self, cwd: Path, *args: str, ok: Iterable[int] = (0,), stdin: str | None = None
     ) -> subprocess.CompletedProcess[str]:
+        if args[:1] == ("worktree",):
+            # Two `git worktree` commands at once are not safe: one reading the worktrees
+            # while another is half made dies ("failed to read .git/worktrees/<id>/commondir").
+            with open(self.git_common_dir / "corral-worktrees.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                return run_git(cwd, *args, ok=ok, stdin=stdin)
         return run_git(cwd, *args, ok=ok, stdin=stdin)
 
     def _out(self, cwd: Path, *args: str) -> str:

@@ -1,0 +1,718 @@
+"""Task graphs in the store, on both backends: importing plans, claiming ready tasks into
+runs, settling attempts through the run API, failures, retries, budgets, cancels.
+
+Every operation gets an explicit ``now``; nothing sleeps. The last test is PostgreSQL
+only: many blockers completed at once by concurrent Stores never strand a dependent.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from corral.errors import Conflict, InvalidRequest
+from corral.ids import RunnerId
+from corral.runs import Run, RunReport, RunStatus, RunType
+from corral.store import Store
+from corral.tasks.model import Project, Task, TaskSpec, TaskStatus
+
+NOW = 1_700_000_000.0
+S = TaskStatus
+
+postgres_only = pytest.mark.parametrize(
+    "dialect", [pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def spec(key: str, *after: str, **kw: Any) -> TaskSpec:
+    return TaskSpec(
+        key=key, title=kw.pop("title", f"task {key}"), prompt=f"do {key}", after=after, **kw
+    )
+
+
+def project(store: Store, now: float = NOW, **settings: Any) -> Project:
+    return store.tasks.ensure_project("/repo", "main", now, **settings)
+
+
+def tasks_by_key(store: Store, pid: str) -> dict[str, Task]:
+    return {t.key: t for t in store.tasks.list_tasks(pid)}
+
+
+def statuses(store: Store, pid: str) -> dict[str, TaskStatus]:
+    return {k: t.status for k, t in tasks_by_key(store, pid).items()}
+
+
+def register(store: Store, name: str = "r1", now: float = NOW) -> RunnerId:
+    runner, _ = store.register_runner(
+        name=name, hostname=name, labels=(), slots=64, version="0", transport="http", now=now
+    )
+    return runner.id
+
+
+def task_updates(store: Store) -> list[tuple[str, float]]:
+    with store.db.transaction(write=False) as tx:
+        rows = tx.execute("SELECT key, updated_at FROM tasks ORDER BY key")
+    return [(r["key"], r["updated_at"]) for r in rows]
+
+
+def task_runs(store: Store) -> list[Run]:
+    return [r for r in store.list_runs(limit=100_000) if r.type is RunType.TASK]
+
+
+def claim_all(store: Store, runner: RunnerId, now: float) -> dict[str, Run]:
+    """Claim every pending run for ``runner``; by task id."""
+    return {str(r.task_id): r for r in store.claim_runs(runner, 10_000, now)}
+
+
+def finish(
+    store: Store,
+    run: Run,
+    now: float,
+    *,
+    status: RunStatus = RunStatus.COMPLETED,
+    cost: float | None = None,
+    error: str | None = None,
+    agent_step: dict[str, Any] | None = None,
+    **task: Any,
+) -> Run:
+    assert run.runner_id is not None
+    store.mark_started(run.id, run.runner_id, run.attempts, now)  # a no-op if it was
+    # As a runner does, the attempt reports its worktree before anything else (a task
+    # still ``claimed`` can fail but not complete: see the task transition table).
+    store.record_task_step(run.id, run.runner_id, run.attempts, "worktree", {"at": now}, now)
+    if agent_step is not None:
+        store.record_task_step(run.id, run.runner_id, run.attempts, "agent", agent_step, now)
+    report = RunReport(status=status, cost_usd=cost, error=error, task=task or None)
+    return store.finish_run(run.id, run.runner_id, run.attempts, report, now)
+
+
+def run_task_once(
+    store: Store, runner: RunnerId, pid: str, key: str, now: float, **finish_kw: Any
+) -> Run:
+    """Claim the run of task ``key`` (already scheduled) unless held already; finish it."""
+    task = tasks_by_key(store, pid)[key]
+    assert task.status is S.CLAIMED and task.run_id, f"{key} is {task.status}"
+    run = store.get_run(task.run_id)
+    if run.status is RunStatus.PENDING:
+        run = claim_all(store, runner, now)[task.id]
+    return finish(store, run, now, **finish_kw)
+
+
+# ---- importing -------------------------------------------------------------------------------
+
+
+def test_add_tasks_sets_statuses_and_counters(store: Store) -> None:
+    pid = project(store).id
+    result = store.tasks.add_tasks(
+        pid, [spec("a"), spec("b"), spec("c", "a"), spec("d", "a", "b"), spec("e", "d")], {}, NOW
+    )
+    assert result.created == ["a", "b", "c", "d", "e"]
+    tasks = tasks_by_key(store, pid)
+    assert {k: t.status for k, t in tasks.items()} == {
+        "a": S.READY,
+        "b": S.READY,
+        "c": S.BLOCKED,
+        "d": S.BLOCKED,
+        "e": S.BLOCKED,
+    }
+    assert {k: t.remaining_blockers for k, t in tasks.items()} == {
+        "a": 0,
+        "b": 0,
+        "c": 1,
+        "d": 2,
+        "e": 1,
+    }
+    assert tasks["d"].blocked_by == ("a", "b")
+    assert all(t.attempts == 0 and t.run_id is None for t in tasks.values())
+
+
+def test_reimport_is_idempotent_and_changes_only_content(store: Store) -> None:
+    pid = project(store).id
+    plan = [spec("a"), spec("b", "a"), spec("c", "b")]
+    store.tasks.add_tasks(pid, plan, {}, NOW)
+    before, updates = store.tasks.list_tasks(pid), task_updates(store)
+
+    again = store.tasks.add_tasks(pid, plan, {}, NOW + 10)
+    assert (again.created, again.updated, again.unchanged) == ([], [], ["a", "b", "c"])
+    assert store.tasks.list_tasks(pid) == before
+    assert task_updates(store) == updates  # nothing written
+
+    changed = [spec("a"), spec("b", "a", title="b, better"), spec("c", "b")]
+    result = store.tasks.add_tasks(pid, changed, {}, NOW + 20)
+    assert (result.created, result.updated, result.unchanged) == ([], ["b"], ["a", "c"])
+    b = tasks_by_key(store, pid)["b"]
+    assert b.title == "b, better" and b.status is S.BLOCKED and b.remaining_blockers == 1
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ([spec("b", "c")], "dependencies"),  # b exists without dependencies
+        ([spec("x", "y"), spec("y", "x")], "cycle"),
+        ([spec("x", "nope")], "unknown task 'nope'"),
+        ([spec("x", "x")], "depends on itself"),
+        ([spec("x"), spec("x")], "duplicate"),
+        ([spec("A")], "duplicate"),  # differs from the stored a only in case
+    ],
+    ids=["changed-deps", "cycle", "unknown", "self", "duplicate", "case-duplicate"],
+)
+def test_a_bad_import_writes_nothing(store: Store, bad: list[TaskSpec], message: str) -> None:
+    pid = project(store).id
+    store.tasks.add_tasks(pid, [spec("a"), spec("b"), spec("c")], {}, NOW)
+    before, updates = store.tasks.list_tasks(pid), task_updates(store)
+    # A content change and a new task come first: neither may stay behind.
+    with pytest.raises(InvalidRequest, match=message):
+        store.tasks.add_tasks(
+            pid, [spec("a", title="new title"), spec("new"), *bad], {}, NOW + 10, digest="d1"
+        )
+    assert store.tasks.list_tasks(pid) == before
+    assert task_updates(store) == updates
+    assert store.tasks.get_project(pid).plan_digest is None
+
+
+def test_a_started_task_cannot_change(store: Store) -> None:
+    pid = project(store).id
+    store.tasks.add_tasks(pid, [spec("a")], {}, NOW)
+    store.tasks.start(pid, 1, NOW)
+    with pytest.raises(InvalidRequest, match="no longer change"):
+        store.tasks.add_tasks(pid, [spec("a", title="other")], {}, NOW + 1)
+    assert tasks_by_key(store, pid)["a"].title == "task a"
+
+
+# ---- claiming --------------------------------------------------------------------------------
+
+
+def test_start_claims_up_to_workers_by_priority_atomically(store: Store) -> None:
+    pid = project(store).id
+    store.tasks.add_tasks(
+        pid,
+        [
+            spec("low", priority=-5),
+            spec("mid"),
+            spec("high", priority=10),
+            spec("higher", priority=20),
+            spec("waits", "low", priority=100),
+        ],
+        {},
+        NOW,
+    )
+    runs = store.tasks.start(pid, 2, NOW)
+    tasks = tasks_by_key(store, pid)
+    assert sorted(r.task_id for r in runs if r.task_id) == sorted(
+        [tasks["higher"].id, tasks["high"].id]
+    )
+    assert {k for k, t in tasks.items() if t.status is S.CLAIMED} == {"higher", "high"}
+    for run in runs:
+        stored = store.get_run(run.id)
+        assert stored.type is RunType.TASK and stored.status is RunStatus.PENDING
+        task = next(t for t in tasks.values() if t.id == stored.task_id)
+        assert task.run_id == stored.id and task.attempts == 1
+        assert stored.prompt == task.prompt and stored.project_dir == "/repo"
+    assert len(task_runs(store)) == 2
+    assert store.tasks.get_project(pid).workers == 2
+    # Nothing more while both workers are busy.
+    assert store.tasks.schedule(pid, NOW + 1) == []
+
+
+def test_a_paused_project_claims_nothing_until_resumed(store: Store) -> None:
+    pid = project(store).id
+    store.tasks.add_tasks(pid, [spec("a"), spec("b")], {}, NOW)
+    assert store.tasks.set_paused(pid, True, NOW, "by hand") == []
+    assert store.tasks.start(pid, 2, NOW) == []
+    assert store.tasks.schedule(pid, NOW + 1) == []
+    p = store.tasks.get_project(pid)
+    assert p.paused and p.pause_reason == "by hand"
+    assert set(statuses(store, pid).values()) == {S.READY}
+    assert task_runs(store) == []
+
+    runs = store.tasks.set_paused(pid, False, NOW + 2)
+    assert len(runs) == 2
+    assert set(statuses(store, pid).values()) == {S.CLAIMED}
+    p = store.tasks.get_project(pid)
+    assert not p.paused and p.pause_reason is None
+
+
+# ---- a whole flow through the run API --------------------------------------------------------
+
+
+def test_full_flow_steps_merge_and_wake_dependents(store: Store) -> None:
+    pid = project(store).id
+    store.tasks.add_tasks(pid, [spec("a"), spec("b"), spec("c", "a", "b"), spec("d", "c")], {}, NOW)
+    runner = register(store)
+    store.tasks.start(pid, 4, NOW)
+    claimed = claim_all(store, runner, NOW + 1)
+    tasks = tasks_by_key(store, pid)
+    run_a = claimed[tasks["a"].id]
+    store.mark_started(run_a.id, runner, run_a.attempts, NOW + 1)
+
+    def step(name: str, data: dict[str, Any], at: float) -> Task:
+        store.record_task_step(run_a.id, runner, run_a.attempts, name, data, at)
+        return tasks_by_key(store, pid)["a"]
+
+    assert step("worktree", {"path": "/wt/a"}, NOW + 2).status is S.IN_PROGRESS
+    a = step("agent", {"session_id": "sess-a", "result": "ok"}, NOW + 3)
+    assert a.status is S.IN_PROGRESS and a.session_id == "sess-a"
+    a = step("committed", {"commit": "c0ffee"}, NOW + 4)
+    assert a.status is S.IN_PROGRESS and a.commit_sha == "c0ffee"
+    a = step("merging", {}, NOW + 5)
+    assert a.status is S.MERGING
+    assert a.steps == {
+        "worktree": {"path": "/wt/a"},
+        "agent": {"session_id": "sess-a", "result": "ok"},
+        "committed": {"commit": "c0ffee"},
+        "merging": {},
+    }
+
+    finish(store, run_a, NOW + 6, outcome="merged", commit="c0ffee", merge_commit="x")
+    tasks = tasks_by_key(store, pid)
+    assert tasks["a"].status is S.COMPLETED
+    assert tasks["a"].merge_sha == "x" and tasks["a"].finished_at == NOW + 6
+    assert tasks["c"].status is S.BLOCKED and tasks["c"].remaining_blockers == 1
+    assert tasks["d"].remaining_blockers == 1
+
+    run_b = claimed[tasks["b"].id]
+    finish(store, run_b, NOW + 7, outcome="already_merged", merge_commit="y")
+    tasks = tasks_by_key(store, pid)
+    assert tasks["b"].status is S.COMPLETED
+    # c's last blocker completed: it became ready and was claimed in that same transaction.
+    c = tasks["c"]
+    assert c.remaining_blockers == 0 and c.status is S.CLAIMED and c.run_id is not None
+    run_c = store.get_run(c.run_id)
+    assert run_c.task_id == c.id and run_c.status is RunStatus.PENDING
+    assert run_c.created_at == NOW + 7
+    assert tasks["d"].status is S.BLOCKED
+
+    run_c = claim_all(store, runner, NOW + 8)[c.id]
+    finish(store, run_c, NOW + 9, outcome="merged", merge_commit="z")
+    d = tasks_by_key(store, pid)["d"]
+    assert d.status is S.CLAIMED
+    run_d = claim_all(store, runner, NOW + 10)[d.id]
+    finish(store, run_d, NOW + 11, outcome="merged", merge_commit="w")
+    assert set(statuses(store, pid).values()) == {S.COMPLETED}
+    assert len(task_runs(store)) == 4
+
+
+def test_a_step_from_an_old_run_is_ignored(store: Store) -> None:
+    pid = project(store, retry_backoff_s=0.0).id
+    store.tasks.add_tasks(pid, [spec("a")], {}, NOW)
+    runner = register(store)
+    store.tasks.start(pid, 1, NOW)
+    tid = tasks_by_key(store, pid)["a"].id
+    first = claim_all(store, runner, NOW)[tid]
+    finish(store, first, NOW + 1, status=RunStatus.FAILED, error="boom", outcome="agent_failed")
+    second = claim_all(store, runner, NOW + 2)[tid]
+    assert second.id != first.id
+    store.record_task_step(second.id, runner, second.attempts, "worktree", {"p": 2}, NOW + 3)
+    # A late report of the first run's (its lease is still its own) changes nothing.
+    store.record_task_step(first.id, runner, first.attempts, "agent", {"late": 1}, NOW + 4)
+    a = tasks_by_key(store, pid)["a"]
+    assert a.steps["worktree"] == {"p": 2} and "agent" not in a.steps
+    assert a.run_id == second.id and a.status is S.IN_PROGRESS
+
+
+# ---- no changes ------------------------------------------------------------------------------
+
+
+def test_no_changes_fails_the_attempt_with_backoff_then_the_task(store: Store) -> None:
+    pid = project(store, on_no_changes="fail", retry_backoff_s=10.0).id
+    store.tasks.add_tasks(pid, [spec("a", max_attempts=2), spec("b", "a")], {}, NOW)
+    runner = register(store)
+    store.tasks.start(pid, 2, NOW)
+    agent = {"session_id": "s1", "result": "nothing to do"}
+    run_task_once(store, runner, pid, "a", NOW + 1, agent_step=agent, outcome="no_changes")
+    a = tasks_by_key(store, pid)["a"]
+    assert a.status is S.READY and a.attempts == 1 and a.run_id is None
+    assert a.last_error == "the agent made no changes"
+    # The next attempt runs the agent again: reusing its result could only fail the same way.
+    assert "agent" not in a.steps
+    # The backoff: not claimed before it ends (10 s after the failure), claimed after.
+    assert store.tasks.schedule(pid, NOW + 10) == []
+    assert store.tasks.schedule_all(NOW + 10.5) == []
+    again = store.tasks.schedule_all(NOW + 11)
+    assert [r.task_id for r in again] == [a.id]
+    run_task_once(store, runner, pid, "a", NOW + 12, outcome="no_changes")
+    tasks = tasks_by_key(store, pid)
+    assert tasks["a"].status is S.FAILED and tasks["a"].attempts == 2
+    assert tasks["a"].last_error == "the agent made no changes"
+    assert tasks["b"].status is S.BLOCKED_BY_FAILURE
+
+
+def test_no_changes_completes_when_the_project_says_so(store: Store) -> None:
+    pid = project(store, on_no_changes="complete").id
+    store.tasks.add_tasks(pid, [spec("a"), spec("b", "a")], {}, NOW)
+    runner = register(store)
+    store.tasks.start(pid, 1, NOW)
+    run_task_once(store, runner, pid, "a", NOW + 1, outcome="no_changes")
+    tasks = tasks_by_key(store, pid)
+    assert tasks["a"].status is S.COMPLETED and tasks["a"].last_error == "no changes"
+    assert tasks["b"].status is S.CLAIMED
+
+
+# ---- merge conflicts, failures, retries ------------------------------------------------------
+
+
+def test_merge_conflict_blocks_dependents_transitively_until_retried(store: Store) -> None:
+    pid = project(store).id
+    store.tasks.add_tasks(pid, [spec("a"), spec("b", "a"), spec("c", "b"), spec("other")], {}, NOW)
+    runner = register(store)
+    store.tasks.start(pid, 1, NOW)  # a first (file order)
+    run_task_once(
+        store,
+        runner,
+        pid,
+        "a",
+        NOW + 1,
+        status=RunStatus.FAILED,
+        error="merge conflict in f.txt",
+        outcome="merge_conflict",
+        commit="abc",
+        conflict="CONFLICT (content): f.txt",
+    )
+    tasks = tasks_by_key(store, pid)
+    assert tasks["a"].status is S.MERGE_CONFLICT
+    assert tasks["a"].conflict == "CONFLICT (content): f.txt"
+    assert tasks["a"].commit_sha == "abc" and tasks["a"].last_error == "merge conflict"
+    assert tasks["b"].status is S.BLOCKED_BY_FAILURE
+    assert tasks["c"].status is S.BLOCKED_BY_FAILURE
+    assert tasks["other"].status is S.CLAIMED  # the freed worker took the next ready task
+
+    store.tasks.stop(pid, NOW + 2)
+    task, runs = store.tasks.retry(pid, "a", NOW + 3)
+    assert task.status is S.READY and task.attempts == 0 and runs == []
+    assert task.steps == {} and task.last_error is None
+    assert task.conflict == "CONFLICT (content): f.txt"  # the next attempt is told about it
+    tasks = tasks_by_key(store, pid)
+    assert tasks["b"].status is S.BLOCKED and tasks["c"].status is S.BLOCKED
+
+
+def test_failure_after_max_attempts_and_partial_retry(store: Store) -> None:
+    pid = project(store, retry_backoff_s=0.0).id
+    store.tasks.add_tasks(
+        pid,
+        [
+            spec("x", max_attempts=2),
+            spec("y", max_attempts=1),
+            spec("both", "x", "y"),
+            spec("after-both", "both"),
+        ],
+        {},
+        NOW,
+    )
+    runner = register(store)
+    store.tasks.start(pid, 2, NOW)
+    now = NOW
+    for attempt in (1, 2):
+        now += 1
+        run_task_once(
+            store,
+            runner,
+            pid,
+            "x",
+            now,
+            status=RunStatus.FAILED,
+            error=f"boom {attempt}",
+            outcome="agent_failed",
+        )
+        if attempt == 1:
+            x = tasks_by_key(store, pid)["x"]
+            assert x.status is S.CLAIMED and x.attempts == 2  # retried at once (no backoff)
+            assert x.last_error == "boom 1"
+    run_task_once(
+        store,
+        runner,
+        pid,
+        "y",
+        now + 1,
+        status=RunStatus.FAILED,
+        error="nope",
+        outcome="agent_failed",
+    )
+    tasks = tasks_by_key(store, pid)
+    assert tasks["x"].status is S.FAILED and tasks["x"].attempts == 2
+    assert tasks["x"].last_error == "boom 2" and tasks["x"].finished_at == now
+    assert tasks["y"].status is S.FAILED and tasks["y"].last_error == "nope"
+    assert tasks["both"].status is S.BLOCKED_BY_FAILURE
+    assert tasks["after-both"].status is S.BLOCKED_BY_FAILURE
+
+    # Retrying x alone: y is still failed, so both (and its dependent) stay put.
+    store.tasks.stop(pid, now + 2)
+    x, _ = store.tasks.retry(pid, "x", now + 3)
+    assert x.status is S.READY and x.attempts == 0
+    tasks = tasks_by_key(store, pid)
+    assert tasks["both"].status is S.BLOCKED_BY_FAILURE
+    assert tasks["after-both"].status is S.BLOCKED_BY_FAILURE
+
+    y, _ = store.tasks.retry(pid, "y", now + 4)
+    assert y.status is S.READY
+    tasks = tasks_by_key(store, pid)
+    assert tasks["both"].status is S.BLOCKED and tasks["both"].remaining_blockers == 2
+    assert tasks["after-both"].status is S.BLOCKED
+
+
+def test_only_settled_failures_can_be_retried(store: Store) -> None:
+    pid = project(store).id
+    store.tasks.add_tasks(pid, [spec("a"), spec("b", "a")], {}, NOW)
+    for key in ("a", "b"):
+        with pytest.raises(Conflict, match="only failed"):
+            store.tasks.retry(pid, key, NOW)
+
+
+# ---- runs lost with their runner ---------------------------------------------------------------
+
+
+def test_a_lost_and_requeued_task_run_leaves_the_task_alone(store: Store) -> None:
+    pid = project(store).id
+    store.tasks.add_tasks(pid, [spec("a")], {}, NOW)
+    store.tasks.start(pid, 1, NOW)
+    runner = register(store, "r1", NOW)
+    a = tasks_by_key(store, pid)["a"]
+    run = claim_all(store, runner, NOW)[a.id]
+    store.mark_started(run.id, runner, run.attempts, NOW)
+    store.record_task_step(run.id, runner, run.attempts, "worktree", {"path": "/wt"}, NOW)
+    result = store.reconcile(NOW + 100, lost_after_s=30, timeout_grace_s=5)
+    assert result.requeued == [run.id]
+    after = tasks_by_key(store, pid)["a"]
+    assert after.status is S.IN_PROGRESS and after.run_id == run.id and after.attempts == 1
+    assert after.steps == {"worktree": {"path": "/wt"}}
+    assert store.get_run(run.id).status is RunStatus.PENDING
+
+    # Another runner takes the same run over and finishes the task.
+    other = register(store, "r2", NOW + 100)
+    again = claim_all(store, other, NOW + 101)[a.id]
+    assert again.id == run.id and again.attempts == 2
+    finish(store, again, NOW + 102, outcome="merged", merge_commit="m")
+    assert tasks_by_key(store, pid)["a"].status is S.COMPLETED
+
+
+@pytest.mark.parametrize("max_attempts", [1, 2])
+def test_a_task_run_failed_by_the_reconciler_fails_the_attempt(
+    store: Store, max_attempts: int
+) -> None:
+    pid = project(store, retry_backoff_s=5.0).id
+    store.tasks.add_tasks(pid, [spec("a", max_attempts=max_attempts), spec("b", "a")], {}, NOW)
+    store.tasks.start(pid, 1, NOW)
+    tid = tasks_by_key(store, pid)["a"].id
+    now = NOW
+    run = None
+    failed: list[str] = []
+    for i in range(10):  # the run's own attempts (5) run out on the way
+        runner = register(store, f"r{i}", now)
+        claimed = claim_all(store, runner, now)
+        if tid not in claimed:
+            break
+        run = claimed[tid]
+        now += 100
+        result = store.reconcile(now, lost_after_s=30, timeout_grace_s=5)
+        failed += result.failed
+    assert run is not None and failed == [run.id]
+    stored = store.get_run(run.id)
+    assert stored.status is RunStatus.FAILED and "no attempts left" in (stored.error or "")
+    a = tasks_by_key(store, pid)["a"]
+    assert a.attempts == 1 and "no attempts left" in (a.last_error or "")
+    if max_attempts == 1:
+        assert a.status is S.FAILED
+        assert tasks_by_key(store, pid)["b"].status is S.BLOCKED_BY_FAILURE
+    else:
+        assert a.status is S.READY and a.run_id is None
+        assert store.tasks.schedule(pid, now) == []  # the backoff
+        assert [r.task_id for r in store.tasks.schedule(pid, now + 5)] == [tid]
+
+
+# ---- cost and budgets ------------------------------------------------------------------------
+
+
+def test_costs_add_up_and_a_project_budget_pauses(store: Store) -> None:
+    pid = project(store, budget_usd=1.0, retry_backoff_s=0.0).id
+    store.tasks.add_tasks(pid, [spec("a", max_attempts=3), spec("b"), spec("c", "b")], {}, NOW)
+    runner = register(store)
+    store.tasks.start(pid, 2, NOW)  # a and b
+    run_task_once(
+        store,
+        runner,
+        pid,
+        "a",
+        NOW + 1,
+        status=RunStatus.FAILED,
+        cost=0.25,
+        error="x",
+        outcome="agent_failed",
+    )
+    run_task_once(store, runner, pid, "a", NOW + 2, cost=0.25, outcome="merged")
+    tasks = tasks_by_key(store, pid)
+    assert tasks["a"].cost_usd == pytest.approx(0.5)
+    assert store.tasks.get_project(pid).cost_usd == pytest.approx(0.5)
+    assert not store.tasks.get_project(pid).paused
+
+    # b's run brings the plan to its budget: paused, and c (now ready) is not claimed.
+    run_task_once(store, runner, pid, "b", NOW + 3, cost=0.5, outcome="merged")
+    tasks = tasks_by_key(store, pid)
+    p = store.tasks.get_project(pid)
+    assert tasks["b"].status is S.COMPLETED and tasks["b"].cost_usd == pytest.approx(0.5)
+    assert p.cost_usd == pytest.approx(1.0)
+    assert p.paused and p.pause_reason and "budget" in p.pause_reason
+    assert tasks["c"].status is S.READY
+    assert store.tasks.schedule(pid, NOW + 4) == []
+    assert store.tasks.schedule_all(NOW + 5) == []
+    assert statuses(store, pid)["c"] is S.READY
+
+
+def test_a_task_budget_fails_the_task_instead_of_retrying(store: Store) -> None:
+    pid = project(store, retry_backoff_s=0.0).id
+    store.tasks.add_tasks(pid, [spec("a", max_attempts=5, budget_usd=1.0), spec("b", "a")], {}, NOW)
+    runner = register(store)
+    store.tasks.start(pid, 1, NOW)
+    run_task_once(
+        store,
+        runner,
+        pid,
+        "a",
+        NOW + 1,
+        status=RunStatus.FAILED,
+        cost=0.6,
+        error="e1",
+        outcome="agent_failed",
+    )
+    assert tasks_by_key(store, pid)["a"].status is S.CLAIMED  # under budget: retried
+    run_task_once(
+        store,
+        runner,
+        pid,
+        "a",
+        NOW + 2,
+        status=RunStatus.FAILED,
+        cost=0.6,
+        error="e2",
+        outcome="agent_failed",
+    )
+    tasks = tasks_by_key(store, pid)
+    a = tasks["a"]
+    assert a.status is S.FAILED and a.attempts == 2
+    assert a.cost_usd == pytest.approx(1.2)
+    assert a.last_error and "budget" in a.last_error and "e2" in a.last_error
+    assert tasks["b"].status is S.BLOCKED_BY_FAILURE
+
+
+# ---- cancel ----------------------------------------------------------------------------------
+
+
+def test_cancel_a_ready_task_then_retry_it(store: Store) -> None:
+    pid = project(store).id
+    store.tasks.add_tasks(pid, [spec("a"), spec("b", "a"), spec("c", "b")], {}, NOW)
+    a = store.tasks.cancel(pid, "a", NOW + 1)
+    assert a.status is S.CANCELLED and a.finished_at == NOW + 1
+    assert statuses(store, pid) == {
+        "a": S.CANCELLED,
+        "b": S.BLOCKED_BY_FAILURE,
+        "c": S.BLOCKED_BY_FAILURE,
+    }
+    assert store.tasks.start(pid, 2, NOW + 2) == []  # nothing ready
+
+    a, runs = store.tasks.retry(pid, "a", NOW + 3)
+    assert a.status is S.CLAIMED and len(runs) == 1  # the plan is running: claimed at once
+    assert statuses(store, pid) == {"a": S.CLAIMED, "b": S.BLOCKED, "c": S.BLOCKED}
+
+
+def test_cancel_a_running_task_then_its_run_ends(store: Store) -> None:
+    pid = project(store).id
+    store.tasks.add_tasks(pid, [spec("a"), spec("b", "a")], {}, NOW)
+    runner = register(store)
+    store.tasks.start(pid, 1, NOW)
+    run = claim_all(store, runner, NOW)[tasks_by_key(store, pid)["a"].id]
+    store.mark_started(run.id, runner, run.attempts, NOW)
+    assert store.tasks.cancel(pid, "a", NOW + 1).status is S.CANCELLED
+    store.request_cancel(run.id, NOW + 1)
+    ended = finish(store, run, NOW + 2, status=RunStatus.FAILED, cost=0.1, error="killed")
+    assert ended.status is RunStatus.CANCELLED
+    tasks = tasks_by_key(store, pid)
+    assert tasks["a"].status is S.CANCELLED and tasks["a"].cost_usd == pytest.approx(0.1)
+    assert tasks["b"].status is S.BLOCKED_BY_FAILURE
+
+
+# ---- concurrency (PostgreSQL) ------------------------------------------------------------------
+
+
+def _run_threads(targets: Sequence[Callable[[], None]], timeout: float = 120.0) -> None:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(targets))
+
+    def wrap(target: Callable[[], None]) -> None:
+        try:
+            barrier.wait()
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrap, args=(t,), daemon=True) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a thread is stuck"
+    if errors:
+        raise errors[0]
+
+
+@postgres_only
+def test_postgres_concurrent_completions_wake_every_dependent(store: Store, store_url: str) -> None:
+    blockers, children, threads, workers = 200, 2000, 8, 600
+    specs = [spec(f"b{i}") for i in range(blockers)]
+    for j in range(children):
+        first = j % blockers
+        second = (first + 1 + (j // blockers) * 7) % blockers  # distinct from first
+        assert second != first
+        specs.append(spec(f"c{j}", f"b{first}", f"b{second}"))
+    pid = project(store).id
+    store.tasks.add_tasks(pid, specs, {}, NOW)
+    started = store.tasks.start(pid, workers, NOW)
+    assert len(started) == blockers  # only the blockers are ready
+
+    runners = [register(store, f"r{i}") for i in range(threads)]
+    held: dict[RunnerId, list[Run]] = {}
+    per = blockers // threads
+    for runner in runners:
+        held[runner] = store.claim_runs(runner, per, NOW + 1)
+    assert sum(len(v) for v in held.values()) == blockers
+
+    opened = [Store.open(store_url) for _ in range(threads)]
+    try:
+
+        def complete(own: Store, runner: RunnerId) -> Callable[[], None]:
+            def work() -> None:
+                for i, run in enumerate(held[runner]):
+                    now = NOW + 2 + i * 0.001
+                    own.mark_started(run.id, runner, run.attempts, now)
+                    own.record_task_step(run.id, runner, run.attempts, "worktree", {}, now)
+                    report = RunReport(
+                        RunStatus.COMPLETED, task={"outcome": "merged", "merge_commit": f"m{i}"}
+                    )
+                    own.finish_run(run.id, runner, run.attempts, report, now)
+
+            return work
+
+        _run_threads([complete(s, r) for s, r in zip(opened, runners, strict=True)])
+    finally:
+        for s in opened:
+            s.close()
+
+    tasks = tasks_by_key(store, pid)
+    by_status = Counter(t.status for t in tasks.values())
+    assert all(tasks[f"b{i}"].status is S.COMPLETED for i in range(blockers))
+    child_tasks = [tasks[f"c{j}"] for j in range(children)]
+    assert [t.key for t in child_tasks if t.status is S.BLOCKED] == []
+    assert all(t.remaining_blockers == 0 for t in child_tasks)
+    assert {t.status for t in child_tasks} <= {S.READY, S.CLAIMED}, by_status
+    claimed = [t for t in child_tasks if t.status is S.CLAIMED]
+    assert len(claimed) == workers  # every free worker took a child, no more
+    # Each claimed child has exactly one run, and it is the one it names.
+    runs = task_runs(store)
+    per_task = Counter(r.task_id for r in runs)
+    assert len(runs) == blockers + len(claimed)
+    assert all(n == 1 for n in per_task.values())
+    assert all(store.get_run(str(t.run_id)).task_id == t.id for t in claimed)
