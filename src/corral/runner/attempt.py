@@ -95,6 +95,9 @@ class Attempt:
         log.info("run %s: %s", self.run.id, report.status)
         self.after_report()
 
+    def on_result(self, observer: OutputObserver) -> None:
+        """The agent printed its final result (it may still be running)."""
+
     def after_report(self) -> None:
         """Work that may go on after the slot is free again (nothing for a plain run)."""
 
@@ -198,6 +201,7 @@ class Attempt:
                 elif isinstance(seen, ResultSeen) and self._result_at is None:
                     self._result_at = time.monotonic()
                     self._result_seen.set()
+                    self.on_result(observer)
 
     # ---- logs ----------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from corral.agents.base import OutputObserver
 from corral.errors import CorralError
 from corral.runner.attempt import Attempt
 from corral.runs import Run, RunReport, RunStatus, RunType
@@ -38,6 +39,7 @@ _CLEANUPS: set[asyncio.Task[None]] = set()
 
 class TaskAttempt(Attempt):
     _mark = 0.0  # when the last step ended (monotonic)
+    _journal: _Journal | None = None
     _cleanup: tuple[Workspace, str, str, Path] | None = None
 
     async def _work(self) -> RunReport:
@@ -56,6 +58,7 @@ class TaskAttempt(Attempt):
         workspace = Workspace(Path(task["repo_path"]))
         steps: dict[str, Any] = dict(task.get("steps") or {})
         journal = _Journal(Path(task["repo_path"]) / ".corral" / "journal" / f"{key}.json")
+        self._journal = None if task.get("conflict") else journal
         if "agent" not in steps and (saved := journal.read(self.run.id)):
             steps["agent"] = saved  # the agent finished but its step never got through
 
@@ -79,13 +82,7 @@ class TaskAttempt(Attempt):
                     task={"outcome": "error"},
                     error=f"the agent left conflict markers in {', '.join(left)}",
                 )
-            agent = {
-                "run_id": self.run.id,
-                "session_id": report.session_id,
-                "result": report.result,
-                "cost_usd": report.cost_usd,
-                "num_turns": report.num_turns,
-            }
+            agent = self._agent_record(report)
             journal.write(self.run.id, agent)
             self._step("agent", agent)
         # The agent's cost is counted with the run it ran in, once.
@@ -159,6 +156,22 @@ class TaskAttempt(Attempt):
             removed = False
         if not removed:
             self._step("cleanup", {"worktree_kept": str(worktree)})
+
+    def _agent_record(self, report: RunReport) -> dict[str, Any]:
+        return {
+            "run_id": self.run.id,
+            "session_id": report.session_id,
+            "result": report.result,
+            "cost_usd": report.cost_usd,
+            "num_turns": report.num_turns,
+        }
+
+    def on_result(self, observer: OutputObserver) -> None:
+        """Journal a successful result the moment it is printed, before the agent exits:
+        a kill -9 from here on does not make the agent run again."""
+        report = observer.outcome(0, None)
+        if self._journal is not None and report.status is RunStatus.COMPLETED:
+            self._journal.write(self.run.id, self._agent_record(report))
 
     def _agent_run(self, task: dict[str, Any], worktree: Path, conflicted: list[str]) -> Run:
         prompt = task["prompt"]
