@@ -129,13 +129,17 @@ class PollTransport:
             self.host.cancel(run_id)
 
     async def _retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Call until it answers. ``NotFound``/``LeaseLost`` (register again) are raised;
+        any other refusal is logged and retried like an outage, never dropped silently."""
         failures = 0
         while True:
             try:
                 return await call()
-            except LinkDown as exc:
+            except (NotFound, LeaseLost):
+                raise
+            except (LinkDown, CorralError) as exc:
                 delay = backoff_delay(failures, cap=self.settings.max_backoff_s)
-                log.warning("%s: coordinator unreachable (%s); retry in %.1fs", what, exc, delay)
+                log.warning("%s failed (%s); retry in %.1fs", what, exc, delay)
                 failures += 1
                 await asyncio.sleep(delay)
 
