@@ -17,6 +17,7 @@ import anyio.to_thread
 
 from corral.clock import Clock
 from corral.coordinator.connections import Connections
+from corral.coordinator.link_core import Outcome, apply_event, wakeups
 from corral.coordinator.notifier import (
     RUNS_AVAILABLE,
     Notifier,
@@ -27,19 +28,14 @@ from corral.coordinator.notifier import (
 from corral.coordinator.requests import build_new_run
 from corral.coordinator.schemas import (
     CreateRun,
-    FinishedEvent,
-    LogsEvent,
     RegisterRunner,
     RunnerEvent,
-    SessionEvent,
-    StartedEvent,
-    TaskStepEvent,
 )
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import CorralError
 from corral.ids import RunId, RunnerId
 from corral.runners import Runner, RunnerState
-from corral.runs import AgentSpec, Run, RunReport, RunStatus
+from corral.runs import AgentSpec, Run, RunReport
 from corral.store import Held, LogEntry, LogLine, Reconciled, RunnerSync, Store
 
 log = logging.getLogger("corral.coordinator")
@@ -209,59 +205,15 @@ class Coordinator:
     ) -> list[CorralError | None]:
         """Apply a runner's batched reports in order, in one trip off the event loop."""
 
-        def apply_all() -> list[tuple[CorralError | None, Run | None]]:
+        def apply_all() -> list[Outcome]:
             return [self._apply_event(runner_id, event) for event in events]
 
         outcomes = await self._db(apply_all)
-        requeued = False
-        for event, (_, run) in zip(events, outcomes, strict=True):
-            if isinstance(event, LogsEvent | FinishedEvent):
-                self.notifier.notify(logs_topic(event.run_id))
-            # A requeued run, or a task run whose end let the scheduler claim more tasks.
-            requeued = requeued or (
-                run is not None and (run.status is RunStatus.PENDING or run.task_id is not None)
-            )
-        if requeued:
-            self.notifier.notify(RUNS_AVAILABLE)
+        self.notifier.notify(*wakeups(events, outcomes))
         return [error for error, _ in outcomes]
 
-    def _apply_event(
-        self, runner_id: str, event: RunnerEvent
-    ) -> tuple[CorralError | None, Run | None]:
-        now = self.clock.now()
-        try:
-            if isinstance(event, StartedEvent):
-                self.store.mark_started(event.run_id, runner_id, event.attempt, now)
-            elif isinstance(event, SessionEvent):
-                self.store.record_session(
-                    event.run_id, runner_id, event.attempt, event.session_id, now
-                )
-            elif isinstance(event, LogsEvent):
-                lines = [LogLine(x.line_no, x.stream, x.text, x.ts) for x in event.lines]
-                self.store.append_logs(event.run_id, runner_id, event.attempt, lines)
-            elif isinstance(event, TaskStepEvent):
-                self.store.record_task_step(
-                    event.run_id, runner_id, event.attempt, event.step, event.data, now
-                )
-            else:
-                report = RunReport(
-                    status=RunStatus(event.status),
-                    exit_code=event.exit_code,
-                    error=event.error,
-                    result=event.result,
-                    session_id=event.session_id,
-                    cost_usd=event.cost_usd,
-                    usage=event.usage,
-                    num_turns=event.num_turns,
-                    retry_after_s=event.retry_after_s,
-                    task=event.task,
-                )
-                return None, self.store.finish_run(
-                    event.run_id, runner_id, event.attempt, report, now
-                )
-        except CorralError as exc:
-            return exc, None
-        return None, None
+    def _apply_event(self, runner_id: str, event: RunnerEvent) -> Outcome:
+        return apply_event(self.store, runner_id, event, self.clock.now())
 
     # ---- reconciliation ------------------------------------------------------------------
 

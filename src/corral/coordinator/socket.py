@@ -6,27 +6,39 @@ session and carries out what the session asks: register the runner, apply its ev
 the runner is active it pushes work: pending runs are claimed into the runner's free
 slots together with their numbered start commands (one transaction), cancellations
 become numbered cancel commands — all stored before they are sent, so a restarted
-coordinator resends whatever the runner had not acknowledged.
+coordinator resends whatever the runner had not acknowledged. What touches the store is
+``LinkCore`` (synchronous, run here in a thread); this module only moves frames and waits.
+
+The read loop never waits on the store after registration: applying events, persisting
+command acks and marking a runner draining go, in order, to one worker task. A ping read
+late is a heartbeat written late, and a slow database then makes a working runner look
+lost, its runs given to others while it still runs them (found by ``tests/sim``).
+
+After registration only the push loop sends commands, and it sends the store's queue
+from a cursor (``_sent_idx``) rather than what it just added: a command stored by the
+read loop (``abandon_run``) or by an older socket of the same runner (still open because
+the coordinator has not yet noticed it broke) is never lost or sent after a higher index,
+which the runner would drop as a duplicate (found by ``tests/sim``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import TypeAdapter, ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from corral.coordinator.connections import Connections
+from corral.coordinator.link_core import LinkCore
 from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic, wait_any
-from corral.coordinator.schemas import RunnerEvent, run_assignment_json
 from corral.coordinator.service import Coordinator
 from corral.errors import CorralError
-from corral.ids import RunId
+from corral.ids import RunId, RunnerId
 from corral.protocol import messages as m
 from corral.protocol.outputs import (
     Alive,
@@ -40,15 +52,15 @@ from corral.protocol.outputs import (
 )
 from corral.protocol.server import ServerSession
 from corral.runners import RunnerState
-from corral.runs import Run
-from corral.store.link import Command
 
 log = logging.getLogger("corral.coordinator")
+_accepted = itertools.count(1)  # sockets in the order they opened: the newer one wins
 
 
 class SocketLink:
     def __init__(self, coordinator: Coordinator, ws: WebSocket) -> None:
         self.coordinator = coordinator
+        self.core = LinkCore(coordinator.store, coordinator.settings)
         self.ws = ws
         settings = coordinator.settings
         self.session = ServerSession(
@@ -57,12 +69,16 @@ class SocketLink:
             ping_interval_s=settings.ws_ping_interval_s,
             ack_interval_s=settings.ws_ack_interval_s,
         )
-        self.runner_id: str | None = None
+        self.seq = next(_accepted)
+        self.runner_id: RunnerId | None = None
         self.closed = asyncio.Event()
         self.slots_changed = asyncio.Event()
         self.draining = False
+        self.left = False  # the runner closed as one that shuts down (its work has stopped)
         self._send_lock = asyncio.Lock()
         self._cancels_sent: set[RunId] = set()
+        self._sent_idx = 0  # commands sent on this socket, up to here
+        self._work: asyncio.Queue[Apply | CommandsAcked | Stopping] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -71,7 +87,11 @@ class SocketLink:
 
     async def run(self) -> None:
         await self.ws.accept()
-        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._tick())]
+        self._tasks = [
+            asyncio.create_task(self._read()),
+            asyncio.create_task(self._tick()),
+            asyncio.create_task(self._store_work()),
+        ]
         try:
             await self.closed.wait()
         finally:
@@ -92,7 +112,10 @@ class SocketLink:
                     await self._handle(self.session.receive_error(exc))
                     continue
                 await self._handle(self.session.receive(message, time.time()))
-        except (WebSocketDisconnect, RuntimeError, KeyError):
+        except WebSocketDisconnect as exc:
+            self.left = exc.code == m.CLOSE_NORMAL and exc.reason == m.REASON_RUNNER_SHUTDOWN
+            self.closed.set()
+        except (RuntimeError, KeyError):
             self.closed.set()
 
     async def _tick(self) -> None:
@@ -113,19 +136,32 @@ class SocketLink:
             elif isinstance(out, Close):
                 await self._close(out.code, out.reason)
             elif isinstance(out, Register):
-                await self._register(out.init)
-            elif isinstance(out, Apply):
-                await self._apply(out.events)
-            elif isinstance(out, CommandsAcked):
-                assert self.runner_id is not None
-                await self.coordinator._db(
-                    self.coordinator.store.link.acknowledge, self.runner_id, out.last_command_idx
-                )
+                await self._register(out.init)  # the runner sends nothing until it is answered
+            elif isinstance(out, Apply | CommandsAcked):
+                self._work.put_nowait(out)
             elif isinstance(out, Alive):
                 if self.runner_id is not None:
                     self.connections.pinged.add(self.runner_id)
             elif isinstance(out, Stopping):
-                await self._mark_draining()
+                self.draining = True  # no more claims from now on; the store learns in turn
+                self.slots_changed.set()
+                self._work.put_nowait(out)
+
+    async def _store_work(self) -> None:
+        """What the read loop handed over, in order, one store call at a time."""
+        while True:
+            out = await self._work.get()
+            assert self.runner_id is not None  # nothing is handed over before registration
+            if isinstance(out, Apply):
+                await self._apply(out.events)
+            elif isinstance(out, CommandsAcked):
+                await self.coordinator._db(
+                    self.core.acknowledge, self.runner_id, out.last_command_idx
+                )
+            else:
+                await self.coordinator._db(
+                    self.core.draining, self.runner_id, self.coordinator.clock.now()
+                )
 
     async def _send(self, message: Any) -> None:
         async with self._send_lock:
@@ -139,97 +175,65 @@ class SocketLink:
             self.closed.set()
 
     async def _register(self, init: m.ToServerInit) -> None:
-        coordinator, store = self.coordinator, self.coordinator.store
-        runner, _ = await coordinator._db(
-            store.register_runner,
-            name=init.name,
-            hostname=str(init.metadata.get("hostname", "")),
-            labels=list(init.labels),
-            slots=init.total_slots,
-            version=init.version,
-            transport="websocket",
-            now=coordinator.clock.now(),
-            runner_id=init.runner_id,
-            held=None,
-            lost_after_s=coordinator.settings.ws_lost_after_s,
-        )
-        self.runner_id = runner.id
-        same = init.runner_id == runner.id
-        state = await coordinator._db(store.link.state, runner.id)
-        missed = await coordinator._db(
-            store.link.unacknowledged,
-            runner.id,
-            max(init.last_command_idx, state.acked_command_idx) if same else 0,
-        )
-        previous = self.connections.by_runner.get(runner.id)
-        self.connections.by_runner[runner.id] = self
+        coordinator = self.coordinator
+        registration = await coordinator._db(self.core.register, init, coordinator.clock.now())
+        runner_id = self.runner_id = registration.runner_id
+        previous = self.connections.by_runner.get(runner_id)
+        if previous is not None and previous is not self and previous.seq > self.seq:
+            # A newer socket of the runner registered while this one waited on the store:
+            # this one is stale (the runner has left it) and must not evict the newer.
+            await self._handle(self.session.evict())
+            return
+        self.connections.by_runner[runner_id] = self
         if previous is not None and previous is not self:
             await previous._handle(previous.session.evict())  # the newer socket wins
+        same = init.runner_id == runner_id
+        missed = registration.missed
+        self._sent_idx = max([c.idx for c in missed], default=init.last_command_idx if same else 0)
         await self._handle(
             self.session.registered(
-                runner.id,
-                state.last_event_idx if same else 0,
-                [m.Indexed(c.idx, c.body) for c in missed],
-                time.time(),
+                runner_id, registration.last_event_idx, registration.missed, time.time()
             )
         )
         coordinator.notifier.notify(RUNS_AVAILABLE)
         self._tasks.append(asyncio.create_task(self._push_work()))
         log.info(
-            "runner %s connected (%s, %d slots, websocket)", runner.id, init.name, init.total_slots
+            "runner %s connected (%s, %d slots, websocket)", runner_id, init.name, init.total_slots
         )
 
     async def _apply(self, events: tuple[m.Indexed, ...]) -> None:
         assert self.runner_id is not None
-        runner_id = self.runner_id
-        parsed = _parse_events(events)
-        outcomes = await self.coordinator.apply_events(runner_id, parsed) if parsed else []
-        last = events[-1].idx
-        await self.coordinator._db(self.coordinator.store.link.events_applied, runner_id, last)
-        refused = [
-            e.run_id
-            for e, error in zip(parsed, outcomes, strict=True)
-            if error is not None and error.code == "lease_lost"
-        ]
-        if refused:  # the run is not ours any more on the coordinator's side: stop it there
-            await self._push([{"type": "abandon_run", "run_id": r} for r in dict.fromkeys(refused)])
-        if any(e.type == "finished" for e in parsed):
+        coordinator = self.coordinator
+        applied = await coordinator._db(
+            self.core.apply, self.runner_id, events, coordinator.clock.now()
+        )
+        coordinator.notifier.notify(*applied.wake)
+        if applied.finished or applied.abandon:
+            # A slot may be free; abandon_run commands (runs no longer the runner's) were
+            # stored: the push loop sends them, in order after what it has sent.
             self.slots_changed.set()
-        await self._handle(self.session.applied(last))
+            if applied.abandon:
+                self._announce(self.runner_id)
+        await self._handle(self.session.applied(applied.last_idx))
 
-    async def _mark_draining(self) -> None:
-        self.draining = True
-        self.slots_changed.set()
-        if self.runner_id is not None:
-            await self.coordinator._db(
-                self.coordinator.store.set_runner_state,
-                self.runner_id,
-                RunnerState.DRAINING,
-                self.coordinator.clock.now(),
-            )
+    def _announce(self, runner_id: RunnerId) -> None:
+        """New commands are stored: if this socket is not the runner's newest, wake the
+        newest, which sends them."""
+        if self.connections.by_runner.get(runner_id) is not self:
+            self.coordinator.notifier.notify(runner_topic(runner_id))
 
     async def _forget(self) -> None:
         if self.runner_id is None or self.connections.by_runner.get(self.runner_id) is not self:
             return
         del self.connections.by_runner[self.runner_id]
-        if self.draining:  # it said it was stopping, and now it has gone: stopped
-            with contextlib.suppress(CorralError):
-                await self.coordinator._db(
-                    self.coordinator.store.set_runner_state,
-                    self.runner_id,
-                    RunnerState.STOPPED,
-                    self.coordinator.clock.now(),
-                )
-            self.coordinator.notifier.notify(RUNS_AVAILABLE)
+        coordinator = self.coordinator
+        # It said it was stopping, and then it left: stopped. Not if the socket just broke.
+        if await coordinator._db(
+            self.core.gone, self.runner_id, self.draining and self.left, coordinator.clock.now()
+        ):
+            coordinator.notifier.notify(RUNS_AVAILABLE)
 
     # ---- pushing work --------------------------------------------------------------------
-
-    async def _push(self, bodies: list[dict[str, Any]]) -> None:
-        assert self.runner_id is not None
-        commands = await self.coordinator._db(
-            self.coordinator.store.link.push, self.runner_id, bodies, self.coordinator.clock.now()
-        )
-        await self._handle(self.session.push(_indexed(commands)))
 
     async def _push_work(self) -> None:
         """Fill free slots with pending runs and pass cancellations on, as they come."""
@@ -239,52 +243,27 @@ class SocketLink:
             runs_event = coordinator.notifier.event(RUNS_AVAILABLE)
             orders = coordinator.notifier.event(runner_topic(runner_id))
             self.slots_changed.clear()
-            if not self.draining:
-                try:
-                    commands = await coordinator._db(
-                        coordinator.store.link.claim_into_commands,
-                        runner_id,
-                        coordinator.clock.now(),
-                        _start_body,
-                    )
-                except CorralError as exc:  # lost or stopped meanwhile: it must reconnect
-                    log.warning("runner %s: %s", runner_id, exc)
-                    await self._close(m.CLOSE_GOING_AWAY, m.REASON_RUNNER_LOST)
-                    return
-                if commands:
-                    await self._handle(self.session.push(_indexed(commands)))
-            cancels = await coordinator._db(coordinator.store.cancel_requests, runner_id)
-            new = [r for r in cancels if r not in self._cancels_sent]
-            if new:
-                self._cancels_sent.update(new)
-                await self._push([{"type": "cancel_run", "run_id": r} for r in new])
+            try:
+                commands = await coordinator._db(
+                    self.core.push_work,
+                    runner_id,
+                    coordinator.clock.now(),
+                    self._cancels_sent,
+                    claim=not self.draining,
+                    after=self._sent_idx,
+                )
+            except CorralError as exc:  # lost or stopped meanwhile: it must reconnect
+                log.warning("runner %s: %s", runner_id, exc)
+                await self._close(m.CLOSE_GOING_AWAY, m.REASON_RUNNER_LOST)
+                return
+            if commands:
+                await self._handle(self.session.push(commands))
+                self._sent_idx = max(self._sent_idx, commands[-1].idx)  # once sent, not before
+                self._announce(runner_id)
             await wait_any(
                 [runs_event, orders, self.slots_changed, self.closed],
                 coordinator.settings.poll_timeout_s,
             )
-
-
-def _start_body(run: Run) -> dict[str, Any]:
-    return {"type": "start_run", "run": run_assignment_json(run)}
-
-
-def _indexed(commands: list[Command]) -> list[m.Indexed]:
-    return [m.Indexed(c.idx, c.body) for c in commands]
-
-
-_EVENTS: TypeAdapter[RunnerEvent] = TypeAdapter(RunnerEvent)
-
-
-def _parse_events(events: tuple[m.Indexed, ...]) -> list[RunnerEvent]:
-    """Event bodies as the runner protocol defines them; a malformed one is dropped (and
-    acknowledged with the rest: sending it again would not make it valid)."""
-    parsed = []
-    for event in events:
-        try:
-            parsed.append(_EVENTS.validate_python(event.body))
-        except ValidationError as exc:
-            log.warning("dropping malformed event %d: %s", event.idx, exc)
-    return parsed
 
 
 router = APIRouter(tags=["runner protocol"])

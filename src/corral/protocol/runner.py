@@ -5,13 +5,22 @@
      socket_closed /    │    └────connect────┐       │ socket_closed,
      connect_failed     ▼                    │       │ ToClientClose(other reason)
                       disconnected ◀─────────┴───────┘
-                        (tick: Reconnect after the backoff, StopAllWork once the lost
-                         timer expires)
+                        (tick: Reconnect after the backoff)
     any ──ToClientClose(evicted | stopped), shutdown──▶ closed (terminal)
 
 Every method takes the time and returns outputs for the pump to carry out. Events are
 numbered per runner from 1 and kept until the coordinator acknowledges them, so they survive
 any number of reconnects; commands are executed once each, by index.
+
+The runner holds its runs on a lease: the coordinator declares it lost (and runs its runs
+elsewhere) once it has heard nothing for the lost threshold, counted from the last ping
+it read or the last Init it answered. So once disconnected, the runner counts from the
+same moments as it can see them — when it sent its last answered ping (the Pong echoes
+it) or its answered Init — not from when it noticed the disconnection, which may be later;
+when that runs out it outputs StopAllWork. Its identity is then spent: the next Init
+presents none, so the coordinator registers a new runner and takes back what the old
+identity held — had it kept its id, runs it stopped would stay assigned to it forever.
+(Both found by tests/sim: counting from the disconnection ran runs twice.)
 """
 
 from __future__ import annotations
@@ -100,6 +109,8 @@ class RunnerConnection:
         self._draining = False
         self._stopping_sent = False  # on the current socket
         self._work_stopped = False  # StopAllWork was output since the last successful Init
+        self._connect_at = 0.0  # when the current socket's Init was sent
+        self._lease_at: float | None = None  # the coordinator had heard from us at this time
         # Timers as absolute deadlines; None when not running.
         self._ping_at: float | None = None
         self._ack_at: float | None = None
@@ -134,11 +145,16 @@ class RunnerConnection:
 
     def connect(self, now: float) -> list[RunnerOutput]:
         self._move(RunnerState.CONNECTING)
+        self._connect_at = now
         self._reconnect_at = None
         self._stopping_sent = False
         name, version, slots, labels, metadata = self._hello
+        spent = self._work_stopped  # this identity is spent: see the top
+        runner_id, last_command_idx = (
+            (None, 0) if spent else (self._runner_id, self._last_command_idx)
+        )
         init = wire.ToServerInit(
-            name, version, wire.PROTOCOL_VERSION, slots, self._last_command_idx, self._runner_id,
+            name, version, wire.PROTOCOL_VERSION, slots, last_command_idx, runner_id,
             labels, metadata,
         )  # fmt: skip
         return [Send(init)]
@@ -186,6 +202,13 @@ class RunnerConnection:
         if isinstance(message, wire.ToClientInit):
             if self._state is RunnerState.ACTIVE:
                 raise wire.ProtocolError(wire.DUPLICATE_INIT, "a second ToClientInit on one socket")
+            if self._work_stopped and message.runner_id == self._runner_id:
+                # Our Init left before the lease ran out; the answer keeps the identity whose
+                # runs we have stopped since: they would stay assigned to it. Drop this link;
+                # the next Init presents no identity.
+                raise wire.ProtocolError(
+                    wire.UNEXPECTED_MESSAGE, "ToClientInit for an identity this runner gave up"
+                )
             return self._on_init(message, now)
         if self._state is RunnerState.CONNECTING:
             raise wire.ProtocolError(
@@ -198,6 +221,7 @@ class RunnerConnection:
             return []
         if isinstance(message, wire.ToClientPong):
             self.rtt = max(0.0, now - message.ts)
+            self._lease_at = max(self._lease_at or message.ts, message.ts)
             return []
         if isinstance(message, wire.ToClientDrain):
             return [DrainRequested(message.grace_s)]
@@ -216,7 +240,7 @@ class RunnerConnection:
                     self._acked_command_idx = self._last_command_idx
                 self._ack_at = now + self.ack_interval_s
         if self._lost_at is not None and now >= self._lost_at:
-            # Stop before reconnecting: the coordinator may already have rerun our runs.
+            # The lease ran out: the coordinator may be giving our runs to others by now.
             out.append(StopAllWork())
             self._lost_at = None
             self._work_stopped = True
@@ -259,6 +283,7 @@ class RunnerConnection:
             self._stopping_sent = True
             out.append(Send(wire.ToServerStopping()))
         self._attempt = 0
+        self._lease_at = self._connect_at  # it registered us after our Init was sent
         self._lost_at = self._reconnect_at = None
         self._work_stopped = False
         self._ping_at = now + self.ping_interval_s
@@ -280,10 +305,11 @@ class RunnerConnection:
     def _lose_link(self, now: float) -> list[RunnerOutput]:
         self._move(RunnerState.DISCONNECTED)
         self._ping_at = self._ack_at = None
-        # The lost timer runs from the first disconnection until an Init succeeds; before we
-        # ever had an identity there is no work to lose.
-        if self._runner_id is not None and self._lost_at is None and not self._work_stopped:
-            self._lost_at = now + self.lost_threshold_s
+        # The lease runs out a threshold after the coordinator last heard from us (an
+        # answered ping or Init); before we ever had an identity there is no work to lose.
+        lease_at = self._lease_at
+        if lease_at is not None and self._lost_at is None and not self._work_stopped:
+            self._lost_at = lease_at + self.lost_threshold_s
         delay = backoff_delay(
             self._attempt, base=1.0, cap=self._max_backoff_s, jitter=0.25, rng=self._rng
         )

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 from typing import Any
 
 from corral.agents.registry import executor_for
@@ -37,6 +38,7 @@ class Runner:
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
         self._draining = asyncio.Event()
+        self._drain_deadline: float | None = None  # a forced drain's end (monotonic)
         self.base_env = dict(os.environ)
 
     @property
@@ -71,8 +73,13 @@ class Runner:
         await self.transport.close()
         log.info("runner %s stopped", self.runner_id)
 
-    def drain(self) -> None:
-        """Stop claiming; running work may finish within the drain grace period."""
+    def drain(self, grace_s: float | None = None) -> None:
+        """Stop claiming; running work may finish within the drain grace period (or within
+        ``grace_s``, when the coordinator forces a drain with a shorter one)."""
+        grace_s = self.settings.drain_grace_s if grace_s is None else grace_s
+        deadline = time.monotonic() + grace_s
+        if self._drain_deadline is None or deadline < self._drain_deadline:
+            self._drain_deadline = deadline
         if not self._draining.is_set():
             log.info("runner %s draining (%d running)", self.runner_id, len(self.attempts))
         self._draining.set()
@@ -85,7 +92,10 @@ class Runner:
     async def _finish_work(self) -> None:
         pending = set(self._tasks)
         if pending:
-            _, still = await asyncio.wait(pending, timeout=self.settings.drain_grace_s)
+            grace_s = self.settings.drain_grace_s
+            if self._drain_deadline is not None:
+                grace_s = max(0.0, self._drain_deadline - time.monotonic())
+            _, still = await asyncio.wait(pending, timeout=grace_s)
             if still:
                 for attempt in self.attempts.values():
                     attempt.shutdown()  # gives the attempt back: another runner takes it

@@ -255,11 +255,15 @@ class WebSocketTransport:
                 log.warning("away longer than the runner-lost threshold: stopping all work")
                 self.host.stop_all_work()
             elif isinstance(out, DrainRequested):
-                log.info("the coordinator asks this runner to drain")
-                self.host.drain()
+                log.info("the coordinator asks this runner to drain within %ss", out.grace_s)
+                self.host.drain(out.grace_s)
             elif isinstance(out, Closed) and not out.reconnect and not self._over.is_set():
                 log.warning("coordinator closed the link: %s", out.reason)
                 self._over.set()
+                if out.reason == wire.REASON_STOPPED:
+                    # The coordinator has already given our runs back to pending: running
+                    # them on would run them twice.
+                    self.host.stop_all_work()
                 self.host.drain()
 
     def _execute(self, body: dict[str, Any]) -> None:

@@ -335,16 +335,25 @@ class Store:
         runner_id: str | None = None,
         held: Sequence[Held] | None = (),
         lost_after_s: float | None = None,
+        revive: bool = True,
     ) -> tuple[Runner, RunnerSync]:
         """Register a new runner, or bring back a known one (after a network cut or a
         coordinator restart) and tell it which of the runs it still holds are its own.
 
         ``held=None``: the runner's link replays its own state (WebSocket), nothing to sync.
-        ``lost_after_s``: its own silence threshold (else the coordinator's)."""
+        ``lost_after_s``: its own silence threshold (else the coordinator's).
+        ``revive=False``: a runner declared lost or stopped comes back as a new runner (the
+        WebSocket link: its runs were taken back, so the commands and events numbered for
+        its old identity are void, and a new id tells the runner to stop and start over).
+        Checked in this transaction: a reconciler cannot declare it lost in between."""
         if slots < 1:
             raise InvalidRequest("a runner needs at least one slot")
         with self.db.transaction() as tx:
-            known = runner_id and tx.one("SELECT id FROM runners WHERE id = ?", (runner_id,))
+            known = runner_id and tx.one(
+                f"SELECT id, state FROM runners WHERE id = ? {self.db.lock_rows()}", (runner_id,)
+            )
+            if known and not revive and known["state"] in (RunnerState.LOST, RunnerState.STOPPED):
+                known = None
             values = (
                 name,
                 hostname,

@@ -17,6 +17,7 @@ from corral.protocol.messages import (
     REASON_EVICTED,
     REASON_RUNNER_SHUTDOWN,
     REASON_STOPPED,
+    UNEXPECTED_MESSAGE,
     Indexed,
     ProtocolError,
     ToClientAckEvents,
@@ -380,14 +381,70 @@ def test_lost_timer_fires_while_a_connect_is_pending() -> None:
     assert runner.tick(T0 + 15) == [StopAllWork()]
 
 
-def test_a_successful_init_cancels_the_lost_timer() -> None:
+def test_a_successful_init_renews_the_lease_and_answered_pings_keep_it() -> None:
     runner = connected(T0)
     runner.socket_closed(T0)
     runner.connect(T0 + 1)
-    runner.receive(init(), T0 + 1)
+    runner.receive(init(), T0 + 1)  # the coordinator heard from us at T0 + 1
+    for t in range(4, 100, 3):  # a ping every 3 s, each answered
+        assert Send(ToServerPing(T0 + t)) in runner.tick(T0 + t)
+        assert runner.receive(ToClientPong(T0 + t), T0 + t + 0.5) == []
     assert StopAllWork() not in runner.tick(T0 + 100)
-    runner.socket_closed(T0 + 200)  # a new disconnection starts a new timer
-    assert runner.tick(T0 + 215).count(StopAllWork()) == 1
+    runner.socket_closed(T0 + 100)  # the lease runs from the last answered ping, T0 + 97
+    assert StopAllWork() not in runner.tick(T0 + 111.9)
+    assert runner.tick(T0 + 112).count(StopAllWork()) == 1
+
+
+def test_the_lease_counts_from_the_last_answered_ping_not_the_disconnection() -> None:
+    # The coordinator counts its silence from the last ping it read: after T0 + 3 it may
+    # have read none, so it may give our runs away from T0 + 18 on, not T0 + 23.
+    runner = connected(T0)
+    runner.tick(T0)
+    assert Send(ToServerPing(T0 + 3)) in runner.tick(T0 + 3)
+    runner.receive(ToClientPong(T0 + 3), T0 + 3.2)
+    assert Send(ToServerPing(T0 + 6)) in runner.tick(T0 + 6)  # never answered
+    runner.socket_closed(T0 + 8)
+    assert runner.next_deadline() == T0 + 9  # the reconnect; the lease ends at T0 + 18
+    runner.receive(ToClientPong(T0 + 1), T0 + 8)  # late, from a closed socket: no effect
+    assert StopAllWork() not in runner.tick(T0 + 17.9)
+    assert StopAllWork() in runner.tick(T0 + 18)
+
+
+def test_while_connected_the_lease_is_only_kept_not_enforced() -> None:
+    runner = connected(T0)
+    assert StopAllWork() not in runner.tick(T0 + 60)  # the coordinator reads our pings
+    runner.receive(ToClientPong(T0 + 60), T0 + 61)
+    runner.socket_closed(T0 + 70)
+    assert runner.tick(T0 + 75).count(StopAllWork()) == 1  # from the answered T0 + 60
+
+
+def test_after_stopping_all_work_the_next_init_presents_no_identity() -> None:
+    # Runs it stopped must not stay assigned to its identity: it comes back as a new runner
+    # and the coordinator takes back what the old one held.
+    runner = connected(T0)
+    runner.receive(ToClientCommands((command(1), command(2))), T0)
+    runner.socket_closed(T0)
+    assert StopAllWork() in runner.tick(T0 + 15)
+    (init_sent,) = sent(runner.connect(T0 + 16))
+    assert init_sent.runner_id is None and init_sent.last_command_idx == 0
+    new = RunnerId("rnr_000000000002")
+    assert runner.receive(init(new), T0 + 16) == [Connected(new, fresh=True)]
+    runner.socket_closed(T0 + 17)  # a plain reconnect keeps the new identity
+    (init_sent,) = sent(runner.connect(T0 + 18))
+    assert init_sent.runner_id == new
+
+
+def test_an_init_answered_after_the_lease_ran_out_is_refused() -> None:
+    runner = connected(T0)
+    runner.socket_closed(T0)
+    runner.connect(T0 + 14)  # presents its identity: the lease still holds
+    assert runner.tick(T0 + 15) == [StopAllWork()]
+    with pytest.raises(ProtocolError) as refused:  # the pump closes that socket
+        runner.receive(init(), T0 + 16)
+    assert refused.value.code == UNEXPECTED_MESSAGE
+    assert runner.socket_closed(T0 + 16) == [Disconnected()]
+    (init_sent,) = sent(runner.connect(T0 + 17))
+    assert init_sent.runner_id is None
 
 
 def test_lost_threshold_comes_from_the_server() -> None:

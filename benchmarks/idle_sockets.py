@@ -1,0 +1,231 @@
+"""Idle runner sockets: what one coordinator spends holding N connected, idle runners.
+
+One ``corral serve`` process (SQLite); this process opens N WebSocket connections to
+``/runner/socket`` and speaks the protocol minimally: a valid ``ToServerInit`` per socket
+(distinct names), then nothing but a ``ToServerPing`` every 3 s (frames from the
+coordinator are read and dropped). Like the real runner, the client offers
+permessage-deflate; unlike it, it sends no transport-level keepalive pings. Once all are
+connected and a settling pause is over, it samples the coordinator's CPU
+(/proc/<pid>/stat utime+stime) over the measurement window and its RSS
+(/proc/<pid>/status VmRSS).
+
+    python benchmarks/idle_sockets.py [--sockets 1000] [--measure 30] [--settle 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from corral.protocol import messages as m
+
+CORRAL = str(Path(sys.executable).parent / "corral")
+TICKS = os.sysconf("SC_CLK_TCK")
+PING_S = 3.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+class IdleRunner:
+    def __init__(self, url: str, name: str, compression: str | None) -> None:
+        self.url = url
+        self.name = name
+        self.compression = compression
+        self.ws: ClientConnection | None = None
+        self.runner_id: str | None = None
+        self.pings = 0
+        self.closed: str | None = None
+
+    async def connect(self) -> None:
+        self.ws = await connect(
+            self.url, open_timeout=60, ping_interval=None, compression=self.compression
+        )
+        init = m.ToServerInit(
+            name=self.name,
+            version="idle-bench",
+            protocol_version=m.PROTOCOL_VERSION,
+            total_slots=1,
+            last_command_idx=0,
+            runner_id=None,
+            labels=(),
+            metadata={"hostname": "idle-bench"},
+        )
+        await self.ws.send(m.encode(init))
+        hello = m.decode(await asyncio.wait_for(self.ws.recv(), 60), side="client")
+        assert isinstance(hello, m.ToClientInit), hello
+        self.runner_id = hello.runner_id
+
+    async def live(self) -> None:
+        """Ping every 3 s (first one at a random offset), drop whatever comes in."""
+        assert self.ws is not None
+        ws = self.ws
+
+        async def drop_incoming() -> None:
+            async for _ in ws:
+                pass
+
+        reader = asyncio.create_task(drop_incoming())
+        try:
+            await asyncio.sleep(PING_S * (hash(self.name) % 1000) / 1000)
+            while True:
+                await ws.send(m.encode(m.ToServerPing(time.time())))
+                self.pings += 1
+                await asyncio.sleep(PING_S)
+        except ConnectionClosed as exc:
+            self.closed = (
+                f"{exc.rcvd.code if exc.rcvd else '?'} {exc.rcvd.reason if exc.rcvd else ''}"
+            )
+        finally:
+            reader.cancel()
+
+
+async def open_all(url: str, count: int, batch: int, compression: str | None) -> list[IdleRunner]:
+    runners = [IdleRunner(url, f"idle-{i:04d}", compression) for i in range(count)]
+    for offset in range(0, count, batch):
+        await asyncio.gather(*(r.connect() for r in runners[offset : offset + batch]))
+    return runners
+
+
+async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
+    ws_url = url.replace("http://", "ws://") + "/runner/socket"
+    client_cpu0 = time.process_time()
+    t0 = time.monotonic()
+    rss_before = rss_mib(pid)
+    cpu_at_start = cpu_seconds(pid)
+    compression = None if args.compression == "none" else args.compression
+    runners = await open_all(ws_url, args.sockets, args.batch, compression)
+    connect_s = time.monotonic() - t0
+    connect_cpu = cpu_seconds(pid) - cpu_at_start
+    lives = [asyncio.create_task(r.live()) for r in runners]
+    await asyncio.sleep(args.settle)
+
+    cpu0, wall0, ccpu0 = cpu_seconds(pid), time.monotonic(), time.process_time()
+    samples = []
+    while time.monotonic() - wall0 < args.measure:
+        await asyncio.sleep(min(5.0, args.measure - (time.monotonic() - wall0)))
+        samples.append(rss_mib(pid))
+    wall = time.monotonic() - wall0
+    cpu = cpu_seconds(pid) - cpu0
+    client_cpu = time.process_time() - ccpu0
+    closed = [r for r in runners if r.closed is not None]
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        listed = (await http.get("/runners")).json()["runners"]
+    active = sum(r["state"] == "active" for r in listed)
+
+    for task in lives:
+        task.cancel()
+    await asyncio.gather(*lives, return_exceptions=True)
+    await asyncio.gather(*(r.ws.close() for r in runners if r.ws is not None))
+
+    per_socket_kib = (samples[-1] - rss_before) * 1024 / args.sockets
+    print(
+        f"\nidle sockets on {os.cpu_count()} cores: one `corral serve` (SQLite), {args.sockets} "
+        f"WebSocket runners pinging every {PING_S:.0f} s, compression {args.compression}"
+    )
+    print(
+        f"  connect + Init of all sockets    {connect_s:8.1f} s  "
+        f"(coordinator CPU {connect_cpu:.1f} s)"
+    )
+    print(
+        f"  coordinator CPU, idle            {100 * cpu / wall:8.1f} % of one core "
+        f"({cpu:.2f} s over {wall:.1f} s)"
+    )
+    print(
+        f"  coordinator RSS                  {samples[-1]:8.1f} MiB "
+        f"(before the sockets {rss_before:.1f} MiB; ~{per_socket_kib:.0f} KiB per socket; "
+        f"samples {', '.join(f'{s:.0f}' for s in samples)})"
+    )
+    print(f"  client CPU (this process)        {100 * client_cpu / wall:8.1f} % of one core")
+    print(
+        f"  runners active in the store      {active:8d} / {args.sockets}; "
+        f"sockets closed by the coordinator: {len(closed)}"
+    )
+    print(f"  1-min load average at the end    {os.getloadavg()[0]:8.1f}")
+    print(f"  client CPU overall               {time.process_time() - client_cpu0:8.1f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--sockets", type=int, default=1000)
+    parser.add_argument("--measure", type=float, default=30.0, help="seconds of measurement")
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds before measuring")
+    parser.add_argument("--batch", type=int, default=50, help="sockets opened at once")
+    parser.add_argument(
+        "--compression",
+        choices=["deflate", "none"],
+        default="deflate",
+        help="permessage-deflate offered by the client (the real runner offers it)",
+    )
+    args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = min(hard, max(soft, 2 * args.sockets + 256))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))  # inherited by the coordinator
+
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+        with open(Path(tmp) / "coordinator.log", "wb") as log:
+            proc = subprocess.Popen(
+                [CORRAL, "serve", "--port", str(port), "--db", str(Path(tmp) / "idle.db")],
+                env=env,
+                stdout=log,
+                stderr=log,
+                cwd=tmp,
+                start_new_session=True,
+            )
+            try:
+                end = time.monotonic() + 20
+                while True:
+                    try:
+                        if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    if time.monotonic() > end or proc.poll() is not None:
+                        raise RuntimeError("the coordinator did not come up")
+                    time.sleep(0.05)
+                asyncio.run(bench(args, url, proc.pid))
+            finally:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        tail = (Path(tmp) / "coordinator.log").read_text(errors="replace").splitlines()[-5:]
+        if any("Error" in line or "Traceback" in line for line in tail):
+            print("coordinator log (last lines):\n  " + "\n  ".join(tail))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""The coordinator's end of the runner link as plain store operations: ``LinkCore``.
+
+``ServerSession`` (pure) decides what to ask; ``LinkCore`` does it against the store,
+synchronously and with the time passed in; ``SocketLink`` (the async pump) calls it in a
+thread. The deterministic simulation (``tests/sim``) calls the same methods directly with
+a virtual clock, so what it checks is what the coordinator runs.
+
+    Register ──▶ register()      runner row, last applied event, unacknowledged commands
+    Apply    ──▶ apply()         each event's effect, then ``last_event_idx``, then an
+                                 abandon_run command for every event refused as lease_lost
+    CommandsAcked ──▶ acknowledge()
+    (woken)  ──▶ push_work()     pending runs claimed into start commands, cancel commands,
+                                 then every stored command after the socket's cursor
+    Stopping ──▶ draining()      and once the runner has closed its socket, gone()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from pydantic import TypeAdapter, ValidationError
+
+from corral.coordinator.notifier import RUNS_AVAILABLE, logs_topic
+from corral.coordinator.schemas import (
+    FinishedEvent,
+    LogsEvent,
+    RunnerEvent,
+    SessionEvent,
+    StartedEvent,
+    TaskStepEvent,
+    run_assignment_json,
+)
+from corral.coordinator.settings import CoordinatorSettings
+from corral.errors import CorralError
+from corral.ids import RunId, RunnerId
+from corral.protocol.messages import Indexed, ToServerInit
+from corral.runners import RunnerState
+from corral.runs import Run, RunReport, RunStatus
+from corral.store import LogLine, Store
+from corral.store.link import Command
+
+log = logging.getLogger("corral.coordinator")
+Outcome = tuple[CorralError | None, Run | None]  # an event refused, or the run it finished
+
+_EVENTS: TypeAdapter[RunnerEvent] = TypeAdapter(RunnerEvent)
+
+
+class Registration(NamedTuple):
+    runner_id: RunnerId
+    last_event_idx: int  # the runner's events applied so far (0 for a new identity)
+    missed: list[Indexed]  # commands the runner has not acknowledged, to send again
+
+
+@dataclass(frozen=True)
+class Applied:
+    last_idx: int  # acknowledge up to here
+    refused: list[RunId]  # runs the runner reported on under a lease it no longer has
+    abandon: list[Indexed]  # the abandon_run commands stored for them (push_work sends them)
+    wake: list[str]  # notifier topics: log followers, and pollers if a run went back
+    finished: bool  # a run ended: the runner may have a free slot
+
+
+class LinkCore:
+    def __init__(self, store: Store, settings: CoordinatorSettings) -> None:
+        self.store = store
+        self.settings = settings
+
+    def register(self, init: ToServerInit, now: float) -> Registration:
+        """Look up (or create) the runner that sent ``init``: what it has and has missed."""
+        store = self.store
+        runner, _ = store.register_runner(
+            name=init.name,
+            hostname=str(init.metadata.get("hostname", "")),
+            labels=list(init.labels),
+            slots=init.total_slots,
+            version=init.version,
+            transport="websocket",
+            now=now,
+            runner_id=init.runner_id,
+            held=None,
+            lost_after_s=self.settings.ws_lost_after_s,
+            revive=False,
+        )
+        # A new identity starts over: the first connect, an id the store does not know, or
+        # one it declared lost (its runs went back: commands not yet acknowledged would
+        # start runs that are others' now; the runner stops all work on a new id).
+        same = init.runner_id == runner.id
+        if init.runner_id is not None and not same:
+            store.link.forget(init.runner_id)
+        state = store.link.state(runner.id)
+        missed = store.link.unacknowledged(
+            runner.id, max(init.last_command_idx, state.acked_command_idx) if same else 0
+        )
+        return Registration(runner.id, state.last_event_idx if same else 0, _indexed(missed))
+
+    def apply(self, runner_id: RunnerId, events: Sequence[Indexed], now: float) -> Applied:
+        """Commit the effect of new events in order, then record them as applied."""
+        parsed = parse_events(events)
+        outcomes = [apply_event(self.store, runner_id, event, now) for event in parsed]
+        last = events[-1].idx
+        self.store.link.events_applied(runner_id, last)
+        refused = {
+            (e.run_id, e.attempt): None
+            for e, (error, _) in zip(parsed, outcomes, strict=True)
+            if error is not None and error.code == "lease_lost"
+        }
+        # The run is not the runner's any more: it must stop it. Not so for a late report
+        # of an older attempt of a run this runner holds again: ``abandon_run`` names the
+        # run, and would stop the attempt the runner is meant to be running.
+        stale = {r: a for r, a in refused if not self._holds_newer(runner_id, r, a)}
+        abandon: list[Indexed] = []
+        if stale:
+            bodies = [{"type": "abandon_run", "run_id": r, "attempt": a} for r, a in stale.items()]
+            abandon = self.push(runner_id, bodies, now)
+        return Applied(
+            last_idx=last,
+            refused=[RunId(r) for r, _ in refused],
+            abandon=abandon,
+            wake=wakeups(parsed, outcomes),
+            finished=any(e.type == "finished" for e in parsed),
+        )
+
+    def _holds_newer(self, runner_id: RunnerId, run_id: str, attempt: int) -> bool:
+        run = self.store.get_run(run_id)
+        return run.runner_id == runner_id and run.status.holds_lease and run.attempts > attempt
+
+    def acknowledge(self, runner_id: RunnerId, idx: int) -> None:
+        self.store.link.acknowledge(runner_id, idx)
+
+    def push(
+        self, runner_id: RunnerId, bodies: Sequence[dict[str, Any]], now: float
+    ) -> list[Indexed]:
+        """Number and store commands; send them after this returns."""
+        return _indexed(self.store.link.push(runner_id, bodies, now))
+
+    def push_work(
+        self,
+        runner_id: RunnerId,
+        now: float,
+        cancels_sent: set[RunId],
+        *,
+        claim: bool = True,
+        after: int = 0,
+    ) -> list[Indexed]:
+        """Pending runs claimed into the runner's free slots (with their start commands, one
+        transaction), a cancel command for each newly requested cancel; then every stored
+        command after ``after`` (the last one this socket sent), in order, to send.
+
+        The store's queue is what is sent, not what this call added: commands stored by an
+        ``apply``, or by an older socket of the runner that had not yet noticed it was
+        replaced, go out too, and never after a higher index (the runner would drop them).
+        Commits come in index order (numbering locks the runner's row), so this read never
+        sees a command without those before it.
+
+        ``cancels_sent`` (this socket's, updated here) keeps a cancel from being sent twice;
+        ``claim=False`` for a draining runner. Raises ``CorralError`` (runner_lost) when the
+        runner was declared lost or stopped meanwhile: it must connect again."""
+        link = self.store.link
+        if claim:
+            link.claim_into_commands(runner_id, now, _start_body)
+        new = [r for r in self.store.cancel_requests(runner_id) if r not in cancels_sent]
+        if new:
+            cancels_sent.update(new)
+            self.push(runner_id, [{"type": "cancel_run", "run_id": r} for r in new], now)
+        return _indexed(link.unacknowledged(runner_id, after))
+
+    def draining(self, runner_id: RunnerId, now: float) -> None:
+        """The runner shuts down gracefully: no new work for it."""
+        self.store.set_runner_state(runner_id, RunnerState.DRAINING, now)
+
+    def gone(self, runner_id: RunnerId, left: bool, now: float) -> bool:
+        """The runner's socket closed. ``left``: it said it was stopping, then closed the way
+        a runner that shuts down does (1000 ``corral.runner_shutdown``, once its work has
+        stopped): it is stopped now, and what it still holds goes back to pending (True).
+
+        Any other close — a broken connection, even of a draining runner — may be a runner
+        still running its work that reconnects soon: taking its runs back now would run
+        them twice. The reconciler declares it lost if it stays away its threshold."""
+        if not left:
+            return False
+        with contextlib.suppress(CorralError):
+            self.store.set_runner_state(runner_id, RunnerState.STOPPED, now)
+        return True
+
+
+def parse_events(events: Sequence[Indexed]) -> list[RunnerEvent]:
+    """Event bodies as the runner protocol defines them; a malformed one is dropped (and
+    acknowledged with the rest: sending it again would not make it valid)."""
+    parsed = []
+    for event in events:
+        try:
+            parsed.append(_EVENTS.validate_python(event.body))
+        except ValidationError as exc:
+            log.warning("dropping malformed event %d: %s", event.idx, exc)
+    return parsed
+
+
+def apply_event(store: Store, runner_id: str, event: RunnerEvent, now: float) -> Outcome:
+    """One runner report's effect, as a store operation; a refusal is returned, not raised."""
+    try:
+        if isinstance(event, StartedEvent):
+            store.mark_started(event.run_id, runner_id, event.attempt, now)
+        elif isinstance(event, SessionEvent):
+            store.record_session(event.run_id, runner_id, event.attempt, event.session_id, now)
+        elif isinstance(event, LogsEvent):
+            lines = [LogLine(x.line_no, x.stream, x.text, x.ts) for x in event.lines]
+            store.append_logs(event.run_id, runner_id, event.attempt, lines)
+        elif isinstance(event, TaskStepEvent):
+            store.record_task_step(
+                event.run_id, runner_id, event.attempt, event.step, event.data, now
+            )
+        else:
+            report = RunReport(
+                status=RunStatus(event.status),
+                exit_code=event.exit_code,
+                error=event.error,
+                result=event.result,
+                session_id=event.session_id,
+                cost_usd=event.cost_usd,
+                usage=event.usage,
+                num_turns=event.num_turns,
+                retry_after_s=event.retry_after_s,
+                task=event.task,
+            )
+            return None, store.finish_run(event.run_id, runner_id, event.attempt, report, now)
+    except CorralError as exc:
+        return exc, None
+    return None, None
+
+
+def wakeups(events: Sequence[RunnerEvent], outcomes: Sequence[Outcome]) -> list[str]:
+    """Who to wake after ``events`` were applied: followers of their logs, and pollers if a
+    run went back to pending or a task run ended (the scheduler may claim more tasks)."""
+    topics = [logs_topic(e.run_id) for e in events if isinstance(e, LogsEvent | FinishedEvent)]
+    if any(
+        run is not None and (run.status is RunStatus.PENDING or run.task_id is not None)
+        for _, run in outcomes
+    ):
+        topics.append(RUNS_AVAILABLE)
+    return topics
+
+
+def _start_body(run: Run) -> dict[str, Any]:
+    return {"type": "start_run", "run": run_assignment_json(run)}
+
+
+def _indexed(commands: Sequence[Command]) -> list[Indexed]:
+    return [Indexed(c.idx, c.body) for c in commands]

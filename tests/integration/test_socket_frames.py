@@ -1,0 +1,439 @@
+"""The coordinator's runner socket, frame by frame: a real uvicorn on a free local port, and
+runners played by hand with the ``websockets`` client, speaking ``corral.protocol.messages``.
+
+* A peer that breaks the protocol (a frame that is not JSON, an unknown message, an Init of
+  a future protocol version, anything before Init, no Init within the init timeout) has its
+  socket closed with 1008 and a ``corral.protocol_error:<code>`` / ``corral.init_timeout``
+  reason, while another runner's socket on the same coordinator goes on and completes a run.
+* A second socket with the same runner id evicts the first (``corral.evicted``).
+* Commands the runner has not acknowledged are sent again on its next socket; events it
+  sends again after a reconnect are applied once (by index).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+import uvicorn
+from api_fixtures import BACKENDS, backend_url
+from fastapi import FastAPI
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from corral.coordinator.app import create_app
+from corral.coordinator.service import Coordinator
+from corral.coordinator.settings import CoordinatorSettings
+from corral.protocol import messages as m
+
+pytestmark = pytest.mark.anyio
+
+M = TypeVar("M")
+STEP_S = 10.0  # the bound on any single expected frame (a correctness bound, not a benchmark)
+INIT_TIMEOUT_S = 5.0  # ServerSession's default; the coordinator has no setting for it
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+# ---- the coordinator under a real uvicorn, WebSockets enabled -------------------------------
+
+
+@contextlib.contextmanager
+def socket_server(app: FastAPI) -> Iterator[str]:
+    """Serve ``app`` (lifespan included) with uvicorn's WebSocket support, in a thread."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", ws="websockets-sansio", timeout_graceful_shutdown=2
+    )
+    server = uvicorn.Server(config)
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as exc:  # SystemExit on a failed startup, too
+            errors.append(exc)
+
+    thread = threading.Thread(target=serve, name="uvicorn-socket-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if errors or not thread.is_alive() or time.monotonic() > deadline:
+            pytest.fail(f"uvicorn did not start: {errors}")
+        time.sleep(0.01)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+        assert not thread.is_alive(), "uvicorn did not stop"
+        assert not errors, errors
+
+
+@dataclass
+class Served:
+    app: FastAPI
+    http: httpx.AsyncClient
+    ws_url: str
+
+    @property
+    def coordinator(self) -> Coordinator:
+        coordinator: Coordinator = self.app.state.coordinator
+        return coordinator
+
+    async def create_run(self, *argv: str) -> str:
+        response = await self.http.post("/runs", json={"type": "command", "command": list(argv)})
+        assert response.status_code == 201, response.text
+        run_id: str = response.json()["run_id"]
+        return run_id
+
+    async def run(self, run_id: str) -> dict[str, Any]:
+        response = await self.http.get(f"/runs/{run_id}")
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def log_texts(self, run_id: str) -> list[str]:
+        response = await self.http.get(f"/runs/{run_id}/logs")
+        assert response.status_code == 200, response.text
+        return [line["text"] for line in response.json()["lines"]]
+
+    async def runners(self) -> list[dict[str, Any]]:
+        response = await self.http.get("/runners")
+        assert response.status_code == 200, response.text
+        found: list[dict[str, Any]] = response.json()["runners"]
+        return found
+
+    async def connect(self) -> Peer:
+        return Peer(await connect(f"{self.ws_url}/runner/socket", open_timeout=STEP_S))
+
+
+@contextlib.asynccontextmanager
+async def serve(db_url: str) -> AsyncIterator[Served]:
+    # No reconciler: these tests decide every step themselves (nothing is declared lost).
+    app = create_app(CoordinatorSettings(db_url=db_url, poll_timeout_s=5.0), reconcile=False)
+    with socket_server(app) as address:
+        async with httpx.AsyncClient(base_url=f"http://{address}", timeout=STEP_S) as http:
+            yield Served(app, http, f"ws://{address}")
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
+    async with serve(str(tmp_path / "corral.db")) as found:
+        yield found
+
+
+@pytest.fixture(params=BACKENDS)
+async def served_any(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Served]:
+    """The same, on SQLite and on PostgreSQL (the link's state lives in the store)."""
+    with backend_url(request.param, tmp_path) as url:
+        async with serve(url) as found:
+            yield found
+
+
+# ---- a runner played by hand ----------------------------------------------------------------
+
+
+class Peer:
+    """One runner socket; every receive is bounded by ``STEP_S``."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.runner_id: str | None = None
+
+    async def send(self, message: m.Message) -> None:
+        await self.ws.send(m.encode(message))
+
+    async def send_raw(self, data: str | bytes) -> None:
+        await self.ws.send(data)
+
+    async def recv(self) -> m.ToClientMessage:
+        frame = await asyncio.wait_for(self.ws.recv(), STEP_S)
+        return m.decode(frame, side="client")
+
+    async def expect(self, kind: type[M]) -> M:
+        message = await self.recv()
+        assert isinstance(message, kind), f"expected {kind.__name__}, got {message!r}"
+        return message
+
+    async def init(
+        self,
+        name: str,
+        *,
+        runner_id: str | None = None,
+        last_command_idx: int = 0,
+        slots: int = 1,
+    ) -> m.ToClientInit:
+        await self.send(
+            m.ToServerInit(
+                name=name,
+                version="test",
+                protocol_version=m.PROTOCOL_VERSION,
+                total_slots=slots,
+                last_command_idx=last_command_idx,
+                runner_id=runner_id,  # type: ignore[arg-type]
+                labels=(),
+                metadata={"hostname": f"{name}.test"},
+            )
+        )
+        hello = await self.expect(m.ToClientInit)
+        self.runner_id = hello.runner_id
+        return hello
+
+    async def nothing_pending(self) -> None:
+        """Nothing was sent before now: a ping's pong is the next frame."""
+        await self.send(m.ToServerPing(ts=123.0))
+        assert await self.recv() == m.ToClientPong(ts=123.0)
+
+    async def closed_with(self) -> tuple[int | None, str | None]:
+        """Wait until the coordinator closes this socket; its close code and reason. Frames
+        still arriving before the close are skipped."""
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                await asyncio.wait_for(self.ws.recv(), STEP_S)
+        return self.ws.close_code, self.ws.close_reason
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+
+def started(run_id: str, attempt: int = 1) -> dict[str, Any]:
+    return {"type": "started", "run_id": run_id, "attempt": attempt}
+
+
+def logs(run_id: str, *lines: tuple[int, str], attempt: int = 1) -> dict[str, Any]:
+    return {
+        "type": "logs",
+        "run_id": run_id,
+        "attempt": attempt,
+        "lines": [{"line_no": n, "stream": "stdout", "text": t, "ts": 1.0} for n, t in lines],
+    }
+
+
+def finished(run_id: str, attempt: int = 1) -> dict[str, Any]:
+    return {
+        "type": "finished",
+        "run_id": run_id,
+        "attempt": attempt,
+        "status": "completed",
+        "exit_code": 0,
+    }
+
+
+def events(first_idx: int, *bodies: dict[str, Any]) -> m.ToServerEvents:
+    return m.ToServerEvents(tuple(m.Indexed(first_idx + i, b) for i, b in enumerate(bodies)))
+
+
+def start_commands(message: m.ToClientCommands) -> dict[str, m.Indexed]:
+    """The start_run commands of a frame, by run id."""
+    return {c.body["run"]["run_id"]: c for c in message.commands if c.body["type"] == "start_run"}
+
+
+async def complete_a_run(served: Served, peer: Peer, first_event_idx: int = 1) -> str:
+    """Create a run, receive it on ``peer`` (one slot), report it done; the run id."""
+    run_id = await served.create_run("true")
+    (command,) = (await peer.expect(m.ToClientCommands)).commands
+    assert command.body["type"] == "start_run" and command.body["run"]["run_id"] == run_id
+    attempt = command.body["run"]["attempts"]
+    await peer.send(events(first_event_idx, started(run_id, attempt), finished(run_id, attempt)))
+    ack = await peer.expect(m.ToClientAckEvents)
+    assert ack.last_event_idx == first_event_idx + 1
+    await peer.send(m.ToServerAckCommands(command.idx))
+    run = await served.run(run_id)
+    assert run["status"] == "completed" and run["runner_id"] == peer.runner_id, run
+    return run_id
+
+
+# ---- protocol errors ------------------------------------------------------------------------
+
+FUTURE = m.PROTOCOL_VERSION + 1
+
+
+def _init_frame(**changes: Any) -> str:
+    frame = {
+        "v": m.PROTOCOL_VERSION,
+        "type": "ToServerInit",
+        "name": "bad",
+        "version": "test",
+        "protocol_version": m.PROTOCOL_VERSION,
+        "total_slots": 1,
+        "last_command_idx": 0,
+        "runner_id": None,
+        "labels": [],
+        "metadata": {},
+    }
+    return json.dumps({**frame, **changes})
+
+
+BAD_OPENINGS = {
+    "not_json": ("this is {not json", m.MALFORMED_FRAME),
+    "not_an_object": ("[1, 2, 3]", m.MALFORMED_FRAME),
+    "init_missing_field": (json.dumps({"v": 1, "type": "ToServerInit"}), m.MALFORMED_FRAME),
+    "unknown_message": (json.dumps({"v": 1, "type": "ToServerBogus"}), m.UNKNOWN_MESSAGE),
+    "client_message_to_server": (
+        json.dumps({"v": 1, "type": "ToClientPong", "ts": 1.0}),
+        m.UNKNOWN_MESSAGE,
+    ),
+    "init_future_protocol": (_init_frame(protocol_version=FUTURE), m.UNSUPPORTED_VERSION),
+    "frame_future_version": (_init_frame(v=FUTURE), m.UNSUPPORTED_VERSION),
+    "ping_before_init": (m.encode(m.ToServerPing(ts=1.0)), m.EXPECTED_INIT),
+    "events_before_init": (
+        m.encode(events(1, started("run_000000000000"))),
+        m.EXPECTED_INIT,
+    ),
+}
+
+
+@pytest.mark.parametrize("frame,code", BAD_OPENINGS.values(), ids=BAD_OPENINGS.keys())
+async def test_bad_first_frame_closes_only_that_socket(
+    served: Served, frame: str, code: str
+) -> None:
+    good = await served.connect()
+    await good.init("good")
+    bad = await served.connect()
+    await bad.send_raw(frame)
+    assert await bad.closed_with() == (
+        m.CLOSE_POLICY_VIOLATION,
+        f"corral.protocol_error:{code}",
+    )
+    await complete_a_run(served, good)
+    assert [r["name"] for r in await served.runners()] == ["good"]  # nothing registered
+
+
+async def test_bad_frame_after_init_closes_only_that_socket(served: Served) -> None:
+    good = await served.connect()
+    await good.init("good")
+    runner_id = None
+    for frame, code in [
+        ("{{{", m.MALFORMED_FRAME),
+        (json.dumps({"v": 1, "type": "ToServerTeleport"}), m.UNKNOWN_MESSAGE),
+        (json.dumps({"v": 1, "type": "ToServerAckCommands", "last_command_idx": -1}),
+         m.MALFORMED_FRAME),
+        (_init_frame(name="bad"), m.DUPLICATE_INIT),
+    ]:  # fmt: skip
+        bad = await served.connect()
+        runner_id = (await bad.init("bad", runner_id=runner_id)).runner_id
+        await bad.send_raw(frame)
+        assert await bad.closed_with() == (m.CLOSE_POLICY_VIOLATION, m.protocol_error_reason(code))
+    await complete_a_run(served, good)
+
+
+async def test_no_init_within_the_timeout(served: Served) -> None:
+    good = await served.connect()
+    await good.init("good")
+    silent = await served.connect()
+    opened = time.monotonic()
+    # A live socket that says nothing: the coordinator's own pings do not count.
+    assert await silent.closed_with() == (m.CLOSE_POLICY_VIOLATION, m.REASON_INIT_TIMEOUT)
+    waited = time.monotonic() - opened
+    assert INIT_TIMEOUT_S - 0.5 <= waited <= INIT_TIMEOUT_S + 3.0, waited
+    await complete_a_run(served, good)
+
+
+# ---- eviction, and replay across reconnects -------------------------------------------------
+
+
+async def test_second_socket_with_the_same_id_evicts_the_first(served_any: Served) -> None:
+    served = served_any
+    first = await served.connect()
+    hello = await first.init("runner-a")
+    second = await served.connect()
+    again = await second.init("runner-a", runner_id=hello.runner_id)
+    assert again.runner_id == hello.runner_id
+
+    assert await first.expect(m.ToClientClose) == m.ToClientClose(m.REASON_EVICTED)
+    assert await first.closed_with() == (m.CLOSE_NORMAL, m.REASON_EVICTED)
+    # The newer socket is the runner now: it gets the work, and there is one runner.
+    await complete_a_run(served, second)
+    (runner,) = await served.runners()
+    assert runner["runner_id"] == hello.runner_id
+    assert runner["state"] == "active" and runner["transport"] == "websocket"
+
+
+async def test_unacknowledged_commands_are_sent_again(served_any: Served) -> None:
+    served = served_any
+    first = await served.connect()
+    hello = await first.init("runner-a", slots=2)
+    runner_id = hello.runner_id
+    run_1 = await served.create_run("true")
+    (cmd_1,) = (await first.expect(m.ToClientCommands)).commands
+    assert cmd_1.body["run"]["run_id"] == run_1
+    await first.close()  # gone before acknowledging it
+
+    second = await served.connect()
+    await second.init("runner-a", runner_id=runner_id, slots=2)  # it never saw command 1
+    assert start_commands(await second.expect(m.ToClientCommands)) == {run_1: cmd_1}
+    await second.send(m.ToServerAckCommands(cmd_1.idx))
+    run_2 = await served.create_run("true")
+    (cmd_2,) = (await second.expect(m.ToClientCommands)).commands
+    assert cmd_2.idx == cmd_1.idx + 1 and cmd_2.body["run"]["run_id"] == run_2
+    link = served.coordinator.store.link
+
+    async def acked() -> int:
+        return (await served.coordinator._db(link.state, runner_id)).acked_command_idx
+
+    deadline = time.monotonic() + STEP_S
+    while await acked() < cmd_1.idx:
+        assert time.monotonic() < deadline, "the acknowledgement was not stored"
+        await asyncio.sleep(0.01)
+    await second.close()
+
+    # It executed command 2 but was cut before acknowledging it: it says so in its Init,
+    # and gets nothing again. Acknowledged command 1 is not resent either.
+    third = await served.connect()
+    await third.init("runner-a", runner_id=runner_id, last_command_idx=cmd_2.idx, slots=2)
+    await third.nothing_pending()
+    await third.close()
+
+    # A runner that lost command 2 (says it has up to 1) gets command 2 alone.
+    fourth = await served.connect()
+    await fourth.init("runner-a", runner_id=runner_id, last_command_idx=cmd_1.idx, slots=2)
+    assert start_commands(await fourth.expect(m.ToClientCommands)) == {run_2: cmd_2}
+    await fourth.nothing_pending()
+    for run_id in (run_1, run_2):
+        assert (await served.run(run_id))["status"] == "claimed"
+
+
+async def test_events_sent_again_are_applied_once(served_any: Served) -> None:
+    served = served_any
+    first = await served.connect()
+    hello = await first.init("runner-a")
+    run_id = await served.create_run("true")
+    (cmd,) = (await first.expect(m.ToClientCommands)).commands
+    await first.send(events(1, started(run_id), logs(run_id, (0, "once")), finished(run_id)))
+    assert await first.expect(m.ToClientAckEvents) == m.ToClientAckEvents(3)
+    await first.close()  # as if the acknowledgement had been lost with the socket
+
+    second = await served.connect()
+    again = await second.init("runner-a", runner_id=hello.runner_id, last_command_idx=cmd.idx)
+    assert again.last_event_idx == 3
+    # The runner replays 1–3 anyway (event 2 under the same index but another line: only
+    # the index decides), then sends a new one.
+    await second.send(events(1, started(run_id), logs(run_id, (1, "replayed")), finished(run_id)))
+    await second.send(events(4, logs(run_id, (1, "new"))))
+    # Nothing for the replay (no Apply, so no ack), then the ack of event 4.
+    assert await second.expect(m.ToClientAckEvents) == m.ToClientAckEvents(4)
+    await second.nothing_pending()  # and no abandon_run (a refused duplicate would send one)
+
+    run = await served.run(run_id)
+    assert run["status"] == "completed" and run["attempts"] == 1, run
+    assert await served.log_texts(run_id) == ["once", "new"]
+    state = await served.coordinator._db(served.coordinator.store.link.state, hello.runner_id)
+    assert state.last_event_idx == 4

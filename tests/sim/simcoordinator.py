@@ -1,0 +1,384 @@
+"""The simulated coordinator: the real ``ServerSession`` and ``LinkCore`` inside a model of
+``SocketLink`` (``coordinator/socket.py``) and of ``Coordinator.reconcile_once``.
+
+The real pump awaits each store call in a thread while its other coroutines run. Here a
+store call is an ``Op`` that completes at a later step of the scheduler, so the same
+interleavings happen: the read loop waits on a registration; the store worker applies
+events, acks and a drain in order while frames keep being read; the push loop's claim runs
+beside them; a session tick may close the link while an op is in flight — the op's store
+effect still happens (a thread is not interrupted) but what follows it in the cancelled
+coroutine does not, nor does queued work. ``_forget`` runs once no op is in flight.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from simnet import CLOSE, Socket
+from simrunner import ACK_INTERVAL_S, LOST_AFTER_S, PING_INTERVAL_S
+from simstore import CrashingStore
+
+from corral.coordinator.link_core import Applied, LinkCore, Registration
+from corral.coordinator.notifier import RUNS_AVAILABLE
+from corral.coordinator.settings import CoordinatorSettings
+from corral.errors import CorralError
+from corral.ids import RunId
+from corral.protocol import messages as wire
+from corral.protocol.outputs import (
+    Alive,
+    Apply,
+    Close,
+    CommandsAcked,
+    Register,
+    Send,
+    ServerOutput,
+    Stopping,
+)
+from corral.protocol.server import ServerSession
+from corral.store import Store
+
+if TYPE_CHECKING:
+    from simworld import World
+
+
+def settings(ping_interval_s: float = PING_INTERVAL_S) -> CoordinatorSettings:
+    """The coordinator's settings, scaled down from the defaults (ping 3 s, lost 15 s)."""
+    return CoordinatorSettings(
+        ws_lost_after_s=LOST_AFTER_S,
+        ws_ping_interval_s=ping_interval_s,
+        ws_ack_interval_s=ACK_INTERVAL_S,
+        lost_after_s=LOST_AFTER_S,
+        reconcile_interval_s=1.0,
+    )
+
+
+@dataclass(eq=False)
+class Op:
+    """A store call in a worker thread: ``run`` in the thread, then ``then`` on the loop."""
+
+    kind: str
+    due: float
+    run: Callable[[], Any]
+    then: Callable[[Any], None]
+
+
+class ServerLink:
+    def __init__(self, socket: Socket, seq: int, now: float, settings: CoordinatorSettings) -> None:
+        self.seq = seq
+        self.socket = socket
+        self.session = ServerSession(
+            now,
+            lost_threshold_s=settings.ws_lost_after_s,
+            ping_interval_s=settings.ws_ping_interval_s,
+            ack_interval_s=settings.ws_ack_interval_s,
+        )
+        self.runner_id: Any = None
+        self.cancels_sent: set[RunId] = set()
+        self.sent_idx = 0  # the push loop's cursor over the runner's stored commands
+        self.draining = False
+        self.left = False  # the runner closed as one that shuts down
+        self.read_op: Op | None = None  # the registration: no frame is read meanwhile
+        self.work: deque[Callable[[], Op]] = deque()  # the store worker's queue
+        self.work_op: Op | None = None
+        self.push_op: Op | None = None
+        self.pushing = False  # the push loop runs (from registration on)
+        self.wake = False  # the push loop was notified
+        self.closed = False
+        self.forgotten = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.socket.name}/{self.runner_id or '?'}"
+
+    def ops(self) -> list[Op]:
+        return [op for op in (self.read_op, self.work_op, self.push_op) if op is not None]
+
+
+class SimCoordinator:
+    def __init__(self, world: World, store: Store, settings: CoordinatorSettings) -> None:
+        self.world = world
+        self.settings = settings
+        self.store = CrashingStore(store)
+        self.core = LinkCore(self.store, settings)  # type: ignore[arg-type]
+        self.up = True
+        self.up_since = world.now
+        self.restart_at: float | None = None
+        self.links: list[ServerLink] = []
+        self.by_runner: dict[str, ServerLink] = {}
+        self.pinged: dict[str, None] = {}
+        self.next_reconcile = world.now
+        self.seq = 0
+
+    # ---- sockets and frames --------------------------------------------------------------
+
+    def accept(self, socket: Socket) -> None:
+        self.seq += 1
+        link = ServerLink(socket, self.seq, self.world.now, self.settings)
+        socket.link = link
+        self.links.append(link)
+
+    def can_read(self, link: ServerLink) -> bool:
+        return not link.closed and link.read_op is None
+
+    def deliver_up(self, socket: Socket) -> None:
+        link = socket.link
+        assert link is not None
+        text = socket.up.popleft()
+        if text is CLOSE:
+            link.left = socket.runner_reason == wire.REASON_RUNNER_SHUTDOWN
+            self.world.log(f"{link.name} reads the runner's close ({socket.runner_reason!r})")
+            self.close(link)
+            return
+        socket.last_up = text
+        self.world.log_frame(f"{link.name} ← {link.socket.runner.label}: ", text)
+        self.receive(link, text)
+
+    def receive(self, link: ServerLink, text: str) -> None:
+        try:
+            message = wire.decode(text, side="server")
+        except wire.ProtocolError as exc:
+            self.handle(link, link.session.receive_error(exc))
+            return
+        self.handle(link, link.session.receive(message, self.world.now))
+
+    def close(self, link: ServerLink) -> None:
+        if not link.closed:
+            link.closed = True
+            link.work.clear()  # the worker task is cancelled
+            link.socket.close_from_server()
+            self.forget_if_idle(link)
+
+    # ---- what the session asks -----------------------------------------------------------
+
+    def handle(self, link: ServerLink, outputs: list[ServerOutput]) -> None:
+        world, core = self.world, self.core
+        for out in outputs:
+            if link.closed:
+                return  # the pump's task is cancelled once the link is closed
+            if isinstance(out, Send):
+                link.socket.send_down(wire.encode(out.message))
+            elif isinstance(out, Close):
+                world.log(f"{link.name} closes: {out.reason}")
+                self.close(link)
+            elif isinstance(out, Register):
+                init = out.init
+                link.read_op = self.op(
+                    "register",
+                    lambda init=init: core.register(init, world.now),
+                    lambda reg, link=link: self.registered(link, reg),
+                )
+            elif isinstance(out, Apply):
+                events, rid = out.events, link.runner_id
+                link.work.append(
+                    lambda rid=rid, events=events, link=link: self.op(
+                        "apply",
+                        lambda: core.apply(rid, events, world.now),
+                        lambda applied: self.applied(link, applied),
+                    )
+                )
+            elif isinstance(out, CommandsAcked):
+                idx, rid = out.last_command_idx, link.runner_id
+                link.work.append(
+                    lambda rid=rid, idx=idx: self.op(
+                        "ack", lambda: core.acknowledge(rid, idx), lambda _: None
+                    )
+                )
+            elif isinstance(out, Alive):
+                self.pinged[link.runner_id] = None
+            elif isinstance(out, Stopping):
+                link.draining = link.wake = True
+                rid = link.runner_id
+                link.work.append(
+                    lambda rid=rid: self.op(
+                        "draining", lambda: core.draining(rid, world.now), lambda _: None
+                    )
+                )
+
+    def op(self, kind: str, run: Callable[[], Any], then: Callable[[Any], None]) -> Op:
+        rng = self.world.rng
+        roll = rng.random()
+        if roll < 0.6:
+            delay = 0.0
+        elif roll < 0.95 or not self.world.slow_store:
+            delay = rng.uniform(0.0, 0.3)
+        else:
+            delay = rng.uniform(0.5, 6.0)  # a slow database: a reconnect may overtake it
+        return Op(kind, self.world.now + delay, run, then)
+
+    def complete(self, link: ServerLink, op: Op) -> None:
+        if op is link.read_op:
+            link.read_op = None
+        elif op is link.work_op:
+            link.work_op = None
+        else:
+            link.push_op = None
+        try:
+            result = op.run()
+        except CorralError as exc:
+            if op.kind != "push":
+                raise
+            result = exc
+        if not link.closed:
+            op.then(result)
+        self.forget_if_idle(link)
+
+    def registered(self, link: ServerLink, reg: Registration) -> None:
+        world = self.world
+        link.runner_id = reg.runner_id
+        previous = self.by_runner.get(reg.runner_id)
+        if previous is not None and previous is not link and previous.seq > link.seq:
+            world.log(f"{link.name} registered after the newer {previous.name}: evicts itself")
+            self.handle(link, link.session.evict())
+            return
+        self.by_runner[reg.runner_id] = link
+        if previous is not None and previous is not link:
+            world.log(f"{link.name} evicts {previous.name}")
+            self.handle(previous, previous.session.evict())
+        init = link.session.init
+        assert init is not None
+        floor = init.last_command_idx if init.runner_id == reg.runner_id else 0
+        link.sent_idx = max([c.idx for c in reg.missed], default=floor)
+        self.handle(
+            link,
+            link.session.registered(reg.runner_id, reg.last_event_idx, reg.missed, world.now),
+        )
+        self.wake_all()
+        link.pushing = link.wake = True
+
+    def applied(self, link: ServerLink, applied: Applied) -> None:
+        if RUNS_AVAILABLE in applied.wake:
+            self.wake_all()
+        if applied.finished or applied.abandon:
+            link.wake = True  # the push loop sends the abandon commands
+            if applied.abandon:
+                self.announce(link)
+        self.handle(link, link.session.applied(applied.last_idx))
+
+    def pushed(self, link: ServerLink, result: list[wire.Indexed] | CorralError) -> None:
+        if isinstance(result, CorralError):
+            self.world.log(f"{link.name} push: {result.code}: closes")
+            self.close(link)
+            return
+        if result:
+            self.handle(link, link.session.push(result))
+            link.sent_idx = max(link.sent_idx, result[-1].idx)
+            self.announce(link)
+
+    def announce(self, link: ServerLink) -> None:
+        """Commands were stored through a socket that is not the runner's newest: wake it."""
+        if self.by_runner.get(link.runner_id) is not link:
+            self.wake_runner(link.runner_id)
+
+    def forget_if_idle(self, link: ServerLink) -> None:
+        if not link.closed or link.forgotten or link.ops():
+            return
+        link.forgotten = True
+        self.links.remove(link)
+        rid = link.runner_id
+        if rid is None or self.by_runner.get(rid) is not link:
+            return
+        del self.by_runner[rid]
+        if self.core.gone(rid, link.draining and link.left, self.world.now):
+            self.world.log(f"{link.name} left: stopped")
+            self.wake_all()
+
+    # ---- loops ---------------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Start push loops that were woken; let read loops notice broken sockets."""
+        now = self.world.now
+        for link in list(self.links):
+            if link.closed:
+                continue
+            socket = link.socket
+            if socket.cut and now >= socket.notice_at and link.read_op is None:
+                self.world.log(f"{link.name} notices its socket broke")
+                self.close(link)
+                continue
+            if link.work_op is None and link.work:
+                link.work_op = link.work.popleft()()
+            if link.pushing and link.wake and link.push_op is None:
+                link.wake = False
+                rid, claim, sent = link.runner_id, not link.draining, link.cancels_sent
+                after = link.sent_idx
+                link.push_op = self.op(
+                    "push",
+                    lambda rid=rid, claim=claim, sent=sent, after=after: self.core.push_work(
+                        rid, self.world.now, sent, claim=claim, after=after
+                    ),
+                    lambda result, link=link: self.pushed(link, result),
+                )
+
+    def wake_all(self) -> None:
+        for link in self.links:
+            link.wake = True
+
+    def wake_runner(self, runner_id: str) -> None:
+        for link in self.links:
+            if link.runner_id == runner_id:
+                link.wake = True
+
+    def tick(self, link: ServerLink) -> None:
+        self.handle(link, link.session.tick(self.world.now))
+
+    def reconcile(self) -> None:
+        now = self.world.now
+        pinged, self.pinged = list(self.pinged), {}
+        if pinged:
+            self.store.touch_runners(pinged, now)
+        done = self.store.reconcile(
+            now,
+            lost_after_s=self.settings.lost_after_s,
+            timeout_grace_s=self.settings.timeout_grace_s,
+            up_since=self.up_since,
+        )
+        if done.changed:
+            self.world.log(f"reconcile: lost {done.lost_runners}, requeued {done.requeued}")
+        self.wake_all()
+        self.next_reconcile = now + self.settings.reconcile_interval_s
+
+    def deadlines(self) -> list[float]:
+        now = self.world.now
+        times = [self.next_reconcile] if self.up else []
+        if self.restart_at is not None:
+            times.append(self.restart_at)
+        for link in self.links:
+            if not link.closed:
+                deadline = link.session.next_deadline()
+                if deadline is not None:
+                    times.append(deadline)
+                if link.socket.cut and link.socket.notice_at > now:
+                    times.append(link.socket.notice_at)
+            times.extend(op.due for op in link.ops() if op.due > now)
+        return times
+
+    # ---- crash and restart ---------------------------------------------------------------
+
+    def crash(self) -> None:
+        """The process dies: in-flight store calls stop after a random number of calls;
+        every socket breaks; nothing in memory survives."""
+        world = self.world
+        for link in self.links:
+            for op in link.ops():
+                budget = world.rng.randrange(0, 6)
+                try:
+                    finished = self.store.run_until_crash(op.run, budget)
+                except CorralError:
+                    finished = True
+                world.log(f"crash during {op.kind} of {link.name}: finished={finished}")
+            if not link.socket.cut:
+                world.cut(link.socket, notice=0.0)
+        self.links.clear()
+        self.by_runner.clear()
+        self.pinged.clear()
+        self.up = False
+        self.restart_at = world.now + world.rng.uniform(0.5, 6.0)
+
+    def restart(self) -> None:
+        self.up = True
+        self.up_since = self.next_reconcile = self.world.now
+        self.restart_at = None
+        self.core = LinkCore(self.store, self.settings)  # type: ignore[arg-type]

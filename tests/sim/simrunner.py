@@ -1,0 +1,269 @@
+"""A simulated runner process: the real ``RunnerConnection`` inside a model of its pump
+(``runner/websocket.py``) and of the runner core (``runner/core.py``).
+
+Its "processes" are records with a virtual duration: a ``start_run`` command makes one
+(a repeated assignment is ignored; a newer attempt of a run it still holds replaces the
+old one — ``runner/core.py`` today ignores that one too, see the report); it
+reports ``started`` soon after and ``finished`` when its time is up; ``cancel_run`` stops
+it with a ``cancelled`` report, ``abandon_run`` and ``StopAllWork`` stop it silently. As
+in the real core, an attempt is held until its final report is acknowledged.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from corral.protocol import messages as wire
+from corral.protocol.outputs import (
+    Closed,
+    Connected,
+    Execute,
+    Reconnect,
+    RunnerOutput,
+    Send,
+    StopAllWork,
+)
+from corral.protocol.runner import RunnerConnection, RunnerState
+
+if TYPE_CHECKING:
+    from simworld import World
+
+LOST_AFTER_S = 5.0
+PING_INTERVAL_S = 1.0
+ACK_INTERVAL_S = 2.0
+MAX_BACKOFF_S = 4.0
+DRAIN_GRACE_S = 4.0
+
+
+@dataclass(eq=False)
+class SimAttempt:
+    run_id: str
+    attempt: int
+    start_at: float
+    finish_at: float
+    running: bool = True  # the process runs (the invariant: never two for one run)
+    started_sent: bool = False
+    report_idx: int | None = None  # the final report, held until acknowledged
+
+
+class RunnerProcess:
+    def __init__(self, world: World, host: int, incarnation: int, slots: int) -> None:
+        self.world = world
+        self.host = host
+        self.label = f"r{host}.{incarnation}"
+        self.conn = RunnerConnection(
+            name=f"host{host}",
+            version="sim",
+            total_slots=slots,
+            labels=(),
+            metadata={},
+            rng=random.Random(world.rng.getrandbits(32)),
+            max_backoff_s=MAX_BACKOFF_S,
+            default_lost_threshold_s=LOST_AFTER_S,
+            default_ping_interval_s=PING_INTERVAL_S,
+            default_ack_interval_s=ACK_INTERVAL_S,
+        )
+        self.socket: Any = None  # simnet.Socket: the one the pump reads now
+        self.attempts: dict[str, SimAttempt] = {}
+        self.last_executed: dict[str | None, int] = {}  # by runner id
+        self.alive = True
+        self.over = False  # closed for good: finish the work, then exit
+        self.leave_at: float | None = None  # graceful shutdown: the drain deadline
+        self.want_reconnect = False
+
+    # ---- the socket ----------------------------------------------------------------------
+
+    def connect(self) -> None:
+        world = self.world
+        if self.conn.state not in (RunnerState.IDLE, RunnerState.DISCONNECTED):
+            return
+        outputs = self.conn.connect(world.now)
+        if world.coordinator.up and world.now >= world.partitioned_until[self.host]:
+            self.socket = world.open_socket(self)
+            world.log(f"{self.label} connects {self.socket.name}")
+            self.carry_out(outputs)
+        else:
+            world.log(f"{self.label} cannot connect")
+            self.carry_out(self.conn.connect_failed(world.now))
+
+    def socket_ended(self) -> None:
+        """The pump's socket is gone: closed by the coordinator, by us, or cut."""
+        self.socket = None
+        self.carry_out(self.conn.socket_closed(self.world.now))
+        if self.want_reconnect and self.alive:
+            self.want_reconnect = False
+            self.connect()
+
+    def close_socket(self, reason: str = "") -> None:
+        if self.socket is not None:
+            self.socket.close_from_runner(reason)
+            self.socket_ended()
+
+    def receive(self, text: str) -> None:
+        now = self.world.now
+        try:
+            outputs = self.conn.receive(wire.decode(text, side="client"), now)
+        except wire.ProtocolError as exc:
+            self.world.log(f"{self.label} protocol error {exc.code}: closes its socket")
+            self.close_socket()
+            return
+        self.carry_out(outputs)
+        self.forget_acknowledged()
+        if self.conn.state is RunnerState.CLOSED:
+            self.close_socket()
+
+    # ---- outputs -------------------------------------------------------------------------
+
+    def carry_out(self, outputs: list[RunnerOutput]) -> None:
+        world = self.world
+        for out in outputs:
+            if isinstance(out, Send):
+                if self.socket is not None:
+                    self.socket.send_up(wire.encode(out.message))
+            elif isinstance(out, Execute):
+                self.execute(out.command)
+            elif isinstance(out, Connected):
+                world.log(f"{self.label} connected as {out.runner_id} (fresh={out.fresh})")
+                if out.fresh:  # reports of the old identity fail: their attempts end
+                    self.attempts.clear()
+            elif isinstance(out, StopAllWork):
+                world.log(f"{self.label} StopAllWork")
+                self.stop_running()
+            elif isinstance(out, Reconnect):
+                if self.socket is None:
+                    self.connect()
+                else:  # the old socket is still closing: reconnect once it has
+                    self.want_reconnect = True
+            elif isinstance(out, Closed) and not out.reconnect and self.leave_at is None:
+                world.log(f"{self.label} closed for good: {out.reason}")
+                world.closed_for_good(self, out.reason)
+                self.over = True
+
+    def execute(self, command: wire.Indexed) -> None:
+        world = self.world
+        identity = self.conn.runner_id
+        last = self.last_executed.get(identity, 0)
+        if command.idx <= last:
+            world.violation(
+                f"{self.label} executes command {command.idx} of {identity} after {last}"
+            )
+        self.last_executed[identity] = command.idx
+        body = command.body
+        kind = body["type"]
+        run_id = str(body["run"]["run_id"] if kind == "start_run" else body["run_id"])
+        held = self.attempts.get(run_id)
+        world.log(f"{self.label} executes #{command.idx} {kind} {run_id}")
+        if kind == "start_run":
+            attempt = int(body["run"]["attempts"])
+            if held is not None and held.attempt >= attempt:
+                world.log(f"{self.label} already holds {run_id}/{held.attempt}: start ignored")
+                return
+            if held is not None:  # the old attempt is void: stop it, its report is stale
+                world.log(f"{self.label} drops {run_id}/{held.attempt} for the newer attempt")
+            rng, now = world.rng, world.now
+            start_at = now + (0.0 if rng.random() < 0.5 else rng.uniform(0.0, 0.5))
+            # Instantaneous, a few seconds, or longer than the lost threshold: a run that
+            # outlives its runner's disconnection is what a lease has to protect.
+            roll = rng.random()
+            duration = (
+                0.0 if roll < 0.2 else rng.uniform(0, 4) if roll < 0.85 else rng.uniform(4, 12)
+            )
+            finish_at = start_at + duration
+            self.attempts[run_id] = SimAttempt(run_id, attempt, start_at, finish_at)
+            world.process_started(self, run_id, attempt)
+        elif kind == "cancel_run":
+            if held is not None and held.running:
+                held.running = False
+                self.report(held, "cancelled")
+        elif kind == "abandon_run" and held is not None and held.running:
+            held.running = False
+            del self.attempts[run_id]
+
+    # ---- the attempts --------------------------------------------------------------------
+
+    def progress(self) -> None:
+        """Send what the processes have to say by now (started, finished)."""
+        now = self.world.now
+        for attempt in list(self.attempts.values()):
+            if not attempt.running:
+                continue
+            if not attempt.started_sent and now >= attempt.start_at:
+                attempt.started_sent = True
+                self.send({"type": "started", "run_id": attempt.run_id, "attempt": attempt.attempt})
+            if now >= attempt.finish_at:
+                attempt.running = False
+                rate_limited = self.world.rng.random() < 0.1
+                self.report(attempt, "pending" if rate_limited else "completed")
+        if self.leave_at is not None and (not self.attempts or now >= self.leave_at):
+            self.leave()
+        elif self.over and not any(a.running for a in self.attempts.values()):
+            self.attempts.clear()  # its reports can never be acknowledged now
+            self.world.process_exited(self, "closed for good")
+
+    def next_deadline(self) -> float | None:
+        times = [self.conn.next_deadline(), self.leave_at]
+        for a in self.attempts.values():
+            if a.running:
+                times.append(a.finish_at if a.started_sent else a.start_at)
+        return min((t for t in times if t is not None), default=None)
+
+    def report(self, attempt: SimAttempt, status: str) -> None:
+        if not attempt.started_sent:
+            attempt.started_sent = True
+            self.send({"type": "started", "run_id": attempt.run_id, "attempt": attempt.attempt})
+        body: dict[str, Any] = {
+            "type": "finished",
+            "run_id": attempt.run_id,
+            "attempt": attempt.attempt,
+            "status": status,
+            "exit_code": 0 if status == "completed" else None,
+        }
+        if status == "pending":
+            body["retry_after_s"] = 0.3
+            body["error"] = "rate limited"
+        self.send(body)
+        attempt.report_idx = self.conn.unacked_events[-1].idx
+        self.world.log(f"{self.label} {attempt.run_id} attempt {attempt.attempt} → {status}")
+
+    def send(self, body: dict[str, Any]) -> None:
+        self.carry_out(self.conn.send_event(body, self.world.now))
+
+    def forget_acknowledged(self) -> None:
+        pending = self.conn.unacked_events
+        first = pending[0].idx if pending else None
+        for run_id, a in list(self.attempts.items()):
+            if a.report_idx is not None and (first is None or a.report_idx < first):
+                del self.attempts[run_id]
+
+    def stop_running(self) -> None:
+        for run_id, a in list(self.attempts.items()):
+            if a.running:
+                del self.attempts[run_id]
+
+    # ---- the process ---------------------------------------------------------------------
+
+    def tick(self) -> None:
+        self.carry_out(self.conn.tick(self.world.now))
+        self.progress()
+
+    def begin_leaving(self) -> None:
+        """SIGTERM: stop taking work, finish (up to the drain grace), close and exit."""
+        if self.leave_at is None and not self.over:
+            self.world.log(f"{self.label} drains")
+            self.leave_at = self.world.now + DRAIN_GRACE_S
+            self.carry_out(self.conn.stopping(self.world.now))
+
+    def leave(self) -> None:
+        self.stop_running()
+        self.carry_out(self.conn.shutdown(self.world.now))
+        self.close_socket(wire.REASON_RUNNER_SHUTDOWN)
+        self.world.process_exited(self, "drained")
+
+    def crash(self) -> None:
+        self.attempts.clear()
+        if self.socket is not None:
+            sock, self.socket = self.socket, None
+            self.world.cut(sock)
+        self.world.process_exited(self, "crashed")

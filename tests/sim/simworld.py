@@ -1,0 +1,523 @@
+"""The deterministic simulation of corral's runner link (DESIGN.md §7).
+
+One ``World`` per seed: a virtual clock, a seeded scheduler, a coordinator
+(``simcoordinator``: real ``ServerSession``, ``LinkCore`` and ``Store`` on SQLite) and
+1–3 runner hosts (``simrunner``: real ``RunnerConnection``), joined by ``simnet`` sockets.
+Each step the scheduler picks one thing that can happen — deliver a frame, finish a
+store call, let time pass (timers: pings, acks, backoff, lost timers, reconcile every
+virtual second, processes starting and ending, clients creating and cancelling runs),
+or, while the storm lasts, a fault: duplicate a frame, cut a socket, partition a host,
+crash the coordinator or a runner process, drain a runner. The invariants are checked
+after every step; after the storm the world runs quietly until every run has ended.
+
+Invariants:
+- a run never runs in two simulated processes at once;
+- every run status change is one the transition table allows; a completed run stays
+  completed; no effect is applied twice (the same change of the same attempt, two
+  terminal changes of one run);
+- each runner identity executes command indexes in increasing order, with no gap (a
+  skipped index is a command that will never run), and no event index is skipped;
+- a runner is never told it was evicted on its newest socket;
+- liveness: once the faults stop (the coordinator back up, hosts reachable, crashed
+  runners restarted), every run ends: completed, or cancelled if a client asked.
+
+What is modelled rather than real: the two pumps (``SocketLink``, the runner's
+``WebSocketTransport`` and core), the network, and processes. Each model follows its
+module, with the differences said in its docstring.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simcoordinator import SimCoordinator, settings
+from simnet import CLOSE, Socket
+from simrunner import LOST_AFTER_S, RunnerProcess
+from simstore import open_copy, sequential_ids
+
+from corral.errors import IllegalTransition
+from corral.runs import TERMINAL, TRANSITIONS, NewRun, RunStatus, RunType
+
+T0 = 1_000_000.0
+# CORRAL_SIM_TRACE=all keeps every step (for a failing seed), else the last 30.
+TRACE_STEPS = None if os.environ.get("CORRAL_SIM_TRACE") == "all" else 30
+MAX_STEPS = 30_000
+
+
+class Violation(Exception):
+    pass
+
+
+@dataclass
+class Outcome:
+    seed: int
+    steps: int
+    virtual_s: float
+    failure: str | None = None
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+class World:
+    def __init__(self, seed: int, store: Any) -> None:
+        self.seed = seed
+        self.rng = rng = random.Random(seed)
+        self.now = T0
+        self.step_no = 0
+        self.trace: deque[tuple[int, list[float], list[object]]] = deque(maxlen=TRACE_STEPS)
+        self.lines: list[object] = []  # this step's trace: strings, or frames to describe
+        self.stats: dict[str, int] = {}
+        # The shape of this world.
+        self.hosts = rng.randint(1, 3)
+        self.slots = [rng.randint(1, 3) for _ in range(self.hosts)]
+        self.n_runs = rng.randint(3, 15)
+        self.storm_end = T0 + rng.uniform(4.0, 18.0)
+        self.fault_every_s = rng.choice([1.5, 3.0, 6.0, 1e9])
+        self.dup_weight = rng.choice([0.0, 0.3, 1.0])
+        self.slow_store = rng.random() < 0.5
+        self.quiet_limit = self.storm_end + 40.0 + 5.0 * self.n_runs
+        # Pings as often as reconciles (1 s), or less often, as by default (3 s vs 1 s).
+        self.ping_interval_s = rng.choice([1.0, 2.0, 2.5])
+        # The parts.
+        self.coordinator = SimCoordinator(self, store, settings(self.ping_interval_s))
+        self.store = self.coordinator.store
+        self.partitioned_until = [0.0] * self.hosts
+        self.runners: list[RunnerProcess | None] = [None] * self.hosts
+        self.incarnations = [0] * self.hosts
+        self.respawn_at: list[float | None] = [T0 + rng.uniform(0, 1) for _ in range(self.hosts)]
+        self.sockets: list[Socket] = []
+        self.socket_seq = 0
+        self.late: list[tuple[Socket, str, str]] = []
+        self.next_fault = T0 + rng.expovariate(1.0 / self.fault_every_s)
+        # Clients: runs created during the storm, some cancelled a little later.
+        self.client_plan: list[tuple[float, str, int]] = []
+        for i in range(self.n_runs):
+            at = T0 + rng.uniform(0.0, self.storm_end - T0)
+            self.client_plan.append((at, "create", i))
+            if rng.random() < 0.2:
+                self.client_plan.append((at + rng.uniform(0.0, 6.0), "cancel", i))
+        self.client_plan.sort()
+        self.created: list[str] = []
+        self.cancel_asked: set[str] = set()
+        # What the invariants remember.
+        self.status: dict[str, str] = {}
+        self.history: dict[str, list[str]] = {}  # each run's status changes, for a failure
+        self.seen: set[tuple[str, int, str, str]] = set()
+        self.terminal_changes: dict[str, int] = {}
+        self.log_seq = 0
+        # A second connection: its data_version changes when the store commits a write.
+        self.watch = sqlite3.connect(store.db.path, isolation_level=None)
+        self.data_version = -1
+
+    # ---- the trace -----------------------------------------------------------------------
+
+    def log(self, line: str) -> None:
+        self.lines.append(line)
+
+    def log_frame(self, prefix: str, text: str) -> None:
+        """A frame, described only if the trace is printed (decoding costs)."""
+        self.lines.append(_Frame(prefix, text))
+
+    def count(self, what: str) -> None:
+        self.stats[what] = self.stats.get(what, 0) + 1
+
+    def violation(self, message: str) -> None:
+        raise Violation(message)
+
+    # ---- running -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while True:
+            self.step_no += 1
+            self.lines = []
+            at = [self.now]
+            self.trace.append((self.step_no, at, self.lines))
+            self.step()
+            at[0] = self.now
+            if self.coordinator.up:
+                self.coordinator.sweep()
+            self.sockets = [s for s in self.sockets if _in_use(s)]
+            self.check()
+            if self.now >= self.storm_end and self.finished():
+                break
+            if self.now > self.quiet_limit:
+                stuck = [r for r, s in self.status.items() if s not in _TERMINAL]
+                self.violation(
+                    "liveness: runs not ended after the quiet phase: "
+                    + "; ".join(f"{r} ({' → '.join(self.history[r])})" for r in stuck)
+                )
+            if self.step_no > MAX_STEPS:
+                self.violation("the world did not settle within the step limit")
+        self.final_check()
+
+    def step(self) -> None:
+        """Pick one thing that can happen now, weighted, and do it."""
+        actions: list[tuple[float, Callable[..., None], Any]] = []
+        add = actions.append
+        coordinator = self.coordinator
+        storm = self.now < self.storm_end
+        for sock in self.sockets:
+            readable = sock.link is not None and coordinator.can_read(sock.link)
+            if sock.up and readable:
+                add((4.0, coordinator.deliver_up, sock))
+            if sock.down and sock.runner.socket is sock:
+                add((4.0, self.deliver_down, sock))
+            if storm and self.dup_weight and not sock.cut:
+                if sock.last_up and readable and not sock.runner_done:
+                    add((self.dup_weight, self.duplicate_up, sock))
+                if sock.last_down and sock.runner.socket is sock and not sock.server_done:
+                    add((self.dup_weight, self.duplicate_down, sock))
+        now = self.now
+        for link in coordinator.links:
+            for op in (link.read_op, link.work_op, link.push_op):
+                if op is not None and op.due <= now:
+                    add((3.0, self.complete, (link, op)))
+        if self.late:
+            add((0.5, self.deliver_late, None))
+        add((2.0, self.advance, None))
+        roll = self.rng.random() * sum(a[0] for a in actions)
+        chosen = actions[-1]
+        for entry in actions:
+            roll -= entry[0]
+            if roll < 0:
+                chosen = entry
+                break
+        _, action, arg = chosen
+        if arg is None:
+            action()
+        else:
+            action(arg)
+
+    # ---- network -------------------------------------------------------------------------
+
+    def open_socket(self, runner: RunnerProcess) -> Socket:
+        self.socket_seq += 1
+        sock = Socket(self.socket_seq, runner)
+        self.sockets.append(sock)
+        self.coordinator.accept(sock)
+        return sock
+
+    def deliver_down(self, sock: Socket) -> None:
+        text = sock.down.popleft()
+        runner = sock.runner
+        if text is CLOSE:
+            self.log(f"{runner.label} reads the close of {sock.name}")
+            runner.socket_ended()
+            return
+        self.log_frame(f"{sock.name} → {runner.label}: ", text)
+        sock.last_down = text
+        runner.receive(text)
+
+    def duplicate_up(self, sock: Socket) -> None:
+        self.count("duplicates")
+        assert sock.last_up is not None and sock.link is not None
+        self.log_frame(f"{sock.name} duplicates ↑ ", sock.last_up)
+        self.coordinator.receive(sock.link, sock.last_up)
+
+    def duplicate_down(self, sock: Socket) -> None:
+        self.count("duplicates")
+        assert sock.last_down is not None
+        self.log_frame(f"{sock.name} duplicates ↓ ", sock.last_down)
+        sock.runner.receive(sock.last_down)
+
+    def deliver_late(self) -> None:
+        sock, direction, frame = self.late.pop(self.rng.randrange(len(self.late)))
+        # Its socket is dead: the pump that read it has ended, so nobody reads this.
+        assert sock.cut
+        self.log_frame(f"late {direction} frame of dead {sock.name} dropped: ", frame)
+
+    def cut(self, sock: Socket, notice: float | None = None) -> None:
+        """The connection breaks; the coordinator notices after ``notice`` seconds (its
+        session's lost timer closes the link if it never does)."""
+        self.count("cuts")
+        if notice is None:
+            roll = self.rng.random()
+            notice = 0.0 if roll < 0.5 else self.rng.uniform(0.0, 3.0) if roll < 0.85 else 1e9
+        self.log(f"{sock.name} cut (the coordinator notices in {notice:.2f} s)")
+        sock.break_off(self.rng, self.late)
+        sock.notice_at = self.now + notice
+        if sock.runner.socket is sock:
+            sock.runner.socket_ended()
+
+    def complete(self, link_op: tuple[Any, Any]) -> None:
+        link, op = link_op
+        self.log(f"{link.name} {op.kind} done")
+        self.coordinator.complete(link, op)
+
+    # ---- time ----------------------------------------------------------------------------
+
+    def advance(self) -> None:
+        deadlines = self.deadlines()
+        target = self.now + self.rng.expovariate(4.0)
+        soonest = min(deadlines, default=target)
+        self.now = max(self.now, min(target, soonest))
+        self.fire_timers()
+
+    def deadlines(self) -> list[float]:
+        times = self.coordinator.deadlines()
+        times += [t for t in self.respawn_at if t is not None]
+        if self.client_plan:
+            times.append(self.client_plan[0][0])
+        if self.now < self.storm_end:
+            times += [self.next_fault, self.storm_end]
+        for runner in self.runners:
+            if runner is not None and runner.alive:
+                deadline = runner.next_deadline()
+                if deadline is not None:
+                    times.append(deadline)
+        return [t for t in times if t > self.now] or [self.now]
+
+    def fire_timers(self) -> None:
+        now, coordinator = self.now, self.coordinator
+        if self.now >= self.storm_end and any(self.partitioned_until):
+            self.partitioned_until = [0.0] * self.hosts  # the storm is over
+        if coordinator.restart_at is not None and now >= coordinator.restart_at:
+            self.log("coordinator restarts")
+            coordinator.restart()
+        for host, at in enumerate(self.respawn_at):
+            if at is not None and now >= at:
+                self.respawn_at[host] = None
+                self.spawn(host)
+        while self.client_plan and self.client_plan[0][0] <= now:
+            if not coordinator.up:
+                break  # clients retry once it is back
+            _, kind, i = self.client_plan.pop(0)
+            self.client(kind, i)
+        if coordinator.up and now >= coordinator.next_reconcile:
+            coordinator.reconcile()
+        for link in list(coordinator.links):
+            deadline = link.session.next_deadline()
+            if not link.closed and deadline is not None and now >= deadline:
+                coordinator.tick(link)
+        for runner in self.runners:
+            if runner is not None and runner.alive:
+                deadline = runner.next_deadline()
+                if deadline is not None and now >= deadline:
+                    runner.tick()
+        if now < self.storm_end and now >= self.next_fault:
+            self.next_fault = now + self.rng.expovariate(1.0 / self.fault_every_s)
+            self.fault()
+
+    # ---- clients -------------------------------------------------------------------------
+
+    def client(self, kind: str, i: int) -> None:
+        if kind == "create":
+            spec = NewRun(type=RunType.COMMAND, command=("true",), max_attempts=1_000_000)
+            (run,) = self.store.create_runs([spec], self.now)
+            self.created.append(run.id)
+            self.status[run.id] = str(RunStatus.PENDING)
+            self.history[run.id] = [f"pending at {self.now - T0:.3f}"]
+            self.log(f"client creates {run.id}")
+            self.coordinator.wake_all()
+            return
+        run_id = self.created[i] if i < len(self.created) else None
+        if run_id is None:
+            return
+        self.cancel_asked.add(run_id)
+        try:
+            run = self.store.request_cancel(run_id, self.now)
+        except IllegalTransition:
+            self.log(f"client cancels {run_id}: already ended")
+            return
+        self.log(f"client cancels {run_id} ({run.status})")
+        if run.runner_id:
+            self.coordinator.wake_runner(run.runner_id)
+
+    # ---- runner processes ----------------------------------------------------------------
+
+    def spawn(self, host: int) -> None:
+        self.incarnations[host] += 1
+        runner = RunnerProcess(self, host, self.incarnations[host], self.slots[host])
+        self.runners[host] = runner
+        self.log(f"{runner.label} starts")
+        runner.connect()
+
+    def process_started(self, runner: RunnerProcess, run_id: str, attempt: int) -> None:
+        self.count("processes")
+
+    def process_exited(self, runner: RunnerProcess, why: str) -> None:
+        self.log(f"{runner.label} exits ({why})")
+        runner.alive = False
+        self.respawn_at[runner.host] = self.now + self.rng.uniform(0.2, 2.0)
+
+    def closed_for_good(self, runner: RunnerProcess, reason: str) -> None:
+        # Only an older socket than the runner's newest could be evicted, and nothing in
+        # the simulation stops a runner: the newest socket told this is a coordinator bug.
+        self.violation(f"{runner.label} was closed for good on its newest socket: {reason}")
+
+    # ---- faults --------------------------------------------------------------------------
+
+    def fault(self) -> None:
+        rng, coordinator = self.rng, self.coordinator
+        alive = [r for r in self.runners if r is not None and r.alive]
+        kinds = ["cut", "partition", "partition", "crash_runner", "drain_runner"]
+        if coordinator.up:
+            kinds.append("crash_coordinator")
+        kind = rng.choice(kinds)
+        self.count(kind)
+        if kind == "crash_coordinator":
+            self.log("coordinator crashes")
+            coordinator.crash()
+            return
+        if not alive:
+            return
+        runner = rng.choice(alive)
+        if kind == "cut":
+            if runner.socket is not None and not runner.socket.cut:
+                self.cut(runner.socket)
+        elif kind == "partition":
+            until = self.now + rng.uniform(1.0, 3.0 * LOST_AFTER_S)
+            self.partitioned_until[runner.host] = until
+            self.log(f"host {runner.host} partitioned until {until - T0:.3f}")
+            if runner.socket is not None and not runner.socket.cut:
+                self.cut(runner.socket)
+        elif kind == "crash_runner":
+            self.log(f"{runner.label} crashes")
+            runner.crash()
+        else:
+            runner.begin_leaving()
+
+    # ---- invariants ----------------------------------------------------------------------
+
+    def check(self) -> None:
+        holders: dict[str, str] = {}
+        for runner in self.runners:
+            if runner is None or not runner.alive:
+                continue
+            if runner.conn.gaps:
+                self.violation(f"{runner.label} received a command index gap")
+            for attempt in runner.attempts.values():
+                if attempt.running:
+                    if attempt.run_id in holders:
+                        self.violation(
+                            f"{attempt.run_id} runs twice: in {holders[attempt.run_id]} "
+                            f"and {runner.label}"
+                        )
+                    holders[attempt.run_id] = runner.label
+        for link in self.coordinator.links:
+            if link.session.gaps:
+                self.violation(f"{link.name} received an event index gap")
+        (version,) = self.watch.execute("PRAGMA data_version").fetchone()
+        if version != self.data_version:
+            self.data_version = version
+            self.read_transitions()
+
+    def read_transitions(self) -> None:
+        rows = self.watch.execute(
+            "SELECT seq, run_id, old, new, attempts, runner FROM sim_transitions "
+            "WHERE seq > ? ORDER BY seq",
+            (self.log_seq,),
+        ).fetchall()
+        for seq, run_id, old, new, attempts, runner in rows:
+            self.log_seq = seq
+            self.log(f"  store: {run_id} {old} → {new} (attempt {attempts})")
+            self.history[run_id].append(f"{new} at {self.now - T0:.3f} ({runner}/{attempts})")
+            if RunStatus(new) not in TRANSITIONS[RunStatus(old)]:
+                self.violation(f"{run_id}: illegal change {old} → {new}")
+            key = (run_id, attempts, old, new)
+            if key in self.seen:
+                self.violation(f"{run_id}: {old} → {new} of attempt {attempts} twice")
+            self.seen.add(key)
+            if new in _TERMINAL:
+                self.terminal_changes[run_id] = self.terminal_changes.get(run_id, 0) + 1
+                if self.terminal_changes[run_id] > 1:
+                    self.violation(f"{run_id} ended twice")
+            self.status[run_id] = new
+
+    def finished(self) -> bool:
+        return not self.client_plan and all(s in _TERMINAL for s in self.status.values())
+
+    def final_check(self) -> None:
+        rows = self.watch.execute("SELECT id, status FROM runs ORDER BY id").fetchall()
+        in_store = dict(rows)
+        if in_store != self.status:
+            self.violation(f"the transition log disagrees with the store: {in_store}")
+        for run_id, status in in_store.items():
+            if status == RunStatus.COMPLETED:
+                continue
+            if status == RunStatus.CANCELLED and run_id in self.cancel_asked:
+                continue
+            self.violation(f"{run_id} ended {status}, not completed")
+
+
+_TERMINAL = frozenset(str(s) for s in TERMINAL)
+
+
+def _in_use(sock: Socket) -> bool:
+    done = sock.cut or (sock.runner_done and sock.server_done)
+    return not done or bool(sock.up or sock.down)
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    prefix: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.prefix + _describe(self.text)
+
+
+def _describe(text: str) -> str:
+    if text is CLOSE:
+        return "close"
+    frame = json.loads(text)
+    kind = frame["type"].removeprefix("ToServer").removeprefix("ToClient")
+    if kind in ("Events", "Commands"):
+        items = frame["events" if kind == "Events" else "commands"]
+        return f"{kind}[{', '.join(_item(x) for x in items)}]"
+    details = {k: v for k, v in frame.items() if k not in ("v", "type", "metadata", "labels")}
+    return f"{kind}{details}" if details else kind
+
+
+def _item(item: dict[str, Any]) -> str:
+    body = item["body"]
+    run = body.get("run_id") or body.get("run", {}).get("run_id", "")
+    attempt = body.get("attempt") or body.get("run", {}).get("attempts", "")
+    return f"{item['idx']}:{body['type']} {run}/{attempt}"
+
+
+def simulate(seed: int, template: Path, workdir: Path) -> Outcome:
+    """Run one seed on a fresh copy of the template database; never raises."""
+    path = workdir / f"sim-{seed}.db"
+    store = open_copy(template, path)
+    world: World | None = None
+    try:
+        with sequential_ids():
+            world = World(seed, store)
+            try:
+                world.run()
+            except Violation as exc:
+                return _failed(world, f"invariant violated: {exc}")
+            except Exception:
+                return _failed(world, f"crashed:\n{traceback.format_exc()}")
+            return Outcome(seed, world.step_no, world.now - T0, stats=world.stats)
+    finally:
+        if world is not None:
+            world.watch.close()
+        store.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def _failed(world: World, what: str) -> Outcome:
+    lines = [
+        f"seed {world.seed}: {what}",
+        f"world: {world.hosts} hosts (slots {world.slots}), {world.n_runs} runs, storm until "
+        f"t={world.storm_end - T0:.1f}, a fault every {world.fault_every_s} s, "
+        f"slow store {world.slow_store}, ping every {world.ping_interval_s} s",
+        f"last {len(world.trace)} steps (t = virtual seconds since start):",
+    ]
+    for step, at, events in world.trace:
+        what = "; ".join(map(str, events)) or "(time passes)"
+        lines.append(f"  #{step:<5} t={at[0] - T0:8.3f}  {what}")
+    lines.append(f"reproduce: CORRAL_SIM_SEED={world.seed} .venv/bin/pytest tests/sim -q")
+    lines.append("(add CORRAL_SIM_TRACE=all for every step, not only the last ones)")
+    return Outcome(world.seed, world.step_no, world.now - T0, failure="\n".join(lines))
