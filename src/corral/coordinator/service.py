@@ -243,8 +243,10 @@ class Coordinator:
         # Tasks whose retry backoff has ended are claimed into runs.
         await self._db(self.store.tasks.schedule_all, now)
         # Also wakes pollers for runs whose rate-limit backoff ended, and for runs that
-        # another process (a second coordinator, a CLI) wrote to the same database.
-        self.notifier.notify(RUNS_AVAILABLE)
+        # another process (a second coordinator, a CLI) wrote to the same database — only
+        # when there is something to claim: waking 1,000 idle sockets each second is not free.
+        if await self._db(self.store.has_claimable, now):
+            self.notifier.notify(RUNS_AVAILABLE)
         return done
 
     async def reconcile_forever(self) -> None:

@@ -139,7 +139,8 @@ class PollTransport:
                 raise
             except (LinkDown, CorralError) as exc:
                 delay = backoff_delay(failures, cap=self.settings.max_backoff_s)
-                log.warning("%s failed (%s); retry in %.1fs", what, exc, delay)
+                why = "coordinator unreachable" if isinstance(exc, LinkDown) else "refused"
+                log.warning("%s: %s (%s); retry in %.1fs", what, why, exc, delay)
                 failures += 1
                 await asyncio.sleep(delay)
 

@@ -136,6 +136,15 @@ class Store:
             )
         return [run_from_row(r) for r in rows]
 
+    def has_claimable(self, now: float) -> bool:
+        """Is any pending run ready to be claimed (its backoff over)?"""
+        with self.db.transaction(write=False) as tx:
+            row = tx.one(
+                "SELECT 1 AS x FROM runs WHERE status = 'pending' AND available_at <= ? LIMIT 1",
+                (now,),
+            )
+        return row is not None
+
     def count_runs(self) -> dict[str, int]:
         """How many runs are in each status."""
         with self.db.transaction(write=False) as tx:
