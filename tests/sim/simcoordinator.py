@@ -86,6 +86,7 @@ class ServerLink:
         self.push_op: Op | None = None
         self.pushing = False  # the push loop runs (from registration on)
         self.wake = False  # the push loop was notified
+        self.push_by = 0.0  # the push loop's wait times out then (poll_timeout_s)
         self.closed = False
         self.forgotten = False
 
@@ -300,8 +301,9 @@ class SimCoordinator:
                 continue
             if link.work_op is None and link.work:
                 link.work_op = link.work.popleft()()
-            if link.pushing and link.wake and link.push_op is None:
+            if link.pushing and link.push_op is None and (link.wake or now >= link.push_by):
                 link.wake = False
+                link.push_by = now + self.settings.poll_timeout_s
                 rid, claim, sent = link.runner_id, not link.draining, link.cancels_sent
                 after = link.sent_idx
                 link.push_op = self.op(
@@ -337,7 +339,8 @@ class SimCoordinator:
         )
         if done.changed:
             self.world.log(f"reconcile: lost {done.lost_runners}, requeued {done.requeued}")
-        self.wake_all()
+        if self.store.has_claimable(now):  # as reconcile_once: only then are pollers woken
+            self.wake_all()
         self.next_reconcile = now + self.settings.reconcile_interval_s
 
     def deadlines(self) -> list[float]:
@@ -352,6 +355,8 @@ class SimCoordinator:
                     times.append(deadline)
                 if link.socket.cut and link.socket.notice_at > now:
                     times.append(link.socket.notice_at)
+                if link.pushing and link.push_op is None:
+                    times.append(link.push_by)
             times.extend(op.due for op in link.ops() if op.due > now)
         return times
 

@@ -399,7 +399,9 @@ class World:
                     if attempt.run_id in holders:
                         self.violation(
                             f"{attempt.run_id} runs twice: in {holders[attempt.run_id]} "
-                            f"and {runner.label}"
+                            f"and {runner.label} (store: "
+                            + " → ".join(self.history.get(attempt.run_id, []))
+                            + ")"
                         )
                     holders[attempt.run_id] = runner.label
         for link in self.coordinator.links:

@@ -118,7 +118,7 @@ class LinkCore:
             abandon = self.push(runner_id, bodies, now)
         return Applied(
             last_idx=last,
-            refused=[RunId(r) for r, _ in refused],
+            refused=[RunId(r) for r in dict.fromkeys(r for r, _ in refused)],
             abandon=abandon,
             wake=wakeups(parsed, outcomes),
             finished=any(e.type == "finished" for e in parsed),
@@ -134,7 +134,7 @@ class LinkCore:
     def push(
         self, runner_id: RunnerId, bodies: Sequence[dict[str, Any]], now: float
     ) -> list[Indexed]:
-        """Number and store commands; send them after this returns."""
+        """Number and store commands; the push loop sends them (``push_work``)."""
         return _indexed(self.store.link.push(runner_id, bodies, now))
 
     def push_work(

@@ -55,6 +55,7 @@ from corral.runners import RunnerState
 
 log = logging.getLogger("corral.coordinator")
 _accepted = itertools.count(1)  # sockets in the order they opened: the newer one wins
+REASON_STORE_FAILED = "corral.store_failed"
 
 
 class SocketLink:
@@ -148,20 +149,26 @@ class SocketLink:
                 self._work.put_nowait(out)
 
     async def _store_work(self) -> None:
-        """What the read loop handed over, in order, one store call at a time."""
-        while True:
-            out = await self._work.get()
-            assert self.runner_id is not None  # nothing is handed over before registration
-            if isinstance(out, Apply):
-                await self._apply(out.events)
-            elif isinstance(out, CommandsAcked):
-                await self.coordinator._db(
-                    self.core.acknowledge, self.runner_id, out.last_command_idx
-                )
-            else:
-                await self.coordinator._db(
-                    self.core.draining, self.runner_id, self.coordinator.clock.now()
-                )
+        """What the read loop handed over, in order, one store call at a time. If one
+        fails (the database is away), the socket is closed: the runner reconnects and
+        sends again what was not acknowledged."""
+        try:
+            while True:
+                out = await self._work.get()
+                assert self.runner_id is not None  # nothing is handed over before registering
+                if isinstance(out, Apply):
+                    await self._apply(out.events)
+                elif isinstance(out, CommandsAcked):
+                    await self.coordinator._db(
+                        self.core.acknowledge, self.runner_id, out.last_command_idx
+                    )
+                else:
+                    await self.coordinator._db(
+                        self.core.draining, self.runner_id, self.coordinator.clock.now()
+                    )
+        except Exception:
+            log.exception("runner %s: storing what it sent failed", self.runner_id)
+            await self._close(m.CLOSE_GOING_AWAY, REASON_STORE_FAILED)
 
     async def _send(self, message: Any) -> None:
         async with self._send_lock:

@@ -107,8 +107,13 @@ class Runner:
 
     def start(self, assignment: dict[str, Any]) -> None:
         run = _run_from_assignment(assignment)
-        if run.id in self.attempts:
-            return  # already running it (a repeated assignment)
+        current = self.attempts.get(run.id)
+        if current is not None:
+            if current.attempt >= run.attempts:
+                return  # already running it (a repeated assignment)
+            # A newer attempt of a run we still hold (ours was given back, e.g. while our
+            # last report waited for its ack): the old one stops, the new one runs.
+            current.abandon("a newer attempt was assigned")
         try:
             executor = executor_for(
                 run,
@@ -144,7 +149,8 @@ class Runner:
         except Exception:
             log.exception("run %s: attempt crashed", attempt.run.id)
         finally:
-            self.attempts.pop(attempt.run.id, None)
+            if self.attempts.get(attempt.run.id) is attempt:
+                del self.attempts[attempt.run.id]
             self._slot_freed.set()
 
 
