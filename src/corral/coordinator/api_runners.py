@@ -24,7 +24,7 @@ from corral.coordinator.schemas import (
 from corral.coordinator.service import Coordinator
 from corral.errors import InvalidRequest
 from corral.ids import RunId, RunnerId
-from corral.runs import RunReport, RunStatus
+from corral.runs import RunStatus
 from corral.store import Held, LogLine, RunnerSync
 
 router = APIRouter(prefix="/runner", tags=["runner protocol"])
@@ -163,16 +163,6 @@ async def events(body: EventsBody, request: Request) -> dict[str, Any]:
 async def _report(
     run_id: str, body: ReportBody, status: RunStatus, request: Request
 ) -> dict[str, Any]:
-    report = RunReport(
-        status=status,
-        exit_code=body.exit_code,
-        error=body.error,
-        result=body.result,
-        session_id=body.session_id,
-        cost_usd=body.cost_usd,
-        usage=body.usage,
-        num_turns=body.num_turns,
-        retry_after_s=body.retry_after_s,
-    )
+    report = body.to_report(status)
     run = await _coordinator(request).report(run_id, body.runner_id, body.attempt, report)
     return {"ok": True, "status": run.status}

@@ -39,7 +39,7 @@ from corral.errors import CorralError
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import Indexed, ToServerInit
 from corral.runners import RunnerState
-from corral.runs import Run, RunReport, RunStatus
+from corral.runs import Run, RunStatus
 from corral.store import LogLine, Store
 from corral.store.link import Command
 
@@ -214,18 +214,7 @@ def apply_event(store: Store, runner_id: str, event: RunnerEvent, now: float) ->
                 event.run_id, runner_id, event.attempt, event.step, event.data, now
             )
         else:
-            report = RunReport(
-                status=RunStatus(event.status),
-                exit_code=event.exit_code,
-                error=event.error,
-                result=event.result,
-                session_id=event.session_id,
-                cost_usd=event.cost_usd,
-                usage=event.usage,
-                num_turns=event.num_turns,
-                retry_after_s=event.retry_after_s,
-                task=event.task,
-            )
+            report = event.to_report(RunStatus(event.status))
             return None, store.finish_run(event.run_id, runner_id, event.attempt, report, now)
     except CorralError as exc:
         return exc, None

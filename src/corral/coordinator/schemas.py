@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.runners import Runner
-from corral.runs import Run, RunType
+from corral.runs import Run, RunReport, RunStatus, RunType
 from corral.sessions import Session
 from corral.store import LogEntry
 
@@ -82,8 +82,9 @@ class LogsBody(LeaseRef):
     lines: list[LogLineBody] = Field(max_length=5000)
 
 
-class ReportBody(LeaseRef):
-    status: Literal["completed", "failed", "timed_out", "cancelled", "pending"] | None = None
+class Outcome(_Strict):
+    """How an attempt ended, as a runner reports it (per-run endpoint or batched event)."""
+
     exit_code: int | None = None
     error: str | None = None
     result: str | None = None
@@ -92,6 +93,25 @@ class ReportBody(LeaseRef):
     usage: dict[str, Any] | None = None
     num_turns: int | None = None
     retry_after_s: float | None = Field(None, ge=0)
+    task: dict[str, Any] | None = Field(None, description="a task run's outcome")
+
+    def to_report(self, status: RunStatus) -> RunReport:
+        return RunReport(
+            status=status,
+            exit_code=self.exit_code,
+            error=self.error,
+            result=self.result,
+            session_id=self.session_id,
+            cost_usd=self.cost_usd,
+            usage=self.usage,
+            num_turns=self.num_turns,
+            retry_after_s=self.retry_after_s,
+            task=self.task,
+        )
+
+
+class ReportBody(LeaseRef, Outcome):
+    status: Literal["completed", "failed", "timed_out", "cancelled", "pending"] | None = None
 
 
 class StartedEvent(_Strict):
@@ -114,20 +134,11 @@ class LogsEvent(_Strict):
     lines: list[LogLineBody] = Field(max_length=5000)
 
 
-class FinishedEvent(_Strict):
+class FinishedEvent(Outcome):
     type: Literal["finished"]
     run_id: str
     attempt: int
     status: Literal["completed", "failed", "timed_out", "cancelled", "pending"]
-    exit_code: int | None = None
-    error: str | None = None
-    result: str | None = None
-    session_id: str | None = None
-    cost_usd: float | None = None
-    usage: dict[str, Any] | None = None
-    num_turns: int | None = None
-    retry_after_s: float | None = Field(None, ge=0)
-    task: dict[str, Any] | None = Field(None, description="a task run's outcome")
 
 
 class TaskStepEvent(_Strict):
