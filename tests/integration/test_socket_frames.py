@@ -284,6 +284,7 @@ def _init_frame(**changes: Any) -> str:
 
 BAD_OPENINGS = {
     "not_json": ("this is {not json", m.MALFORMED_FRAME),
+    "binary_frame": (_init_frame().encode(), m.MALFORMED_FRAME),
     "not_an_object": ("[1, 2, 3]", m.MALFORMED_FRAME),
     "init_missing_field": (json.dumps({"v": 1, "type": "ToServerInit"}), m.MALFORMED_FRAME),
     "unknown_message": (json.dumps({"v": 1, "type": "ToServerBogus"}), m.UNKNOWN_MESSAGE),
@@ -303,7 +304,7 @@ BAD_OPENINGS = {
 
 @pytest.mark.parametrize("frame,code", BAD_OPENINGS.values(), ids=BAD_OPENINGS.keys())
 async def test_bad_first_frame_closes_only_that_socket(
-    served: Served, frame: str, code: str
+    served: Served, frame: str | bytes, code: str
 ) -> None:
     good = await served.connect()
     await good.init("good")
@@ -321,13 +322,15 @@ async def test_bad_frame_after_init_closes_only_that_socket(served: Served) -> N
     good = await served.connect()
     await good.init("good")
     runner_id = None
-    for frame, code in [
+    frames: list[tuple[str | bytes, str]] = [
         ("{{{", m.MALFORMED_FRAME),
         (json.dumps({"v": 1, "type": "ToServerTeleport"}), m.UNKNOWN_MESSAGE),
+        (m.encode(m.ToServerPing(ts=1.0)).encode(), m.MALFORMED_FRAME),
         (json.dumps({"v": 1, "type": "ToServerAckCommands", "last_command_idx": -1}),
          m.MALFORMED_FRAME),
         (_init_frame(name="bad"), m.DUPLICATE_INIT),
-    ]:  # fmt: skip
+    ]  # fmt: skip
+    for frame, code in frames:
         bad = await served.connect()
         runner_id = (await bad.init("bad", runner_id=runner_id)).runner_id
         await bad.send_raw(frame)

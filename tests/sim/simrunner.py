@@ -35,6 +35,7 @@ PING_INTERVAL_S = 1.0
 ACK_INTERVAL_S = 2.0
 MAX_BACKOFF_S = 4.0
 DRAIN_GRACE_S = 4.0
+STOP_MARGIN_S = 1.0  # what stopping a process takes; the runner stops that much early
 
 
 @dataclass(eq=False)
@@ -61,6 +62,7 @@ class RunnerProcess:
             metadata={},
             rng=random.Random(world.rng.getrandbits(32)),
             max_backoff_s=MAX_BACKOFF_S,
+            stop_margin_s=STOP_MARGIN_S,
             default_lost_threshold_s=LOST_AFTER_S,
             default_ping_interval_s=PING_INTERVAL_S,
             default_ack_interval_s=ACK_INTERVAL_S,
@@ -136,7 +138,10 @@ class RunnerProcess:
                     self.connect()
                 else:  # the old socket is still closing: reconnect once it has
                     self.want_reconnect = True
-            elif isinstance(out, Closed) and not out.reconnect and self.leave_at is None:
+            elif isinstance(out, Closed) and out.reconnect:
+                world.log(f"{self.label} drops its socket: {out.reason}")
+                self.close_socket()
+            elif isinstance(out, Closed) and self.leave_at is None:
                 world.log(f"{self.label} closed for good: {out.reason}")
                 world.closed_for_good(self, out.reason)
                 self.over = True

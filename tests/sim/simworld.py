@@ -234,9 +234,10 @@ class World:
         assert sock.cut
         self.log_frame(f"late {direction} frame of dead {sock.name} dropped: ", frame)
 
-    def cut(self, sock: Socket, notice: float | None = None) -> None:
+    def cut(self, sock: Socket, notice: float | None = None, *, half_open: bool = False) -> None:
         """The connection breaks; the coordinator notices after ``notice`` seconds (its
-        session's lost timer closes the link if it never does)."""
+        session's lost timer closes the link if it never does). ``half_open``: the
+        runner's end never notices; only the silence on it can tell the runner."""
         self.count("cuts")
         if notice is None:
             roll = self.rng.random()
@@ -244,7 +245,7 @@ class World:
         self.log(f"{sock.name} cut (the coordinator notices in {notice:.2f} s)")
         sock.break_off(self.rng, self.late)
         sock.notice_at = self.now + notice
-        if sock.runner.socket is sock:
+        if sock.runner.socket is sock and not half_open:
             sock.runner.socket_ended()
 
     def complete(self, link_op: tuple[Any, Any]) -> None:
@@ -358,7 +359,7 @@ class World:
     def fault(self) -> None:
         rng, coordinator = self.rng, self.coordinator
         alive = [r for r in self.runners if r is not None and r.alive]
-        kinds = ["cut", "partition", "partition", "crash_runner", "drain_runner"]
+        kinds = ["cut", "half_open", "partition", "partition", "crash_runner", "drain_runner"]
         if coordinator.up:
             kinds.append("crash_coordinator")
         kind = rng.choice(kinds)
@@ -370,9 +371,9 @@ class World:
         if not alive:
             return
         runner = rng.choice(alive)
-        if kind == "cut":
+        if kind in ("cut", "half_open"):
             if runner.socket is not None and not runner.socket.cut:
-                self.cut(runner.socket)
+                self.cut(runner.socket, half_open=kind == "half_open")
         elif kind == "partition":
             until = self.now + rng.uniform(1.0, 3.0 * LOST_AFTER_S)
             self.partitioned_until[runner.host] = until

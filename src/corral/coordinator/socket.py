@@ -106,8 +106,13 @@ class SocketLink:
     async def _read(self) -> None:
         try:
             while not self.closed.is_set():
-                text = await self.ws.receive_text()
+                frame = await self.ws.receive()
+                if frame["type"] == "websocket.disconnect":
+                    raise WebSocketDisconnect(frame.get("code", 1000), frame.get("reason"))
                 try:
+                    text = frame.get("text")
+                    if text is None:
+                        raise m.ProtocolError(m.MALFORMED_FRAME, "frames are JSON text, not binary")
                     message = m.decode(text, side="server")
                 except m.ProtocolError as exc:
                     await self._handle(self.session.receive_error(exc))
@@ -116,7 +121,7 @@ class SocketLink:
         except WebSocketDisconnect as exc:
             self.left = exc.code == m.CLOSE_NORMAL and exc.reason == m.REASON_RUNNER_SHUTDOWN
             self.closed.set()
-        except (RuntimeError, KeyError):
+        except RuntimeError:  # receive() after the socket was closed from our side
             self.closed.set()
 
     async def _tick(self) -> None:

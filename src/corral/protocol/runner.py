@@ -21,6 +21,12 @@ when that runs out it outputs StopAllWork. Its identity is then spent: the next 
 presents none, so the coordinator registers a new runner and takes back what the old
 identity held — had it kept its id, runs it stopped would stay assigned to it forever.
 (Both found by tests/sim: counting from the disconnection ran runs twice.)
+
+The lease is enforced while a socket is open too: a half-open socket (the coordinator's
+end vanished without a reset) looks open but carries nothing. When no Pong has come back
+for the *silence window*, the runner drops that socket and reconnects; if it cannot get
+back in, it stops all work ``stop_margin_s`` before the lease ends, so that its processes
+are gone (SIGTERM, grace, SIGKILL) by the time the coordinator can give their runs away.
 """
 
 from __future__ import annotations
@@ -94,10 +100,12 @@ class RunnerConnection:
         default_ping_interval_s: float = 3.0,
         default_ack_interval_s: float = 300.0,
         max_batch_events: int = 500,
+        stop_margin_s: float = 0.0,
     ) -> None:
         self._hello = (name, version, total_slots, tuple(labels), dict(metadata))
         self._rng = rng
         self._max_backoff_s = max_backoff_s
+        self._stop_margin_s = stop_margin_s
         self._defaults = (default_lost_threshold_s, default_ping_interval_s, default_ack_interval_s)
         self.lost_threshold_s, self.ping_interval_s, self.ack_interval_s = self._defaults
         self._state = RunnerState.IDLE
@@ -227,12 +235,40 @@ class RunnerConnection:
             return [DrainRequested(message.grace_s)]
         assert_never(message)
 
+    @property
+    def lease_s(self) -> float:
+        """How long after the coordinator last heard from us we still own our runs:
+        the lost threshold less the margin that stopping takes (at most a third of it)."""
+        return self.lost_threshold_s - min(self._stop_margin_s, self.lost_threshold_s / 3)
+
+    @property
+    def silence_s(self) -> float:
+        """No answer for this long on an open socket: it is dead, drop it. Long enough for
+        two pings to go unanswered, short enough to reconnect before the lease ends."""
+        return max(2 * self._ping_every_s(), self.lease_s / 2)
+
+    def _ping_every_s(self) -> float:
+        # Never so rarely that a healthy link looks silent (a misconfigured coordinator).
+        return min(self.ping_interval_s, self.lease_s / 3)
+
+    def _silent_at(self) -> float | None:
+        if self._state not in _LINKED:
+            return None
+        heard = self._connect_at if self._state is RunnerState.CONNECTING else self._lease_at
+        return None if heard is None else heard + self.silence_s
+
     def tick(self, now: float) -> list[RunnerOutput]:
         out: list[RunnerOutput] = []
+        silent_at = self._silent_at()
+        if silent_at is not None and now >= silent_at:
+            # Half-open, or a coordinator too stuck to answer: either way it may stop
+            # hearing us. Drop the socket (the pump closes it) and try another.
+            reason = f"no answer from the coordinator for {self.silence_s:g} s"
+            out += [Closed(reason, reconnect=True), *self._lose_link(now)]
         if self._state is RunnerState.ACTIVE:
             if self._ping_at is not None and now >= self._ping_at:
                 out.append(Send(wire.ToServerPing(now)))
-                self._ping_at = now + self.ping_interval_s
+                self._ping_at = now + self._ping_every_s()
             if self._ack_at is not None and now >= self._ack_at:
                 acked = self._acked_command_idx
                 if acked is None or self._last_command_idx > acked:
@@ -250,7 +286,7 @@ class RunnerConnection:
         return out
 
     def next_deadline(self) -> float | None:
-        timers = (self._ping_at, self._ack_at, self._reconnect_at, self._lost_at)
+        timers = (self._ping_at, self._ack_at, self._reconnect_at, self._lost_at, self._silent_at())
         return min((t for t in timers if t is not None), default=None)
 
     def _move(self, new: RunnerState) -> None:
@@ -286,7 +322,7 @@ class RunnerConnection:
         self._lease_at = self._connect_at  # it registered us after our Init was sent
         self._lost_at = self._reconnect_at = None
         self._work_stopped = False
-        self._ping_at = now + self.ping_interval_s
+        self._ping_at = now + self._ping_every_s()
         self._ack_at, self._acked_command_idx = now, None  # ack at once after a (re)connect
         out.append(Connected(message.runner_id, fresh))
         return out
@@ -309,7 +345,7 @@ class RunnerConnection:
         # answered ping or Init); before we ever had an identity there is no work to lose.
         lease_at = self._lease_at
         if lease_at is not None and self._lost_at is None and not self._work_stopped:
-            self._lost_at = lease_at + self.lost_threshold_s
+            self._lost_at = lease_at + self.lease_s
         delay = backoff_delay(
             self._attempt, base=1.0, cap=self._max_backoff_s, jitter=0.25, rng=self._rng
         )

@@ -40,7 +40,6 @@ from corral.runner.transport import Host
 
 log = logging.getLogger("corral.runner")
 MAX_FRAME = 64 * 1024 * 1024
-KEEPALIVE_S = 5.0
 
 
 def socket_url(coordinator_url: str) -> str:
@@ -67,12 +66,16 @@ class WebSocketTransport:
             metadata={"hostname": socket.gethostname()},
             rng=rng or random.Random(),
             max_backoff_s=settings.max_backoff_s,
+            # Our processes must be gone (SIGTERM, grace, SIGKILL) before the lease ends.
+            stop_margin_s=settings.kill_grace_s + 1.0,
         )
         self._ws: ClientConnection | None = None
         self._futures: dict[int, asyncio.Future[None]] = {}
         self._pending: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
         self._flush_scheduled = False
         self._connected = asyncio.Event()
+        self._retick = asyncio.Event()  # a deadline earlier than the ticker sleeps toward
+        self._tick_at = 0.0
         self._over = asyncio.Event()
         self._main: asyncio.Task[None] | None = None
 
@@ -161,9 +164,8 @@ class WebSocketTransport:
                     self.url,
                     open_timeout=10,
                     max_size=MAX_FRAME,
-                    # Transport keepalive: a half-open socket is noticed within seconds.
-                    ping_interval=KEEPALIVE_S,
-                    ping_timeout=KEEPALIVE_S * 2,
+                    # The protocol's own pings find a dead socket (RunnerConnection.silence_s).
+                    ping_interval=None,
                 ) as ws:
                     self._ws = ws
                     await self._carry_out(outputs)
@@ -202,6 +204,9 @@ class WebSocketTransport:
                 self._settle_acknowledged()
                 if self.conn.state is RunnerState.CLOSED:
                     return
+                deadline = self.conn.next_deadline()
+                if deadline is not None and deadline < self._tick_at:
+                    self._retick.set()  # e.g. the Init: ack and ping timers start now
         except websockets.ConnectionClosed:
             return
         finally:
@@ -210,7 +215,10 @@ class WebSocketTransport:
     async def _tick_while_open(self) -> None:
         while True:
             deadline = self.conn.next_deadline()
-            await asyncio.sleep(1.0 if deadline is None else max(0.0, deadline - time.time()))
+            self._tick_at = time.time() + 1.0 if deadline is None else deadline
+            self._retick.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._retick.wait(), max(0.0, self._tick_at - time.time()))
             await self._carry_out(self.conn.tick(time.time()))
 
     async def _wait_to_reconnect(self) -> None:
@@ -257,7 +265,13 @@ class WebSocketTransport:
             elif isinstance(out, DrainRequested):
                 log.info("the coordinator asks this runner to drain within %ss", out.grace_s)
                 self.host.drain(out.grace_s)
-            elif isinstance(out, Closed) and not out.reconnect and not self._over.is_set():
+            elif isinstance(out, Closed) and out.reconnect:
+                # This socket is done (silent, or closed by the coordinator): drop it now,
+                # without a closing handshake a half-open socket would never answer.
+                if self._ws is not None:
+                    log.warning("dropping the coordinator socket: %s", out.reason)
+                    self._ws.transport.abort()
+            elif isinstance(out, Closed) and not self._over.is_set():
                 log.warning("coordinator closed the link: %s", out.reason)
                 self._over.set()
                 if out.reason == wire.REASON_STOPPED:

@@ -105,7 +105,8 @@ def test_connect_sends_init_with_no_identity_yet() -> None:
         Send(ToServerInit("host-a", "0.1.0", 1, 4, 0, None, ("gpu",), {"hostname": "host-a"}))
     ]
     assert runner.state is RunnerState.CONNECTING
-    assert runner.next_deadline() is None  # no lost timer: we have no work to lose yet
+    # Only the wait for an answer (half the 15 s lease); no lost timer: no work to lose yet.
+    assert runner.next_deadline() == T0 + 7.5
 
 
 def test_connect_twice_is_illegal_and_changes_nothing() -> None:
@@ -322,7 +323,8 @@ def test_new_events_are_never_numbered_at_or_below_what_the_server_applied() -> 
 
 
 def test_commands_are_acked_right_after_connect_then_periodically_when_advanced() -> None:
-    runner = connected(T0)
+    # A lease so long that the unanswered pings of this test never drop the socket.
+    runner = connected(T0, meta={**META, "runner_lost_threshold": 1e6})
     assert runner.next_deadline() == T0
     assert runner.tick(T0) == [Send(ToServerAckCommands(0))]  # ack on (re)connect
     runner.receive(ToClientCommands((command(1), command(2))), T0 + 1)
@@ -349,6 +351,7 @@ def test_pings_every_interval_while_active() -> None:
     assert runner.next_deadline() == T0 + 3
     assert runner.tick(T0 + 2.9) == []
     assert runner.tick(T0 + 3) == [Send(ToServerPing(T0 + 3))]
+    assert runner.receive(ToClientPong(T0 + 3), T0 + 3.1) == []
     assert runner.tick(T0 + 4) == []
     assert runner.tick(T0 + 6.5) == [Send(ToServerPing(T0 + 6.5))]
     assert runner.next_deadline() == T0 + 9.5
@@ -377,8 +380,9 @@ def test_lost_timer_fires_while_a_connect_is_pending() -> None:
     runner = connected(T0)
     runner.socket_closed(T0)
     runner.connect(T0 + 1)  # a socket that opens but never gets its Init
-    assert runner.next_deadline() == T0 + 15
-    assert runner.tick(T0 + 15) == [StopAllWork()]
+    assert runner.next_deadline() == T0 + 8.5  # given up on after the silence window
+    assert runner.tick(T0 + 8.5)[1:] == [Disconnected()]
+    assert StopAllWork() in runner.tick(T0 + 15)
 
 
 def test_a_successful_init_renews_the_lease_and_answered_pings_keep_it() -> None:
@@ -410,12 +414,58 @@ def test_the_lease_counts_from_the_last_answered_ping_not_the_disconnection() ->
     assert StopAllWork() in runner.tick(T0 + 18)
 
 
-def test_while_connected_the_lease_is_only_kept_not_enforced() -> None:
+def answered_pings(runner: RunnerConnection, start: float, end: float) -> None:
+    """Tick every second from ``start`` to ``end``, each ping answered 0.1 s later."""
+    for t in range(int(start), int(end) + 1):
+        for message in sent(runner.tick(T0 + t)):
+            if isinstance(message, ToServerPing):
+                assert runner.receive(ToClientPong(message.ts), T0 + t + 0.1) == []
+
+
+def test_a_link_whose_pings_are_answered_stays_up() -> None:
     runner = connected(T0)
-    assert StopAllWork() not in runner.tick(T0 + 60)  # the coordinator reads our pings
-    runner.receive(ToClientPong(T0 + 60), T0 + 61)
-    runner.socket_closed(T0 + 70)
-    assert runner.tick(T0 + 75).count(StopAllWork()) == 1  # from the answered T0 + 60
+    answered_pings(runner, 0, 120)
+    assert runner.state is RunnerState.ACTIVE
+
+
+def test_a_silent_socket_is_dropped_and_work_stops_a_margin_before_the_lease_ends() -> None:
+    # Half-open: the socket looks open but nothing comes back. Lease 15 - 5 = 10 s, from
+    # the last answered ping at T0 + 3; dropped when silent for max(2 pings, lease / 2).
+    runner = connected(T0, stop_margin_s=6.0)  # the margin is at most a third: 5 s
+    assert (runner.lease_s, runner.silence_s) == (10.0, 6.0)
+    answered_pings(runner, 0, 3)
+    assert Send(ToServerPing(T0 + 6)) in runner.tick(T0 + 6)  # never answered
+    assert runner.tick(T0 + 8.9) == []
+    closed, disconnected = runner.tick(T0 + 9)
+    assert isinstance(closed, Closed) and closed.reconnect and "6 s" in closed.reason
+    assert disconnected == Disconnected() and runner.state is RunnerState.DISCONNECTED
+    assert runner.tick(T0 + 10) == [Reconnect()]
+    runner.connect(T0 + 10)  # this socket is no better: no Init comes back
+    assert StopAllWork() not in runner.tick(T0 + 12.9)
+    assert runner.tick(T0 + 13) == [StopAllWork()]  # T0 + 3 + 10, before the coordinator's 18
+
+
+def test_a_dropped_silent_socket_that_reconnects_in_time_keeps_its_identity_and_work() -> None:
+    runner = connected(T0)
+    runner.receive(ToClientCommands((command(1),)), T0)
+    runner.tick(T0)
+    assert isinstance(runner.tick(T0 + 7.5)[0], Closed)  # silent since the Init at T0
+    assert runner.tick(T0 + 8.5) == [Reconnect()]
+    (init_sent,) = sent(runner.connect(T0 + 8.5))
+    assert (init_sent.runner_id, init_sent.last_command_idx) == (RID, 1)
+    assert runner.receive(init(), T0 + 8.6) == [Connected(RunnerId(RID), fresh=False)]
+    answered_pings(runner, 9, 60)
+    assert runner.state is RunnerState.ACTIVE
+
+
+def test_pings_come_at_least_three_times_a_lease() -> None:
+    # A coordinator asking for pings as rare as its lost threshold would make a healthy
+    # link look silent: the runner pings more often than it is told.
+    runner = connected(T0, meta={"runner_lost_threshold": 6, "ping_interval": 6})
+    runner.tick(T0)
+    assert runner.next_deadline() == T0 + 2
+    answered_pings(runner, 1, 60)
+    assert runner.state is RunnerState.ACTIVE
 
 
 def test_after_stopping_all_work_the_next_init_presents_no_identity() -> None:
