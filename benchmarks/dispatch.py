@@ -7,6 +7,8 @@ Measures, for each store and each runner transport:
   throughput  no-op runs (`true`) created in batches (POST /runs:batch) until all are
               completed: runs/s, with --runners (default 4 and 32) runners sharing
               --total-slots slots; and the coordinator's CPU meanwhile (100% = one core)
+  control     the same with 4 runners whose runs start no process (noop_runner.py): the
+              control plane alone, without the ~1.7 ms of CPU a process start costs
 
     python benchmarks/dispatch.py [--runs 2000] [--runners 4,32] [--total-slots 32]
                                   [--samples 200] [--db sqlite|postgres|both]
@@ -34,7 +36,8 @@ from pathlib import Path
 import httpx
 import psycopg
 
-CORRAL = str(Path(sys.executable).parent / "corral")
+CORRAL = [str(Path(sys.executable).parent / "corral")]
+NOOP_RUNNER = [sys.executable, str(Path(__file__).with_name("noop_runner.py"))]
 PG_URL = os.environ.get("CORRAL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -85,7 +88,14 @@ class Cluster:
 
 
 @contextmanager
-def cluster(db: str, runners: int, slots: int, workdir: Path, transport: str) -> Iterator[Cluster]:
+def cluster(
+    db: str,
+    runners: int,
+    slots: int,
+    workdir: Path,
+    transport: str,
+    runner_cmd: list[str] = CORRAL,
+) -> Iterator[Cluster]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
@@ -93,11 +103,11 @@ def cluster(db: str, runners: int, slots: int, workdir: Path, transport: str) ->
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
 
-    def spawn(args: list[str], name: str) -> subprocess.Popen[bytes]:
+    def spawn(cmd: list[str], args: list[str], name: str) -> subprocess.Popen[bytes]:
         log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed below
         logs.append(log)
         proc = subprocess.Popen(
-            [CORRAL, *args],
+            [*cmd, *args],
             env=env,
             stdout=log,
             stderr=log,
@@ -109,13 +119,16 @@ def cluster(db: str, runners: int, slots: int, workdir: Path, transport: str) ->
 
     try:
         coordinator = spawn(
-            ["serve", "--port", str(port), "--db", db, "--poll-timeout", "30"], "coordinator"
+            CORRAL,
+            ["serve", "--port", str(port), "--db", db, "--poll-timeout", "30"],
+            "coordinator",
         )
         wait_healthy(url)
         runner_procs = []
         for i in range(runners):
             runner_procs.append(
                 spawn(
+                    runner_cmd,
                     [
                         "runner",
                         "--name",
@@ -250,6 +263,7 @@ class Row:
     p99: float
     mean: float
     throughput: dict[int, Throughput]  # by number of runners
+    control: Throughput  # 4 runners x 8 slots whose runs start no process
 
 
 def main() -> None:
@@ -283,6 +297,12 @@ def main() -> None:
                     cluster(db, count, slots, Path(tmp), transport) as target,
                 ):
                     throughput[count] = measure_throughput(target, args.runs)
+            with (
+                tempfile.TemporaryDirectory() as tmp,
+                database(kind, Path(tmp)) as db,
+                cluster(db, 4, 8, Path(tmp), transport, NOOP_RUNNER) as target,
+            ):
+                control = measure_throughput(target, args.runs)
             row = Row(
                 kind,
                 transport,
@@ -290,6 +310,7 @@ def main() -> None:
                 pct(latencies, 99),
                 statistics.mean(latencies),
                 throughput,
+                control,
             )
             rows.append(row)
             print(f"  done: {kind} {transport}", file=sys.stderr)
@@ -304,12 +325,15 @@ def main() -> None:
         f"1 runner x 1 slot, {args.samples} sequential runs; throughput: {args.runs} no-op "
         f"runs, {args.total_slots} slots in total; CPU meanwhile (100% = one core) of the "
         f"coordinator (coord), of the runners with the processes they ran (runners) and of "
-        f"the whole machine (all: {100 * (os.cpu_count() or 1)}% = every core busy)"
+        f"the whole machine (all: {100 * (os.cpu_count() or 1)}% = every core busy); "
+        "control: the same no-op runs on 4 runners x 8 slots that start no process "
+        "(benchmarks/noop_runner.py), the control plane alone"
     )
     header = f"{'store':<9} {'transport':<10} {'p50 ms':>7} {'p99 ms':>7} {'mean ms':>8}"
     for n in runner_counts:
         label = f"{n}x{slots_of[n]}"
         header += f" {'runs/s ' + label:>14} {'coord':>6} {'runners':>8} {'all':>5}"
+    header += f" {'control 4x8':>12} {'coord':>6}"
     print(header)
     for row in rows:
         line = (
@@ -321,6 +345,7 @@ def main() -> None:
                 f" {t.runs_per_s:>14.0f} {t.coordinator_cpu:>5.0f}% {t.runners_cpu:>7.0f}%"
                 f" {t.machine_cpu:>4.0f}%"
             )
+        line += f" {row.control.runs_per_s:>12.0f} {row.control.coordinator_cpu:>5.0f}%"
         print(line)
 
 

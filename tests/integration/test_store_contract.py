@@ -889,3 +889,32 @@ def test_migrate_twice_is_a_no_op(store: Store) -> None:
         ]
     assert versions == [v for v, _ in MIGRATIONS]
     assert store.get_run(run.id) == run
+
+
+# ---- nested transactions --------------------------------------------------------------------
+
+
+def statuses(store: Store, *run_ids: str) -> list[str]:
+    return [str(store.get_run(r).status) for r in run_ids]
+
+
+def test_a_transaction_inside_another_is_a_savepoint(store: Store) -> None:
+    a, b = (store.create_run(command(), NOW).id for _ in range(2))
+    with store.db.transaction():
+        store.request_cancel(a, NOW)  # commits with the outer one
+        with pytest.raises(IllegalTransition):
+            with store.db.transaction() as tx:
+                tx.execute("UPDATE runs SET status = 'failed' WHERE id = ?", (b,))
+                raise IllegalTransition("undo only this")
+        store.request_cancel(b, NOW)
+    assert statuses(store, a, b) == ["cancelled", "cancelled"]
+
+
+def test_a_failed_outer_transaction_undoes_what_its_savepoints_did(store: Store) -> None:
+    run_id = store.create_run(command(), NOW).id
+    with pytest.raises(RuntimeError), store.db.transaction():
+        store.request_cancel(run_id, NOW)  # a savepoint, released
+        raise RuntimeError("the outer one fails")
+    assert statuses(store, run_id) == ["pending"]
+    store.request_cancel(run_id, NOW)  # the thread's next transaction is a fresh one
+    assert statuses(store, run_id) == ["cancelled"]

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
 import uvicorn
 
 from corral.cli.options import option
-from corral.coordinator.app import create_app
-from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
+from corral.coordinator.app import QuietServer, server_config
+from corral.coordinator.settings import CoordinatorSettings
 from corral.runner.core import Runner
+from corral.runner.process import watch_children_with_pidfds
 from corral.runner.settings import RunnerSettings
 
 DEFAULT_DB = ".corral/corral.db"
@@ -178,13 +177,7 @@ def serve(**kwargs: object) -> None:
     """Run the coordinator (REST API, runner endpoints, reconciler)."""
     _logging()
     settings = _coordinator_settings(**kwargs)  # type: ignore[arg-type]
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-    )
+    uvicorn.Server(server_config(settings, host=settings.host, port=settings.port)).run()
 
 
 @click.command("runner")
@@ -196,19 +189,12 @@ def runner_cmd(url: str, **kwargs: object) -> None:
     settings = _runner_settings(url, **kwargs)  # type: ignore[arg-type]
 
     async def main() -> None:
+        watch_children_with_pidfds()
         runner = Runner(settings)
         runner.install_signal_handlers()
         await runner.run()
 
     asyncio.run(main())
-
-
-class _QuietServer(uvicorn.Server):
-    """uvicorn without its own signal handling: ``up`` decides how to stop."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 @click.command()
@@ -243,15 +229,7 @@ def up(
     runner_settings = _runner_settings(url, **runner_kwargs)  # type: ignore[arg-type]
 
     async def main() -> None:
-        server = _QuietServer(
-            uvicorn.Config(
-                create_app(settings),
-                host=host,
-                port=port,
-                log_level="warning",
-                timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-            )
-        )
+        server = QuietServer(server_config(settings, host=host, port=port))
         serving = asyncio.create_task(server.serve())
         while not server.started:
             if serving.done():

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -19,7 +20,7 @@ from corral.agents.profiles import load_profiles
 from corral.clock import Clock, SystemClock
 from corral.coordinator import api_clients, api_runners, api_tasks, socket
 from corral.coordinator.service import Coordinator
-from corral.coordinator.settings import CoordinatorSettings
+from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
 from corral.errors import CorralError
 from corral.store import Store
 
@@ -69,6 +70,28 @@ def create_app(
     app.add_exception_handler(HTTPException, _http_error)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app
+
+
+def server_config(settings: CoordinatorSettings, *, host: str, port: int) -> uvicorn.Config:
+    """How corral serves its app, wherever it runs (``serve``, ``up``, ``tasks run``)."""
+    return uvicorn.Config(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        # Runner frames are small JSON: compressing each costs more CPU than it saves.
+        ws_per_message_deflate=False,
+    )
+
+
+class QuietServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the caller decides how it stops."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def _error(status: int, code: str, message: str, **details: Any) -> JSONResponse:

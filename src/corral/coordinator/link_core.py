@@ -98,7 +98,13 @@ class LinkCore:
         return Registration(runner.id, state.last_event_idx if same else 0, _indexed(missed))
 
     def apply(self, runner_id: RunnerId, events: Sequence[Indexed], now: float) -> Applied:
-        """Commit the effect of new events in order, then record them as applied."""
+        """Commit the effect of new events in order and record them as applied, in one
+        transaction: each event's effect is a savepoint (a refused one undoes only its own)."""
+        with self.store.db.transaction():
+            applied = self._apply(runner_id, events, now)
+        return applied
+
+    def _apply(self, runner_id: RunnerId, events: Sequence[Indexed], now: float) -> Applied:
         parsed = parse_events(events)
         outcomes = [apply_event(self.store, runner_id, event, now) for event in parsed]
         last = events[-1].idx
@@ -160,13 +166,15 @@ class LinkCore:
         ``claim=False`` for a draining runner. Raises ``CorralError`` (runner_lost) when the
         runner was declared lost or stopped meanwhile: it must connect again."""
         link = self.store.link
-        if claim:
-            link.claim_into_commands(runner_id, now, _start_body)
-        new = [r for r in self.store.cancel_requests(runner_id) if r not in cancels_sent]
-        if new:
-            cancels_sent.update(new)
-            self.push(runner_id, [{"type": "cancel_run", "run_id": r} for r in new], now)
-        return _indexed(link.unacknowledged(runner_id, after))
+        with self.store.db.transaction():  # one commit for the claim, cancels and read
+            if claim:
+                link.claim_into_commands(runner_id, now, _start_body)
+            new = [r for r in self.store.cancel_requests(runner_id) if r not in cancels_sent]
+            if new:
+                self.push(runner_id, [{"type": "cancel_run", "run_id": r} for r in new], now)
+            commands = _indexed(link.unacknowledged(runner_id, after))
+        cancels_sent.update(new)  # only once stored: a failed commit stores none of them
+        return commands
 
     def draining(self, runner_id: RunnerId, now: float) -> None:
         """The runner shuts down gracefully: no new work for it."""

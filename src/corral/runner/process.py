@@ -46,6 +46,23 @@ def _exists(spec: ProcessSpec) -> bool:
     return shutil.which(program, path=spec.env.get("PATH", os.defpath)) is not None
 
 
+def watch_children_with_pidfds() -> None:
+    """Python 3.11 waits for each child in a thread of its own (ThreadedChildWatcher): a
+    thread started per run. A pidfd is one file descriptor in the event loop instead
+    (Linux 5.3+); Python 3.12 does this by itself. The watcher is process-wide and tied to
+    one loop: only for a process whose one loop lives as long as it does (``corral
+    runner``), called from inside that loop."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return  # an older kernel
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(asyncio.get_running_loop())
+    asyncio.set_child_watcher(watcher)
+
+
 class Child:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc

@@ -164,6 +164,7 @@ class WebSocketTransport:
                     self.url,
                     open_timeout=10,
                     max_size=MAX_FRAME,
+                    compression=None,  # small JSON frames: not worth the CPU
                     # The protocol's own pings find a dead socket (RunnerConnection.silence_s).
                     ping_interval=None,
                 ) as ws:

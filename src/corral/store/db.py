@@ -39,6 +39,8 @@ class Database(Protocol):
     dialect: str
 
     def transaction(self, *, write: bool = True) -> Any:  # a context manager yielding Tx
+        """A transaction; opened inside one already open in this thread, a savepoint of it
+        (its failure undoes only its own writes; the outer one commits them all at once)."""
         ...
 
     def lock_rows(self, *, skip_locked: bool = False) -> str:
@@ -107,6 +109,12 @@ class SqliteDatabase:
 
     @contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[Tx]:
+        if getattr(self._local, "depth", 0):
+            if write and not self._local.writing:
+                raise RuntimeError("a write transaction inside a read-only one")
+            with self._savepoint() as tx:
+                yield tx
+            return
         if not write:
             with self._transaction(write=False) as tx:
                 yield tx
@@ -124,16 +132,35 @@ class SqliteDatabase:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.OperationalError as exc:
             raise Unavailable(f"database busy: {exc}") from exc
+        self._local.depth, self._local.writing = 1, write
         try:
             yield _SqliteTx(conn)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+        finally:
+            self._local.depth = 0
         try:
             conn.execute("COMMIT")
         except sqlite3.OperationalError as exc:
             conn.execute("ROLLBACK")
             raise Unavailable(f"commit failed: {exc}") from exc
+
+    @contextmanager
+    def _savepoint(self) -> Iterator[Tx]:
+        """A transaction inside this thread's open one: undone alone if it fails."""
+        conn, depth = self._conn(), self._local.depth
+        name = f"corral_sp{depth}"
+        conn.execute(f"SAVEPOINT {name}")
+        self._local.depth = depth + 1
+        try:
+            yield _SqliteTx(conn)
+        except BaseException:
+            conn.execute(f"ROLLBACK TO {name}")
+            raise
+        finally:
+            self._local.depth = depth
+            conn.execute(f"RELEASE {name}")
 
     def lock_rows(self, *, skip_locked: bool = False) -> str:
         return ""  # BEGIN IMMEDIATE already holds the database's single write lock
@@ -174,6 +201,7 @@ class PostgresDatabase:
 
     def __init__(self, url: str, *, max_connections: int = 16) -> None:
         self.url = url
+        self._local = threading.local()  # this thread's open transaction, if any
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Row]] = (
             psycopg_pool.ConnectionPool(
                 url,
@@ -191,9 +219,18 @@ class PostgresDatabase:
 
     @contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[Tx]:
+        current: psycopg.Connection[Row] | None = getattr(self._local, "conn", None)
+        if current is not None:  # inside this thread's open transaction: a savepoint
+            with current.transaction():
+                yield _PostgresTx(current)
+            return
         try:
             with self._pool.connection(timeout=30) as conn, conn.transaction():
-                yield _PostgresTx(conn)
+                self._local.conn = conn
+                try:
+                    yield _PostgresTx(conn)
+                finally:
+                    self._local.conn = None
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise Unavailable(f"PostgreSQL unavailable: {exc}") from exc
 

@@ -23,10 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-import uvicorn
-
-from corral.coordinator.app import create_app
-from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
+from corral.coordinator.app import QuietServer, server_config
+from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import Conflict, Unavailable
 from corral.runner.core import Runner
 from corral.runner.settings import RunnerSettings
@@ -36,12 +34,6 @@ from corral.store import Store
 
 def runner_name(repo: Path) -> str:
     return f"local-{hashlib.sha256(str(repo).encode()).hexdigest()[:10]}"
-
-
-class _QuietServer(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield  # the caller's thread owns the signals
 
 
 @contextlib.contextmanager
@@ -92,16 +84,7 @@ class Embedded:
             RunnerSettings(**{**runner.__dict__, "coordinator_url": self.url}) if runner else None
         )
         self.runner: Runner | None = None
-        self._server = _QuietServer(
-            uvicorn.Config(
-                create_app(self.settings),
-                host="127.0.0.1",
-                port=port,
-                log_level="warning",
-                timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-                lifespan="on",
-            )
-        )
+        self._server = QuietServer(server_config(self.settings, host="127.0.0.1", port=port))
         self._ready = threading.Event()
         self._done = threading.Event()
         self._error: BaseException | None = None
