@@ -902,10 +902,9 @@ def test_a_transaction_inside_another_is_a_savepoint(store: Store) -> None:
     a, b = (store.create_run(command(), NOW).id for _ in range(2))
     with store.db.transaction():
         store.request_cancel(a, NOW)  # commits with the outer one
-        with pytest.raises(IllegalTransition):
-            with store.db.transaction() as tx:
-                tx.execute("UPDATE runs SET status = 'failed' WHERE id = ?", (b,))
-                raise IllegalTransition("undo only this")
+        with pytest.raises(IllegalTransition), store.db.transaction() as tx:
+            tx.execute("UPDATE runs SET status = 'failed' WHERE id = ?", (b,))
+            raise IllegalTransition("undo only this")
         store.request_cancel(b, NOW)
     assert statuses(store, a, b) == ["cancelled", "cancelled"]
 
