@@ -282,6 +282,26 @@ class WebSocketTransport:
                 self.host.drain()
 
     def _execute(self, body: dict[str, Any]) -> None:
+        """Carry out one command; one this runner cannot (a coordinator of another version)
+        is logged, and a run it cannot start is reported failed, never left hanging."""
+        try:
+            self._dispatch(body)
+        except Exception as exc:
+            log.exception("command %r could not be carried out", body.get("type"))
+            run = body.get("run")
+            if body.get("type") == "start_run" and isinstance(run, dict):
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    self.send(
+                        {
+                            "type": "finished",
+                            "run_id": str(run["run_id"]),
+                            "attempt": int(run["attempts"]),
+                            "status": "failed",
+                            "error": f"this runner could not read the assignment: {exc!r}",
+                        }
+                    )
+
+    def _dispatch(self, body: dict[str, Any]) -> None:
         kind = body.get("type")
         if kind == "start_run":
             self.host.start(body["run"])
