@@ -32,6 +32,10 @@ class Tx(Protocol):
 
     def execute(self, sql: str, params: Params = ()) -> list[Row]: ...
 
+    def many(self, sql: str, rows: Sequence[Params]) -> None:
+        """One statement (an INSERT) for each of ``rows``: cheaper than one execute each."""
+        ...
+
     def one(self, sql: str, params: Params = ()) -> Row | None: ...
 
 
@@ -68,6 +72,10 @@ class _SqliteTx:
             return []
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def many(self, sql: str, rows: Sequence[Params]) -> None:
+        if rows:
+            self._conn.executemany(sql, [tuple(r) for r in rows])
 
     def one(self, sql: str, params: Params = ()) -> Row | None:
         rows = self.execute(sql, params)
@@ -190,6 +198,12 @@ class _PostgresTx:
         if cur.description is None:
             return []
         return cur.fetchall()
+
+    def many(self, sql: str, rows: Sequence[Params]) -> None:
+        if not rows:
+            return
+        with self._conn.cursor() as cur:
+            cur.executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
 
     def one(self, sql: str, params: Params = ()) -> Row | None:
         rows = self.execute(sql, params)

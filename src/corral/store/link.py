@@ -111,9 +111,8 @@ def _append(tx: Tx, runner_id: str, bodies: Sequence[dict[str, Any]], now: float
     assert row is not None
     first = row["next_command_idx"] - len(bodies)
     commands = [Command(first + i, body) for i, body in enumerate(bodies)]
-    for command in commands:
-        tx.execute(
-            "INSERT INTO runner_commands (runner_id, idx, body, created_at) VALUES (?, ?, ?, ?)",
-            (runner_id, command.idx, dumps(command.body), now),
-        )
+    tx.many(
+        "INSERT INTO runner_commands (runner_id, idx, body, created_at) VALUES (?, ?, ?, ?)",
+        [(runner_id, c.idx, dumps(c.body), now) for c in commands],
+    )
     return commands

@@ -91,8 +91,7 @@ class Store:
         columns = list(rows[0]) if rows else []
         sql = f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})"
         with self.db.transaction() as tx:
-            for row in rows:
-                tx.execute(sql, list(row.values()))
+            tx.many(sql, [list(row.values()) for row in rows])
         return [run_from_row({**row, "exit_code": None}) for row in rows]
 
     def create_run(self, spec: NewRun, now: float) -> Run:
@@ -311,12 +310,11 @@ class Store:
             row = _run_row(tx, run_id)
             if row["runner_id"] != runner_id:
                 raise LeaseLost(f"run {run_id} is not held by runner {runner_id}")
-            for line in lines:
-                tx.execute(
-                    "INSERT INTO run_logs (run_id, attempt, line_no, stream, text, ts) "
-                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, attempt, line_no) DO NOTHING",
-                    (run_id, attempt, line.line_no, line.stream, line.text, line.ts),
-                )
+            tx.many(
+                "INSERT INTO run_logs (run_id, attempt, line_no, stream, text, ts) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, attempt, line_no) DO NOTHING",
+                [(run_id, attempt, x.line_no, x.stream, x.text, x.ts) for x in lines],
+            )
         return len(lines)
 
     def read_logs(self, run_id: str, after_id: int = 0, limit: int = 1000) -> list[LogEntry]:
