@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-import signal
 from pathlib import Path
+from typing import Any
 
 import click
 import uvicorn
@@ -200,33 +201,14 @@ def runner_cmd(url: str, **kwargs: object) -> None:
 @click.command()
 @coordinator_options
 @runner_options
-def up(
-    host: str,
-    port: int,
-    db: str,
-    config: Path,
-    poll_timeout: float,
-    heartbeat_interval: float,
-    lost_after: float,
-    ping_interval: float,
-    runner_lost_threshold: float,
-    **runner_kwargs: object,
-) -> None:
+def up(**kwargs: Any) -> None:
     """Run a coordinator and one local runner in one process (SQLite by default)."""
     _logging()
-    settings = _coordinator_settings(
-        host,
-        port,
-        db,
-        config,
-        poll_timeout,
-        heartbeat_interval,
-        lost_after,
-        ping_interval,
-        runner_lost_threshold,
-    )
+    mine = inspect.signature(_coordinator_settings).parameters
+    settings = _coordinator_settings(**{k: kwargs.pop(k) for k in list(kwargs) if k in mine})
+    host, port, db = settings.host, settings.port, settings.db_url
     url = f"http://{host}:{port}"
-    runner_settings = _runner_settings(url, **runner_kwargs)  # type: ignore[arg-type]
+    runner_settings = _runner_settings(url, **kwargs)
 
     async def main() -> None:
         server = QuietServer(server_config(settings, host=host, port=port))
@@ -237,9 +219,7 @@ def up(
                 raise click.ClickException(f"could not start the coordinator on {url}")
             await asyncio.sleep(0.05)
         runner = Runner(runner_settings)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, runner.drain)
+        runner.install_signal_handlers()
         click.echo(f"corral is up: {url}  (docs {url}/docs, database {db}); Ctrl-C stops it")
         await runner.run()
         server.should_exit = True

@@ -1,0 +1,34 @@
+"""``corral up`` (what ``make run`` starts): a coordinator and a local runner in one process.
+It serves runs over its WebSocket runner link, and SIGTERM stops it cleanly."""
+
+from __future__ import annotations
+
+import signal
+
+from e2e_support import CORRAL, Cluster, Proc, free_port, wait_until
+
+from corral.client import CorralClient
+
+
+def test_up_runs_work_and_stops_on_sigterm(cluster: Cluster) -> None:
+    port = free_port()
+    db = cluster.root / "up.db"
+    env = {k: v for k, v in cluster.env.items() if k != "CORRAL_TRANSPORT"}  # the default
+    up = Proc("up", [CORRAL, "up", "--port", str(port), "--db", str(db)], env, cluster.root)
+    cluster.procs.append(up)  # killed at the end whatever happens
+    up.start()
+    wait_until(lambda: "corral is up" in up.log(), 30, what="corral up to start")
+    with CorralClient(f"http://127.0.0.1:{port}") as client:
+        (runner,) = wait_until(client.runners, 30, what="the local runner")
+        assert (runner["transport"], runner["state"]) == ("websocket", "active")
+        run_id = client.create_run(type="command", command=["sh", "-c", "echo from-up"])["run_id"]
+        run = wait_until(
+            lambda: (r := client.get_run(run_id))["status"] in ("completed", "failed") and r,
+            30,
+            what="the run to end",
+        )
+        assert run["status"] == "completed", run
+        assert [line["text"] for line in client.logs(run_id)["lines"]] == ["from-up"]
+    up.send(signal.SIGTERM)
+    assert up.wait(30) == 0
+    assert "stopped" in up.log()
