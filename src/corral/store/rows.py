@@ -5,11 +5,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from corral.errors import NotFound
 from corral.ids import RunId, RunnerId, new_run_id
 from corral.runners import Runner, RunnerState
 from corral.runs import AgentSpec, NewRun, Run, RunStatus, RunType
 from corral.sessions import Session
-from corral.store.db import Row
+from corral.store.db import Row, Tx
+
+
+def row_by_id(tx: Tx, table: str, row_id: str, lock: str = "") -> Row:
+    """The row of ``table`` with this id, locked with ``lock``; else NotFound of its kind
+    (``runs`` → ``run_not_found``)."""
+    row = tx.one(f"SELECT * FROM {table} WHERE id = ? {lock}", (row_id,))
+    if row is None:
+        raise NotFound.of(table.removesuffix("s"), row_id)
+    return row
 
 
 def dumps(value: Any) -> str:

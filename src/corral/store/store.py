@@ -18,7 +18,14 @@ from corral.runs import NewRun, Run, RunReport, RunStatus, check_transition
 from corral.sessions import Session
 from corral.store.db import Database, Row, Tx, open_database
 from corral.store.link import LinkStore
-from corral.store.rows import dumps, new_run_row, run_from_row, runner_from_row, session_from_row
+from corral.store.rows import (
+    dumps,
+    new_run_row,
+    row_by_id,
+    run_from_row,
+    runner_from_row,
+    session_from_row,
+)
 from corral.store.tasks import TaskStore, apply_step, settle_task_run
 
 # A rate-limited run gives its attempt back this many times, then fails.
@@ -99,7 +106,7 @@ class Store:
 
     def get_run(self, run_id: str) -> Run:
         with self.db.transaction(write=False) as tx:
-            return run_from_row(_run_row(tx, run_id))
+            return run_from_row(row_by_id(tx, "runs", run_id))
 
     def list_runs(
         self,
@@ -125,7 +132,7 @@ class Store:
             params += [session, session]
         with self.db.transaction(write=False) as tx:
             if before:
-                anchor = _run_row(tx, before)
+                anchor = row_by_id(tx, "runs", before)
                 where.append("(created_at < ? OR (created_at = ? AND id < ?))")
                 params += [anchor["created_at"], anchor["created_at"], anchor["id"]]
             clause = f"WHERE {' AND '.join(where)}" if where else ""
@@ -153,7 +160,7 @@ class Store:
     def request_cancel(self, run_id: str, now: float) -> Run:
         """Pending runs are cancelled at once; held ones are flagged for their runner to stop."""
         with self.db.transaction() as tx:
-            row = _run_row(tx, run_id, lock=self.db.lock_rows())
+            row = row_by_id(tx, "runs", run_id, lock=self.db.lock_rows())
             status = RunStatus(row["status"])
             if status in (RunStatus.PENDING, RunStatus.LOST):
                 _transition(tx, row, RunStatus.CANCELLED, now, error="cancelled", finished_at=now)
@@ -164,7 +171,7 @@ class Store:
                 )
             else:
                 check_transition(run_id, status, RunStatus.CANCELLED)  # raises: terminal
-            return run_from_row(_run_row(tx, run_id))
+            return run_from_row(row_by_id(tx, "runs", run_id))
 
     # ---- runs: runners -------------------------------------------------------------------
 
@@ -186,7 +193,7 @@ class Store:
         """The claim itself, in the caller's transaction; ``None``: fill the free slots."""
         # Locked, so a reconciler cannot declare the runner lost (and take back what it
         # holds) between this check and the commit, stranding the new claim.
-        runner = _runner_row(tx, runner_id, lock=self.db.lock_rows())
+        runner = row_by_id(tx, "runners", runner_id, lock=self.db.lock_rows())
         _check_not_lost(runner)
         if runner["state"] != RunnerState.ACTIVE:
             return []  # draining: it finishes what it has and takes nothing new
@@ -257,7 +264,7 @@ class Store:
     ) -> Run:
         """Record how an attempt ended; only the runner and attempt holding the lease may."""
         with self.db.transaction() as tx:
-            row = _run_row(tx, run_id, lock=self.db.lock_rows())
+            row = row_by_id(tx, "runs", run_id, lock=self.db.lock_rows())
             status = report.status
             if row["cancel_requested"] and status is RunStatus.FAILED:
                 status = RunStatus.CANCELLED  # the failure is how the requested cancel showed
@@ -307,7 +314,7 @@ class Store:
         if not lines:
             return 0
         with self.db.transaction() as tx:
-            row = _run_row(tx, run_id)
+            row = row_by_id(tx, "runs", run_id)
             if row["runner_id"] != runner_id:
                 raise LeaseLost(f"run {run_id} is not held by runner {runner_id}")
             tx.many(
@@ -319,7 +326,7 @@ class Store:
 
     def read_logs(self, run_id: str, after_id: int = 0, limit: int = 1000) -> list[LogEntry]:
         with self.db.transaction(write=False) as tx:
-            _run_row(tx, run_id)
+            row_by_id(tx, "runs", run_id)
             rows = tx.execute(
                 "SELECT id, attempt, line_no, stream, text, ts FROM run_logs "
                 "WHERE run_id = ? AND id > ? ORDER BY id LIMIT ?",
@@ -392,13 +399,13 @@ class Store:
                 if held is None
                 else _sync_held(tx, rid, held, now, self.db.lock_rows())
             )
-            return runner_from_row(_runner_row(tx, rid)), sync
+            return runner_from_row(row_by_id(tx, "runners", rid)), sync
 
     def heartbeat(self, runner_id: str, held: Sequence[Held], now: float) -> RunnerSync:
         """A runner is alive and holds ``held``; raises NotFound for an unknown runner and
         ``runner_lost`` if it was declared lost (it must register again)."""
         with self.db.transaction() as tx:
-            row = _runner_row(tx, runner_id, lock=self.db.lock_rows())
+            row = row_by_id(tx, "runners", runner_id, lock=self.db.lock_rows())
             _check_not_lost(row)
             tx.execute("UPDATE runners SET last_heartbeat_at = ? WHERE id = ?", (now, runner_id))
             return _sync_held(tx, RunnerId(runner_id), held, now, self.db.lock_rows())
@@ -416,7 +423,7 @@ class Store:
 
     def set_runner_state(self, runner_id: str, state: RunnerState, now: float) -> Runner:
         with self.db.transaction() as tx:
-            _runner_row(tx, runner_id, lock=self.db.lock_rows())
+            row_by_id(tx, "runners", runner_id, lock=self.db.lock_rows())
             tx.execute(
                 "UPDATE runners SET state = ?, "
                 "drain_at = CASE WHEN ? = 'draining' THEN ? ELSE drain_at END, "
@@ -427,11 +434,11 @@ class Store:
                 _release_runner_runs(
                     tx, RunnerId(runner_id), now, "runner stopped", self.db.lock_rows()
                 )
-            return runner_from_row(_runner_row(tx, runner_id))
+            return runner_from_row(row_by_id(tx, "runners", runner_id))
 
     def get_runner(self, runner_id: str) -> Runner:
         with self.db.transaction(write=False) as tx:
-            return runner_from_row(_runner_row(tx, runner_id))
+            return runner_from_row(row_by_id(tx, "runners", runner_id))
 
     def list_runners(self) -> list[Runner]:
         with self.db.transaction(write=False) as tx:
@@ -507,20 +514,6 @@ class Store:
 # ---- helpers (each runs inside the caller's transaction) -----------------------------------
 
 
-def _run_row(tx: Tx, run_id: str, lock: str = "") -> Row:
-    row = tx.one(f"SELECT * FROM runs WHERE id = ? {lock}", (run_id,))
-    if row is None:
-        raise NotFound.of("run", run_id)
-    return row
-
-
-def _runner_row(tx: Tx, runner_id: str, lock: str = "") -> Row:
-    row = tx.one(f"SELECT * FROM runners WHERE id = ? {lock}", (runner_id,))
-    if row is None:
-        raise NotFound.of("runner", runner_id)
-    return row
-
-
 def _check_not_lost(runner: Row) -> None:
     """A runner declared lost (or stopped) holds nothing any more: it must register again."""
     if runner["state"] in (RunnerState.LOST, RunnerState.STOPPED):
@@ -538,7 +531,7 @@ def _check_lease(row: Row, runner_id: str, attempt: int) -> None:
 
 
 def _leased_row(tx: Tx, db: Database, run_id: str, runner_id: str, attempt: int) -> Row:
-    row = _run_row(tx, run_id, lock=db.lock_rows())
+    row = row_by_id(tx, "runs", run_id, lock=db.lock_rows())
     _check_lease(row, runner_id, attempt)
     return row
 

@@ -19,7 +19,7 @@ from typing import Any
 from corral.errors import Conflict, InvalidRequest, NotFound
 from corral.runs import AgentSpec, NewRun, Run, RunStatus, RunType
 from corral.store.db import Database, Row, Tx
-from corral.store.rows import dumps, new_run_row, run_from_row
+from corral.store.rows import dumps, new_run_row, row_by_id, run_from_row
 from corral.tasks.model import (
     TRANSITIONS,
     Project,
@@ -94,11 +94,11 @@ class TaskStore:
                 "resolve_conflicts": None if resolve_conflicts is None else int(resolve_conflicts),
             }
             _update(tx, "projects", pid, now, **{k: v for k, v in changes.items() if v is not None})
-            return project_from_row(_project_row(tx, pid))
+            return project_from_row(row_by_id(tx, "projects", pid))
 
     def get_project(self, project_id: str) -> Project:
         with self.db.transaction(write=False) as tx:
-            return project_from_row(_project_row(tx, project_id))
+            return project_from_row(row_by_id(tx, "projects", project_id))
 
     def find_project(self, repo_path: str, target_branch: str | None = None) -> Project:
         with self.db.transaction(write=False) as tx:
@@ -135,7 +135,7 @@ class TaskStore:
         dependencies of an existing task cannot change. All or nothing."""
         result = ImportResult([], [], [])
         with self.db.transaction() as tx:
-            _project_row(tx, project_id, lock=self.db.lock_rows())
+            row_by_id(tx, "projects", project_id, lock=self.db.lock_rows())
             existing = {
                 r["key"]: r
                 for r in tx.execute("SELECT * FROM tasks WHERE project_id = ?", (project_id,))
@@ -192,22 +192,22 @@ class TaskStore:
         if workers < 1:
             raise InvalidRequest("a plan run needs at least one worker")
         with self.db.transaction() as tx:
-            project = _project_row(tx, project_id, lock=self.db.lock_rows())
+            project = row_by_id(tx, "projects", project_id, lock=self.db.lock_rows())
             _update(tx, "projects", project_id, now, workers=workers)
             return _schedule(tx, {**project, "workers": workers}, now)
 
     def stop(self, project_id: str, now: float) -> Project:
         """No more claims (running tasks go on)."""
         with self.db.transaction() as tx:
-            _project_row(tx, project_id, lock=self.db.lock_rows())
+            row_by_id(tx, "projects", project_id, lock=self.db.lock_rows())
             _update(tx, "projects", project_id, now, workers=0)
-            return project_from_row(_project_row(tx, project_id))
+            return project_from_row(row_by_id(tx, "projects", project_id))
 
     def set_paused(
         self, project_id: str, paused: bool, now: float, reason: str | None = None
     ) -> list[Run]:
         with self.db.transaction() as tx:
-            project = _project_row(tx, project_id, lock=self.db.lock_rows())
+            project = row_by_id(tx, "projects", project_id, lock=self.db.lock_rows())
             _update(
                 tx,
                 "projects",
@@ -222,7 +222,7 @@ class TaskStore:
 
     def schedule(self, project_id: str, now: float) -> list[Run]:
         with self.db.transaction() as tx:
-            project = _project_row(tx, project_id, lock=self.db.lock_rows())
+            project = row_by_id(tx, "projects", project_id, lock=self.db.lock_rows())
             return _schedule(tx, project, now)
 
     def schedule_all(self, now: float) -> list[Run]:
@@ -243,7 +243,7 @@ class TaskStore:
         """Bring a failed, conflicted or cancelled task back (attempts start over), and its
         dependents that were blocked by its failure."""
         with self.db.transaction() as tx:
-            project = _project_row(tx, project_id, lock=self.db.lock_rows())
+            project = row_by_id(tx, "projects", project_id, lock=self.db.lock_rows())
             row = _task_by_key(tx, project_id, key)
             status = TaskStatus(row["status"])
             if status not in (TaskStatus.FAILED, TaskStatus.MERGE_CONFLICT, TaskStatus.CANCELLED):
@@ -268,7 +268,7 @@ class TaskStore:
             _restore_dependents(tx, row["id"], now)
             runs = _schedule(tx, project, now)
             deps = _dependency_keys(tx, project_id)
-            return task_from_row(_task_row(tx, row["id"]), deps.get(key, ())), runs
+            return task_from_row(row_by_id(tx, "tasks", row["id"]), deps.get(key, ())), runs
 
     def cancel(self, project_id: str, key: str, now: float) -> Task:
         """Cancel a task that has not finished; its dependents become blocked_by_failure.
@@ -280,13 +280,13 @@ class TaskStore:
             )
             _block_dependents(tx, row["id"], now)
             deps = _dependency_keys(tx, project_id)
-            return task_from_row(_task_row(tx, row["id"]), deps.get(key, ()))
+            return task_from_row(row_by_id(tx, "tasks", row["id"]), deps.get(key, ()))
 
 
 def task_context_tx(tx: Tx, task_id: str) -> dict[str, Any]:
     """What a runner needs for a task run: the task, its project, the steps done."""
-    task = _task_row(tx, task_id)
-    project = project_from_row(_project_row(tx, task["project_id"]))
+    task = row_by_id(tx, "tasks", task_id)
+    project = project_from_row(row_by_id(tx, "projects", task["project_id"]))
     return {
         "id": task["id"],
         "key": task["key"],
@@ -309,7 +309,7 @@ def task_context_tx(tx: Tx, task_id: str) -> dict[str, Any]:
 def apply_step(tx: Tx, lock: str, run: Row, step: str, data: dict[str, Any], now: float) -> None:
     """A task run finished one step of its attempt: remember it, so a later attempt after a
     crash continues from there instead of starting over."""
-    task = _task_row(tx, run["task_id"], lock=lock)
+    task = row_by_id(tx, "tasks", run["task_id"], lock=lock)
     if task["run_id"] != run["id"]:
         return
     steps = json.loads(task["steps"])
@@ -334,8 +334,10 @@ def settle_task_run(
 ) -> list[Run]:
     """A task's run has ended (or was handed back): move the task on and schedule more."""
     # Project first, then task: the order retry() takes them in (no deadlock between them).
-    project = _project_row(tx, _task_row(tx, str(run.task_id))["project_id"], lock=lock)
-    task = _task_row(tx, str(run.task_id), lock=lock)
+    project = row_by_id(
+        tx, "projects", row_by_id(tx, "tasks", str(run.task_id))["project_id"], lock=lock
+    )
+    task = row_by_id(tx, "tasks", str(run.task_id), lock=lock)
     if task["run_id"] != run.id or run.status is RunStatus.PENDING:
         return []
     cost = run.cost_usd or 0.0
@@ -396,7 +398,7 @@ def settle_task_run(
             else (run.error or f"task run {run.status}")
         )
         if kind == "no_changes":  # a retry must run the agent again, not reuse its result
-            steps = json.loads(_task_row(tx, task["id"])["steps"])
+            steps = json.loads(row_by_id(tx, "tasks", task["id"])["steps"])
             steps.pop("agent", None)
             _update(tx, "tasks", task["id"], now, steps=dumps(steps))
         _fail_attempt(tx, task, project, error, now)
@@ -406,7 +408,7 @@ def settle_task_run(
         )
         _update(tx, "projects", project["id"], now, paused=1, pause_reason=reason)
         return []
-    return _schedule(tx, _project_row(tx, project["id"]), now)
+    return _schedule(tx, row_by_id(tx, "projects", project["id"]), now)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -641,20 +643,6 @@ def _dependency_keys(tx: Tx, project_id: str) -> dict[str, tuple[str, ...]]:
     for r in rows:
         deps.setdefault(r["task"], []).append(r["blocker"])
     return {k: tuple(v) for k, v in deps.items()}
-
-
-def _project_row(tx: Tx, project_id: str, lock: str = "") -> Row:
-    row = tx.one(f"SELECT * FROM projects WHERE id = ? {lock}", (project_id,))
-    if row is None:
-        raise NotFound.of("project", project_id)
-    return row
-
-
-def _task_row(tx: Tx, task_id: str, lock: str = "") -> Row:
-    row = tx.one(f"SELECT * FROM tasks WHERE id = ? {lock}", (task_id,))
-    if row is None:
-        raise NotFound.of("task", task_id)
-    return row
 
 
 def _task_by_key(tx: Tx, project_id: str, key: str, lock: str = "") -> Row:
