@@ -10,7 +10,8 @@ coordinator resends whatever the runner had not acknowledged. What touches the s
 ``LinkCore`` (synchronous, run here in a thread); this module only moves frames and waits.
 
 The read loop never waits on the store after registration: applying events, persisting
-command acks and marking a runner draining go, in order, to one worker task. A ping read
+command acks, marking a runner draining and actors' KV requests go, in order, to one
+worker task (so a KV read sees every write the runner asked for before it). A ping read
 late is a heartbeat written late, and a slow database then makes a working runner look
 lost, its runs given to others while it still runs them (found by ``tests/sim``).
 
@@ -45,6 +46,7 @@ from corral.protocol.outputs import (
     Apply,
     Close,
     CommandsAcked,
+    KvRequested,
     Register,
     Send,
     ServerOutput,
@@ -52,6 +54,7 @@ from corral.protocol.outputs import (
 )
 from corral.protocol.server import ServerSession
 from corral.runners import RunnerState
+from corral.store.kv import apply_op
 
 log = logging.getLogger("corral.coordinator")
 _accepted = itertools.count(1)  # sockets in the order they opened: the newer one wins
@@ -79,7 +82,7 @@ class SocketLink:
         self._send_lock = asyncio.Lock()
         self._cancels_sent: set[RunId] = set()
         self._sent_idx = 0  # commands sent on this socket, up to here
-        self._work: asyncio.Queue[Apply | CommandsAcked | Stopping] = asyncio.Queue()
+        self._work: asyncio.Queue[Apply | CommandsAcked | Stopping | KvRequested] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -143,7 +146,7 @@ class SocketLink:
                 await self._close(out.code, out.reason)
             elif isinstance(out, Register):
                 await self._register(out.init)  # the runner sends nothing until it is answered
-            elif isinstance(out, Apply | CommandsAcked):
+            elif isinstance(out, Apply | CommandsAcked | KvRequested):
                 self._work.put_nowait(out)
             elif isinstance(out, Alive):
                 if self.runner_id is not None:
@@ -167,6 +170,15 @@ class SocketLink:
                     await self.coordinator._db(
                         self.core.acknowledge, self.runner_id, out.last_command_idx
                     )
+                elif isinstance(out, KvRequested):
+                    result = await self.coordinator._db(
+                        apply_op,
+                        self.coordinator.store.db,
+                        out.actor_id,
+                        out.op,
+                        self.coordinator.clock.now(),
+                    )
+                    await self._handle(self.session.kv_answered(out.request_id, result))
                 else:
                     await self.coordinator._db(
                         self.core.draining, self.runner_id, self.coordinator.clock.now()

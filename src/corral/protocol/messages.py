@@ -9,9 +9,12 @@ Every frame is one JSON object ``{"v": 1, "type": "<Name>", ...fields}`` (seed 0
                    ◀──────────────────────────── ToClientAckEvents (after the commit)
       ToServerPing, ToServerAckCommands, ToServerStopping ─▶
                    ◀──── ToClientPong, ToClientCommands, ToClientDrain, ToClientClose
+      ToServerKvRequest (pending ones, resent) ─▶
+                   ◀──────────────────────────── ToClientKvResponse
 
 Commands (coordinator → runner) and events (runner → coordinator) are ``Indexed``: numbered
-per runner from 1, so each side drops duplicates by index. Bodies are opaque to the protocol
+per runner from 1, so each side drops duplicates by index. KV requests (an actor's durable
+key-value state) carry a request id the answer echoes. Bodies are opaque to the protocol
 (a JSON object with a string ``type``). Decoding is strict and every problem raises
 ``ProtocolError`` with a stable code; unknown extra fields are ignored so that adding an
 optional field does not need a version bump.
@@ -105,6 +108,15 @@ class ToServerStopping:
 
 
 @dataclass(frozen=True, slots=True)
+class ToServerKvRequest:
+    """One operation on an actor's key-value store; ``op`` is ``{"op": "get"|"put"|...}``."""
+
+    request_id: int
+    actor_id: str
+    op: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class ToClientInit:
     runner_id: RunnerId
     last_event_idx: int
@@ -136,8 +148,21 @@ class ToClientClose:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class ToClientKvResponse:
+    """The answer to a KV request: ``{"ok": true, ...}`` or ``{"ok": false, "code", "error"}``."""
+
+    request_id: int
+    result: dict[str, Any]
+
+
 ToServerMessage = (
-    ToServerInit | ToServerEvents | ToServerAckCommands | ToServerPing | ToServerStopping
+    ToServerInit
+    | ToServerEvents
+    | ToServerAckCommands
+    | ToServerPing
+    | ToServerStopping
+    | ToServerKvRequest
 )
 ToClientMessage = (
     ToClientInit
@@ -146,6 +171,7 @@ ToClientMessage = (
     | ToClientPong
     | ToClientDrain
     | ToClientClose
+    | ToClientKvResponse
 )
 Message = ToServerMessage | ToClientMessage
 
@@ -217,6 +243,14 @@ def _strs(frame: _Frame, name: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _tagged(frame: _Frame, name: str, tag: str) -> dict[str, Any]:
+    """An object whose ``tag`` field is a string (what it is; the rest is its business)."""
+    value = _of(frame, name, dict)
+    if type(value.get(tag)) is not str:
+        _malformed(f"{name!r} needs a string {tag!r}")
+    return value
+
+
 def _indexed(frame: _Frame, name: str) -> tuple[Indexed, ...]:
     items = _get(frame, name)
     if type(items) is not list:
@@ -226,10 +260,7 @@ def _indexed(frame: _Frame, name: str) -> tuple[Indexed, ...]:
         if type(item) is not dict:
             _malformed(f"{name!r} items must be objects")
         idx = _int(item, "idx", minimum=1)
-        body = _of(item, "body", dict)
-        if type(body.get("type")) is not str:
-            _malformed(f"{name!r} item {idx}: body needs a string 'type'")
-        out.append(Indexed(idx, body))
+        out.append(Indexed(idx, _tagged(item, "body", "type")))
     return tuple(out)
 
 
@@ -257,6 +288,9 @@ _TO_SERVER: dict[str, Callable[[_Frame], ToServerMessage]] = {
     "ToServerAckCommands": lambda f: ToServerAckCommands(_int(f, "last_command_idx")),
     "ToServerPing": lambda f: ToServerPing(_num(f, "ts")),
     "ToServerStopping": lambda f: ToServerStopping(),
+    "ToServerKvRequest": lambda f: ToServerKvRequest(
+        _int(f, "request_id", minimum=1), _of(f, "actor_id", str), _tagged(f, "op", "op")
+    ),
 }
 _TO_CLIENT: dict[str, Callable[[_Frame], ToClientMessage]] = {
     "ToClientInit": lambda f: ToClientInit(
@@ -267,6 +301,9 @@ _TO_CLIENT: dict[str, Callable[[_Frame], ToClientMessage]] = {
     "ToClientPong": lambda f: ToClientPong(_num(f, "ts")),
     "ToClientDrain": lambda f: ToClientDrain(_num(f, "grace_s", minimum=0.0)),
     "ToClientClose": lambda f: ToClientClose(_of(f, "reason", str)),
+    "ToClientKvResponse": lambda f: ToClientKvResponse(
+        _int(f, "request_id", minimum=1), _of(f, "result", dict)
+    ),
 }
 
 

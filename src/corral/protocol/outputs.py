@@ -1,9 +1,9 @@
 """What the protocol's state machines ask their pump to do: tagged dataclasses, one per effect.
 
     RunnerConnection → Send[ToServerMessage] · Execute · Connected · Disconnected · Reconnect
-                       · StopAllWork · DrainRequested · Closed
+                       · StopAllWork · DrainRequested · Closed · KvAnswered
     ServerSession    → Send[ToClientMessage] · Close · Register · Apply · CommandsAcked
-                       · Alive · Stopping
+                       · Alive · Stopping · KvRequested
 
 The pump carries them out in list order: an ``Apply`` before a ``Send`` means store first.
 """
@@ -11,7 +11,7 @@ The pump carries them out in list order: an ``Apply`` before a ``Send`` means st
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from corral.ids import RunnerId
 from corral.protocol.messages import Indexed, ToClientMessage, ToServerInit, ToServerMessage
@@ -66,6 +66,14 @@ class Closed:
     reconnect: bool  # False: evicted, stopped or shut down, this connection is over
 
 
+@dataclass(frozen=True, slots=True)
+class KvAnswered:
+    """The answer to ``kv_request(...)`` number ``request_id`` (``{"ok": bool, ...}``)."""
+
+    request_id: int
+    result: dict[str, Any]
+
+
 RunnerOutput = (
     Send[ToServerMessage]
     | Execute
@@ -75,6 +83,7 @@ RunnerOutput = (
     | StopAllWork
     | DrainRequested
     | Closed
+    | KvAnswered
 )
 
 
@@ -116,4 +125,22 @@ class Stopping:
     pass  # the runner shuts down gracefully: mark it draining
 
 
-ServerOutput = Send[ToClientMessage] | Close | Register | Apply | CommandsAcked | Alive | Stopping
+@dataclass(frozen=True, slots=True)
+class KvRequested:
+    """Do this KV operation, then call ``ServerSession.kv_answered`` with its result."""
+
+    request_id: int
+    actor_id: str
+    op: dict[str, Any]
+
+
+ServerOutput = (
+    Send[ToClientMessage]
+    | Close
+    | Register
+    | Apply
+    | CommandsAcked
+    | Alive
+    | Stopping
+    | KvRequested
+)

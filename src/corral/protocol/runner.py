@@ -27,6 +27,12 @@ end vanished without a reset) looks open but carries nothing. When no Pong has c
 for the *silence window*, the runner drops that socket and reconnects; if it cannot get
 back in, it stops all work ``stop_margin_s`` before the lease ends, so that its processes
 are gone (SIGTERM, grace, SIGKILL) by the time the coordinator can give their runs away.
+
+KV requests (an actor's durable state) wait while disconnected and are sent again after
+every Init until answered: an answer lost with a socket is asked for again. When the work
+stops (the lease ran out, or a new identity), the requests still waiting fail instead
+(``lease_lost``): a write buffered by an actor that has since moved to another runner
+must never land late on top of what the new placement wrote.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from corral.protocol.outputs import (
     Disconnected,
     DrainRequested,
     Execute,
+    KvAnswered,
     Reconnect,
     RunnerOutput,
     Send,
@@ -113,6 +120,8 @@ class RunnerConnection:
         self._last_command_idx = 0
         self._acked_command_idx: int | None = None  # None: ack at the next tick (just connected)
         self._events = ReplayBuffer(max_batch=max_batch_events)
+        self._kv: dict[int, wire.ToServerKvRequest] = {}  # sent or not, until answered
+        self._kv_ids = 0
         self._attempt = 0  # failed attempts since the last successful Init
         self._draining = False
         self._stopping_sent = False  # on the current socket
@@ -183,6 +192,21 @@ class RunnerConnection:
             return []  # kept for the replay after the next Init
         return [Send(frame) for frame in self._events.frames(batch)]
 
+    @property
+    def pending_kv(self) -> tuple[int, ...]:
+        return tuple(self._kv)
+
+    def kv_request(
+        self, actor_id: str, op: dict[str, Any], now: float
+    ) -> tuple[int, list[RunnerOutput]]:
+        """Ask for a KV operation; its answer comes as ``KvAnswered`` with this id."""
+        if self._state is RunnerState.CLOSED:
+            raise IllegalTransition("the runner connection is closed for good")
+        self._kv_ids += 1
+        request = wire.ToServerKvRequest(self._kv_ids, actor_id, dict(op))
+        self._kv[request.request_id] = request
+        return request.request_id, [Send(request)] if self._state is RunnerState.ACTIVE else []
+
     def stopping(self, now: float) -> list[RunnerOutput]:
         """Graceful shutdown begins; told to every coordinator we talk to from now on."""
         self._draining = True
@@ -233,6 +257,10 @@ class RunnerConnection:
             return []
         if isinstance(message, wire.ToClientDrain):
             return [DrainRequested(message.grace_s)]
+        if isinstance(message, wire.ToClientKvResponse):
+            if self._kv.pop(message.request_id, None) is None:
+                return []  # answered already (asked twice across a reconnect), or failed
+            return [KvAnswered(message.request_id, message.result)]
         assert_never(message)
 
     @property
@@ -277,7 +305,7 @@ class RunnerConnection:
                 self._ack_at = now + self.ack_interval_s
         if self._lost_at is not None and now >= self._lost_at:
             # The lease ran out: the coordinator may be giving our runs to others by now.
-            out.append(StopAllWork())
+            out += [StopAllWork(), *self._fail_kv()]
             self._lost_at = None
             self._work_stopped = True
         if self._reconnect_at is not None and now >= self._reconnect_at:
@@ -303,7 +331,7 @@ class RunnerConnection:
             # command numbering mean nothing to the new one. Clearing them avoids the bug of
             # a reused identity whose new events are dropped as duplicates of old indexes.
             if not self._work_stopped:
-                out.append(StopAllWork())
+                out += [StopAllWork(), *self._fail_kv()]
             self._events.reset()
             self._last_command_idx = 0
         self._runner_id = message.runner_id
@@ -315,6 +343,7 @@ class RunnerConnection:
         self._events.acknowledge(message.last_event_idx)
         self._move(RunnerState.ACTIVE)
         out.extend(Send(frame) for frame in self._events.frames())  # seed: resend unacked
+        out.extend(Send(request) for request in self._kv.values())  # and unanswered KV
         if self._draining:
             self._stopping_sent = True
             out.append(Send(wire.ToServerStopping()))
@@ -353,7 +382,17 @@ class RunnerConnection:
         self._reconnect_at = now + delay
         return [Disconnected()]
 
+    def _fail_kv(self) -> list[RunnerOutput]:
+        failed: list[RunnerOutput] = [
+            KvAnswered(
+                i, {"ok": False, "code": "lease_lost", "error": "the runner stopped its work"}
+            )
+            for i in self._kv
+        ]
+        self._kv.clear()
+        return failed
+
     def _close(self, reason: str) -> list[RunnerOutput]:
         self._move(RunnerState.CLOSED)
         self._ping_at = self._ack_at = self._reconnect_at = self._lost_at = None
-        return [Closed(reason, reconnect=False)]
+        return [*self._fail_kv(), Closed(reason, reconnect=False)]

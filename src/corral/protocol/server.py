@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import assert_never
+from typing import Any, assert_never
 
 from corral.errors import IllegalTransition
 from corral.ids import RunnerId
@@ -29,6 +29,7 @@ from corral.protocol.outputs import (
     Apply,
     Close,
     CommandsAcked,
+    KvRequested,
     Register,
     Send,
     ServerOutput,
@@ -162,6 +163,8 @@ class ServerSession:
                 return []
             self._move(SessionState.DRAINING)
             return [Stopping()]
+        if isinstance(message, wire.ToServerKvRequest):
+            return [KvRequested(message.request_id, message.actor_id, message.op)]
         assert_never(message)
 
     def receive_error(self, error: wire.ProtocolError) -> list[ServerOutput]:
@@ -207,6 +210,13 @@ class ServerSession:
             return []
         self._applied_idx = last_idx
         return [Send(wire.ToClientAckEvents(last_idx))]
+
+    def kv_answered(self, request_id: int, result: dict[str, Any]) -> list[ServerOutput]:
+        """A KV operation is done (committed, for a write): answer it. On a closed socket
+        the answer is lost; the runner sends the request again on its next socket."""
+        if self._state not in _OPEN:
+            return []
+        return [Send(wire.ToClientKvResponse(request_id, result))]
 
     def push(self, commands: Sequence[wire.Indexed]) -> list[ServerOutput]:
         """Commands the pump has stored durably; sent now, or after ``registered``."""

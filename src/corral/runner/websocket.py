@@ -21,7 +21,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from corral import __version__
-from corral.errors import LeaseLost
+from corral.errors import CorralError, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.protocol import messages as wire
 from corral.protocol.outputs import (
@@ -29,6 +29,7 @@ from corral.protocol.outputs import (
     Connected,
     DrainRequested,
     Execute,
+    KvAnswered,
     Reconnect,
     RunnerOutput,
     Send,
@@ -71,6 +72,7 @@ class WebSocketTransport:
         )
         self._ws: ClientConnection | None = None
         self._futures: dict[int, asyncio.Future[None]] = {}
+        self._kv: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._pending: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
         self._flush_scheduled = False
         self._connected = asyncio.Event()
@@ -151,6 +153,21 @@ class WebSocketTransport:
             if not future.done():
                 future.set_exception(error)
         self._futures.clear()
+
+    # ---- actors' key-value state ---------------------------------------------------------
+
+    async def kv(self, actor_id: str, op: dict[str, Any]) -> dict[str, Any]:
+        """One KV operation (see ``corral.store.kv``); waits through reconnects. Raises
+        ``CorralError`` when it is refused, or ``lease_lost`` when the work had to stop."""
+        request_id, outputs = self.conn.kv_request(actor_id, op, time.time())
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._kv[request_id] = future
+        self._run(outputs)
+        result = await future
+        if not result.get("ok"):
+            code = str(result.get("code", "kv_refused"))
+            raise CorralError(str(result.get("error", code)), code=code)
+        return result
 
     # ---- the socket ----------------------------------------------------------------------
 
@@ -263,6 +280,10 @@ class WebSocketTransport:
             elif isinstance(out, StopAllWork):
                 log.warning("away longer than the runner-lost threshold: stopping all work")
                 self.host.stop_all_work()
+            elif isinstance(out, KvAnswered):
+                future = self._kv.pop(out.request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(out.result)
             elif isinstance(out, DrainRequested):
                 log.info("the coordinator asks this runner to drain within %ss", out.grace_s)
                 self.host.drain(out.grace_s)

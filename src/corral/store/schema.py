@@ -181,15 +181,28 @@ ALTER TABLE runners ADD COLUMN last_event_idx INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runners ADD COLUMN lost_after_s {real};
 """,
     ),
+    (
+        4,
+        """
+CREATE TABLE actor_kv (
+    actor_id   TEXT NOT NULL,
+    key        TEXT {binary} NOT NULL,
+    value      TEXT NOT NULL,
+    updated_at {real} NOT NULL,
+    PRIMARY KEY (actor_id, key)
+);
+""",
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]
 
 
 def render(sql: str, dialect: str) -> str:
+    # {binary}: text compared byte by byte (SQLite's default), so keys sort the same on both.
     if dialect == "sqlite":
-        return sql.format(real="REAL", serial="INTEGER PRIMARY KEY AUTOINCREMENT")
-    return sql.format(real="DOUBLE PRECISION", serial="BIGSERIAL PRIMARY KEY")
+        return sql.format(real="REAL", serial="INTEGER PRIMARY KEY AUTOINCREMENT", binary="")
+    return sql.format(real="DOUBLE PRECISION", serial="BIGSERIAL PRIMARY KEY", binary='COLLATE "C"')
 
 
 def statements(sql: str) -> list[str]:
