@@ -3,8 +3,8 @@
 One ``corral serve`` process (SQLite); this process opens N WebSocket connections to
 ``/runner/socket`` and speaks the protocol minimally: a valid ``ToServerInit`` per socket
 (distinct names), then nothing but a ``ToServerPing`` every 3 s (frames from the
-coordinator are read and dropped). Like the real runner, the client offers
-permessage-deflate; unlike it, it sends no transport-level keepalive pings. Once all are
+coordinator are read and dropped). Like the real runner, it asks for no compression and
+sends no transport-level keepalive pings. Once all are
 connected and a settling pause is over, it samples the coordinator's CPU
 (/proc/<pid>/stat utime+stime) over the measurement window and its RSS
 (/proc/<pid>/status VmRSS).
@@ -56,19 +56,16 @@ def rss_mib(pid: int) -> float:
 
 
 class IdleRunner:
-    def __init__(self, url: str, name: str, compression: str | None) -> None:
+    def __init__(self, url: str, name: str) -> None:
         self.url = url
         self.name = name
-        self.compression = compression
         self.ws: ClientConnection | None = None
         self.runner_id: str | None = None
         self.pings = 0
         self.closed: str | None = None
 
     async def connect(self) -> None:
-        self.ws = await connect(
-            self.url, open_timeout=60, ping_interval=None, compression=self.compression
-        )
+        self.ws = await connect(self.url, open_timeout=60, ping_interval=None, compression=None)
         init = m.ToServerInit(
             name=self.name,
             version="idle-bench",
@@ -108,8 +105,8 @@ class IdleRunner:
             reader.cancel()
 
 
-async def open_all(url: str, count: int, batch: int, compression: str | None) -> list[IdleRunner]:
-    runners = [IdleRunner(url, f"idle-{i:04d}", compression) for i in range(count)]
+async def open_all(url: str, count: int, batch: int) -> list[IdleRunner]:
+    runners = [IdleRunner(url, f"idle-{i:04d}") for i in range(count)]
     for offset in range(0, count, batch):
         await asyncio.gather(*(r.connect() for r in runners[offset : offset + batch]))
     return runners
@@ -121,8 +118,7 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
     t0 = time.monotonic()
     rss_before = rss_mib(pid)
     cpu_at_start = cpu_seconds(pid)
-    compression = None if args.compression == "none" else args.compression
-    runners = await open_all(ws_url, args.sockets, args.batch, compression)
+    runners = await open_all(ws_url, args.sockets, args.batch)
     connect_s = time.monotonic() - t0
     connect_cpu = cpu_seconds(pid) - cpu_at_start
     lives = [asyncio.create_task(r.live()) for r in runners]
@@ -149,7 +145,7 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
     per_socket_kib = (samples[-1] - rss_before) * 1024 / args.sockets
     print(
         f"\nidle sockets on {os.cpu_count()} cores: one `corral serve` (SQLite), {args.sockets} "
-        f"WebSocket runners pinging every {PING_S:.0f} s, compression {args.compression}"
+        f"WebSocket runners pinging every {PING_S:.0f} s"
     )
     print(
         f"  connect + Init of all sockets    {connect_s:8.1f} s  "
@@ -179,12 +175,6 @@ def main() -> None:
     parser.add_argument("--measure", type=float, default=30.0, help="seconds of measurement")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds before measuring")
     parser.add_argument("--batch", type=int, default=50, help="sockets opened at once")
-    parser.add_argument(
-        "--compression",
-        choices=["deflate", "none"],
-        default="deflate",
-        help="permessage-deflate offered by the client (the real runner offers it)",
-    )
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = min(hard, max(soft, 2 * args.sockets + 256))
