@@ -128,3 +128,11 @@ def test_cli_errors(cluster: Cluster) -> None:
     assert len(lines) == 1, down.stderr
     assert "cannot reach" in lines[0] and nobody in lines[0]
     assert "Traceback" not in down.stderr
+
+
+def test_serve_refuses_timings_that_make_no_sense(cluster: Cluster) -> None:
+    for flag in ("--ping-interval", "--runner-lost-threshold", "--ack-interval", "--lost-after"):
+        refused = cluster.cli("serve", flag, "0", url="http://127.0.0.1:1")  # none needed
+        assert refused.returncode == 2, refused
+        assert f"Invalid value for '{flag}'" in refused.stderr
+        assert "Traceback" not in refused.stderr

@@ -21,6 +21,9 @@ from corral.runner.settings import RunnerSettings
 DEFAULT_DB = ".corral/corral.db"
 
 
+POSITIVE = click.FloatRange(min=0, min_open=True)  # seconds: 0 or less makes no sense
+
+
 def coordinator_options(fn: click.decorators.FC) -> click.decorators.FC:
     for decorate in reversed(
         [
@@ -43,36 +46,44 @@ def coordinator_options(fn: click.decorators.FC) -> click.decorators.FC:
                 "--poll-timeout",
                 env="POLL_TIMEOUT",
                 default=30.0,
-                type=float,
+                type=POSITIVE,
                 help="Seconds a runner's long-poll is held open.",
             ),
             option(
                 "--heartbeat-interval",
                 env="HEARTBEAT_INTERVAL",
                 default=60.0,
-                type=float,
+                type=POSITIVE,
                 help="Seconds between runner heartbeats.",
             ),
             option(
                 "--lost-after",
                 env="LOST_AFTER",
                 default=120.0,
-                type=float,
+                type=POSITIVE,
                 help="Seconds without a heartbeat before a long-poll runner is lost.",
             ),
             option(
                 "--ping-interval",
                 env="PING_INTERVAL",
                 default=3.0,
-                type=float,
+                type=POSITIVE,
                 help="Seconds between a WebSocket runner's pings.",
             ),
             option(
                 "--runner-lost-threshold",
                 env="RUNNER_LOST_THRESHOLD",
                 default=15.0,
-                type=float,
+                type=POSITIVE,
                 help="Seconds without a ping before a WebSocket runner is lost.",
+            ),
+            option(
+                "--ack-interval",
+                env="ACK_INTERVAL",
+                default=300.0,
+                type=POSITIVE,
+                help="Seconds between a WebSocket runner's command acknowledgements "
+                "(also sent at once after every reconnect).",
             ),
         ]
     ):
@@ -90,6 +101,7 @@ def _coordinator_settings(
     lost_after: float,
     ping_interval: float,
     runner_lost_threshold: float,
+    ack_interval: float,
 ) -> CoordinatorSettings:
     return CoordinatorSettings(
         db_url=db,
@@ -101,6 +113,7 @@ def _coordinator_settings(
         lost_after_s=lost_after,
         ws_ping_interval_s=ping_interval,
         ws_lost_after_s=runner_lost_threshold,
+        ws_ack_interval_s=ack_interval,
     )
 
 
