@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -75,6 +76,11 @@ def pid_alive(pid: int) -> bool:
         return False
     state = stat.rsplit(")", 1)[1].split()[0]
     return state not in ("Z", "X")
+
+
+def timestamp(value: str) -> float:
+    """An ISO 8601 time from the API, as seconds since the epoch."""
+    return datetime.fromisoformat(value).timestamp()
 
 
 def isolated_env(root: Path) -> dict[str, str]:
@@ -398,3 +404,90 @@ class Cluster:
         if self.ledger_path.exists():
             sections.append(("fake claude ledger", self.ledger_path.read_text()))
         return sections
+
+
+# ---- scenarios shared by the poll and the WebSocket tests ------------------------------------
+
+
+def all_runs(cluster: Cluster, expected: int) -> list[dict[str, Any]]:
+    """Every run, page by page; there must be ``expected`` of them."""
+    found: list[dict[str, Any]] = []
+    before = None
+    while True:
+        page = cluster.client.list_runs(limit=500, before=before)
+        found.extend(page["runs"])
+        before = page["next"]
+        if before is None:
+            break
+    assert len(found) == expected, len(found)
+    return found
+
+
+def kill_coordinator_mid_workload(
+    cluster: Cluster, runners: list[Runner], run_ids: list[str]
+) -> list[dict[str, Any]]:
+    """Once 10 of ``run_ids`` completed, SIGKILL the coordinator and restart it (same port,
+    same database) while ``runners`` live on; check that every run then completed and that
+    some run was in flight across the kill. Returns the finished runs."""
+    coordinator = cluster.coordinator
+    assert coordinator is not None
+
+    def completed() -> int:
+        return sum(r["status"] == "completed" for r in all_runs(cluster, len(run_ids)))
+
+    wait_until(lambda: completed() >= 10, 30, interval=0.02, what="10 runs completed")
+    killed_at = time.time()
+    coordinator.send(signal.SIGKILL)
+    assert coordinator.wait(10) == -signal.SIGKILL
+    assert all(r.alive() for r in runners)
+    cluster.restart_coordinator()  # same port, same SQLite file
+
+    def all_finished() -> list[dict[str, Any]] | None:
+        found = all_runs(cluster, len(run_ids))
+        return found if all(r["status"] in TERMINAL for r in found) else None
+
+    final = wait_until(all_finished, 60, interval=0.2, what=f"all {len(run_ids)} runs to finish")
+    assert {r["run_id"]: r["status"] for r in final} == dict.fromkeys(run_ids, "completed")
+    # The workload really spanned the crash: runs claimed before it finished after it.
+    in_flight = [
+        r for r in final if timestamp(r["claimed_at"]) < killed_at < timestamp(r["finished_at"])
+    ]
+    assert in_flight, "no run was in flight when the coordinator was killed"
+    return final
+
+
+def kill_runner_mid_run(
+    cluster: Cluster, tmp_path: Path, *, sleep_s: int, extra: Iterable[str] = ()
+) -> float:
+    """Runners "a" and "b" (one slot each, ``extra`` flags) and a shell run; SIGKILL the
+    runner that holds it, then check that its shell died with it and that the run completed
+    on the other runner at attempt 2, the killed one lost. Returns the seconds from the kill
+    until the run was seen completed."""
+    runners = {n: cluster.start_runner(n, slots=1, wait=False, extra=extra) for n in ("a", "b")}
+    ids = {name: cluster.wait_runner(name) for name in runners}
+    starts = tmp_path / "starts"
+    script = f'echo "$$" >> "{starts}"; sleep {sleep_s}; echo done'
+    run_id = cluster.client.create_run(type="command", command=["sh", "-c", script])["run_id"]
+
+    running = cluster.wait_run(run_id, {"running"})
+    holder = next(name for name, rid in ids.items() if rid == running["runner_id"])
+    other = next(name for name in ids if name != holder)
+    wait_until(lambda: starts.exists() and starts.read_text().strip(), what="the run to start")
+    first_shell = int(starts.read_text())
+
+    killed_at = time.monotonic()
+    runners[holder].send(signal.SIGKILL)
+    assert runners[holder].wait(10) == -signal.SIGKILL
+    # The kernel kills the runner's child with it (PDEATHSIG): no orphan keeps running it.
+    wait_until(lambda: not pid_alive(first_shell), 5, what="the orphaned shell to die")
+
+    run = cluster.wait_run(run_id, timeout=30)
+    reclaimed_after = time.monotonic() - killed_at
+    assert run["status"] == "completed", run
+    assert run["attempts"] == 2
+    assert run["runner_id"] == ids[other]
+    assert cluster.runner_by_id(ids[holder])["state"] == "lost"
+    lines = [line["text"] for line in cluster.client.logs(run_id)["lines"]]
+    assert lines == ["done"]  # the first attempt printed nothing
+    assert len(starts.read_text().split()) == 2
+    return reclaimed_after

@@ -22,16 +22,19 @@ import json
 import signal
 import time
 from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from e2e_support import (
     TERMINAL,
     Cluster,
     Coordinator,
+    Runner,
+    all_runs,
     free_port,
-    pid_alive,
+    kill_coordinator_mid_workload,
+    kill_runner_mid_run,
+    timestamp,
     wait_until,
 )
 from faultproxy import FaultProxy
@@ -40,10 +43,6 @@ from corral import __version__
 from corral.client import CorralClient
 
 WS = ("--transport", "websocket")
-
-
-def _ts(value: str) -> float:
-    return datetime.fromisoformat(value).timestamp()
 
 
 def start_coordinator(
@@ -91,19 +90,6 @@ def assert_each_ran_once(markers: Path, names: list[str]) -> None:
             twice.append((name, len(lines)))
     assert not twice, f"runs not executed exactly once (name, executions): {twice[:20]}"
     assert sorted(p.name for p in markers.iterdir()) == sorted(names)
-
-
-def all_runs(cluster: Cluster, expected: int) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    before = None
-    while True:
-        page = cluster.client.list_runs(limit=500, before=before)
-        found.extend(page["runs"])
-        before = page["next"]
-        if before is None:
-            break
-    assert len(found) == expected, len(found)
-    return found
 
 
 def counts(cluster: Cluster) -> dict[str, int]:
@@ -183,7 +169,7 @@ def test_exactly_once_through_random_connection_cuts(cluster: Cluster, tmp_path:
 
 
 def test_coordinator_killed_mid_workload(cluster: Cluster, tmp_path: Path) -> None:
-    coordinator = start_coordinator(cluster)
+    start_coordinator(cluster)
     runners = [cluster.start_runner(n, slots=4, wait=False, extra=WS) for n in ("a", "b")]
     ids = {r.name: cluster.wait_runner(r.name) for r in runners}
     markers = tmp_path / "markers"
@@ -194,29 +180,10 @@ def test_coordinator_killed_mid_workload(cluster: Cluster, tmp_path: Path) -> No
     names = [s["command"][3] for s in specs]
     run_ids = [r["run_id"] for r in cluster.client.create_runs(specs)]
 
-    wait_until(
-        lambda: counts(cluster).get("completed", 0) >= 10,
-        30,
-        interval=0.02,
-        what="10 runs completed",
-    )
-    killed_at = time.time()
-    coordinator.send(signal.SIGKILL)
-    assert coordinator.wait(10) == -signal.SIGKILL
-    assert all(r.alive() for r in runners)
-    cluster.restart_coordinator()  # same port, same SQLite file
+    final = kill_coordinator_mid_workload(cluster, runners, run_ids)
 
-    def all_finished() -> list[dict[str, Any]] | None:
-        found = all_runs(cluster, len(specs))
-        return found if all(r["status"] in TERMINAL for r in found) else None
-
-    final = wait_until(all_finished, 60, interval=0.2, what="all runs to finish")
-    assert {r["run_id"]: r["status"] for r in final} == dict.fromkeys(run_ids, "completed")
     assert all(r["attempts"] == 1 for r in final), [r for r in final if r["attempts"] != 1]
     assert_each_ran_once(markers, names)
-    assert any(_ts(r["claimed_at"]) < killed_at < _ts(r["finished_at"]) for r in final), (
-        "no run was in flight when the coordinator was killed"
-    )
     for r in runners:
         assert r.alive()
         assert cluster.wait_runner(r.name) == ids[r.name]  # the same identity, active again
@@ -226,32 +193,9 @@ def test_coordinator_killed_mid_workload(cluster: Cluster, tmp_path: Path) -> No
 
 def test_runner_killed_mid_run_is_reclaimed(cluster: Cluster, tmp_path: Path) -> None:
     start_coordinator(cluster, lost_threshold_s=3.0, ping_interval_s=1.0)
-    runners = {n: cluster.start_runner(n, slots=1, wait=False, extra=WS) for n in ("a", "b")}
-    ids = {name: cluster.wait_runner(name) for name in runners}
-    starts = tmp_path / "starts"
-    script = f'echo "$$" >> "{starts}"; sleep 2; echo done'
-    run_id = cluster.client.create_run(type="command", command=["sh", "-c", script])["run_id"]
-
-    running = cluster.wait_run(run_id, {"running"})
-    holder = next(name for name, rid in ids.items() if rid == running["runner_id"])
-    other = next(name for name in ids if name != holder)
-    wait_until(lambda: starts.exists() and starts.read_text().strip(), what="the run to start")
-    first_shell = int(starts.read_text())
-
-    killed_at = time.monotonic()
-    runners[holder].send(signal.SIGKILL)
-    assert runners[holder].wait(10) == -signal.SIGKILL
-    wait_until(lambda: not pid_alive(first_shell), 5, what="the orphaned shell to die")
-
-    run = cluster.wait_run(run_id, timeout=30)
-    assert run["status"] == "completed", run
-    assert run["attempts"] == 2
-    assert run["runner_id"] == ids[other]
+    reclaimed_after = kill_runner_mid_run(cluster, tmp_path, sleep_s=2, extra=WS)
     # Reclaimed after the 3 s threshold (not at once, and not after the 15 s default).
-    assert 3.0 <= time.monotonic() - killed_at <= 15.0
-    assert cluster.runner_by_id(ids[holder])["state"] == "lost"
-    assert [line["text"] for line in cluster.client.logs(run_id)["lines"]] == ["done"]
-    assert len(starts.read_text().split()) == 2
+    assert 3.0 <= reclaimed_after <= 15.0
 
 
 # ---- draining and stopping ------------------------------------------------------------------
@@ -266,13 +210,29 @@ def gate_script(gate: Path, marker: Path) -> list[str]:
     return ["sh", "-c", script]
 
 
-def test_sigterm_drains_a_websocket_runner(cluster: Cluster, tmp_path: Path) -> None:
-    start_coordinator(cluster)
-    runner = cluster.start_runner("runner-a", slots=2, extra=WS)
+class GatedRun(NamedTuple):
+    """What ``start_gated_run`` started: the runner, and its run waiting at the gate."""
+
+    runner: Runner
+    runner_id: str
+    run_id: str
+    gate: Path
+    marker: Path
+
+
+def start_gated_run(cluster: Cluster, tmp_path: Path, *, slots: int) -> GatedRun:
+    """WebSocket runner "runner-a" with ``slots`` slots, running a ``gate_script`` run."""
+    runner = cluster.start_runner("runner-a", slots=slots, extra=WS)
     runner_id = cluster.wait_runner("runner-a")
     gate, marker = tmp_path / "gate", tmp_path / "marker"
-    first = cluster.client.create_run(type="command", command=gate_script(gate, marker))["run_id"]
-    cluster.wait_run(first, {"running"})
+    run_id = cluster.client.create_run(type="command", command=gate_script(gate, marker))["run_id"]
+    cluster.wait_run(run_id, {"running"})
+    return GatedRun(runner, runner_id, run_id, gate, marker)
+
+
+def test_sigterm_drains_a_websocket_runner(cluster: Cluster, tmp_path: Path) -> None:
+    start_coordinator(cluster)
+    runner, runner_id, first, gate, marker = start_gated_run(cluster, tmp_path, slots=2)
 
     runner.send(signal.SIGTERM)
     cluster.wait_runner("runner-a", state="draining", timeout=10)
@@ -295,11 +255,7 @@ def test_cli_drain_lets_work_finish_then_the_runner_leaves(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     start_coordinator(cluster)
-    runner = cluster.start_runner("runner-a", slots=2, extra=WS)
-    runner_id = cluster.wait_runner("runner-a")
-    gate, marker = tmp_path / "gate", tmp_path / "marker"
-    first = cluster.client.create_run(type="command", command=gate_script(gate, marker))["run_id"]
-    cluster.wait_run(first, {"running"})
+    runner, runner_id, first, gate, marker = start_gated_run(cluster, tmp_path, slots=2)
 
     done = cluster.cli("runners", "drain", runner_id, "--grace", "60")
     assert done.returncode == 0, done.stderr
@@ -318,11 +274,7 @@ def test_cli_drain_lets_work_finish_then_the_runner_leaves(
 def test_cli_drain_grace_stops_work_that_outlasts_it(cluster: Cluster, tmp_path: Path) -> None:
     """The coordinator's grace is the one that counts, not the runner's own (120 s)."""
     start_coordinator(cluster)
-    runner = cluster.start_runner("runner-a", slots=1, extra=WS)
-    runner_id = cluster.wait_runner("runner-a")
-    gate, marker = tmp_path / "gate", tmp_path / "marker"
-    run_id = cluster.client.create_run(type="command", command=gate_script(gate, marker))["run_id"]
-    cluster.wait_run(run_id, {"running"})
+    runner, runner_id, run_id, _, marker = start_gated_run(cluster, tmp_path, slots=1)
 
     asked = time.monotonic()
     done = cluster.cli("runners", "drain", runner_id, "--grace", "1")
@@ -336,11 +288,7 @@ def test_cli_drain_grace_stops_work_that_outlasts_it(cluster: Cluster, tmp_path:
 
 def test_cli_stop_gives_runs_to_another_runner(cluster: Cluster, tmp_path: Path) -> None:
     start_coordinator(cluster)
-    first = cluster.start_runner("runner-a", slots=1, extra=WS)
-    first_id = cluster.wait_runner("runner-a")
-    gate, marker = tmp_path / "gate", tmp_path / "marker"
-    run_id = cluster.client.create_run(type="command", command=gate_script(gate, marker))["run_id"]
-    cluster.wait_run(run_id, {"running"})
+    first, first_id, run_id, gate, marker = start_gated_run(cluster, tmp_path, slots=1)
     cluster.start_runner("runner-b", slots=1, extra=WS)
     second_id = cluster.wait_runner("runner-b")
 
@@ -387,10 +335,10 @@ def test_runners_list_json_shows_the_link(cluster: Cluster, tmp_path: Path) -> N
     assert found["poll-runner"]["transport"] == "poll"
     assert (found["poll-runner"]["slots_used"], found["poll-runner"]["slots_total"]) == (0, 2)
     # Pings move its last heartbeat on.
-    beat = _ts(ws["last_heartbeat_at"])
+    beat = timestamp(ws["last_heartbeat_at"])
     assert abs(time.time() - beat) < 5
     wait_until(
-        lambda: _ts(listed()["ws-runner"]["last_heartbeat_at"]) > beat,
+        lambda: timestamp(listed()["ws-runner"]["last_heartbeat_at"]) > beat,
         10,
         interval=0.2,
         what="a newer heartbeat",
@@ -451,11 +399,7 @@ def test_coordinator_outage_longer_than_the_threshold(cluster: Cluster, tmp_path
     # at t0+5): the coordinator is back at ~t0+6, so the runner reconnects within the
     # coordinator's restart grace (5 s), before anything declared it lost.
     coordinator = start_coordinator(cluster, lost_threshold_s=5.0, ping_interval_s=1.0)
-    runner = cluster.start_runner("runner-a", slots=1, extra=WS)
-    cluster.wait_runner("runner-a")
-    gate, marker = tmp_path / "gate", tmp_path / "marker"
-    run_id = cluster.client.create_run(type="command", command=gate_script(gate, marker))["run_id"]
-    cluster.wait_run(run_id, {"running"})
+    runner, _, run_id, gate, marker = start_gated_run(cluster, tmp_path, slots=1)
     coordinator.send(signal.SIGKILL)
     coordinator.wait(10)
     wait_until(lambda: "stopping all work" in runner.log(), 15, what="the runner to give up")

@@ -1,11 +1,12 @@
 """Helpers shared by the coordinator API tests.
 
 * ``backend_url``: a fresh database on SQLite (a file) or PostgreSQL (a new schema,
-  dropped afterwards) — modules parametrize their own fixture over ``BACKENDS``.
+  dropped afterwards); ``conftest.py``'s ``db_url`` fixture gives one on each of ``BACKENDS``.
 * ``running_api``: the app in process, its lifespan entered by hand, and an
   ``httpx.AsyncClient`` over ``ASGITransport`` wrapped in ``Api`` (runner and client calls).
 * ``live_server``: the same app served by uvicorn on a free local port in a thread, for
-  responses that must really stream (``ASGITransport`` buffers a whole response).
+  responses that must really stream (``ASGITransport`` buffers a whole response), or
+  with ``ws=`` a WebSocket implementation, for the runner socket.
 * ``wait_until``: wait for a condition instead of sleeping and hoping.
 """
 
@@ -208,8 +209,10 @@ async def running_api(
 
 
 @contextlib.contextmanager
-def live_server(app: FastAPI) -> Iterator[str]:
-    """Serve ``app`` with uvicorn (lifespan included) in a thread; yields its base URL."""
+def live_server(app: FastAPI, *, ws: str = "none", graceful_shutdown_s: int = 5) -> Iterator[str]:
+    """Serve ``app`` with uvicorn (lifespan included) in a thread; yields its base URL.
+
+    ``ws`` is uvicorn's WebSocket implementation (``"none"``: plain HTTP only)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -218,8 +221,8 @@ def live_server(app: FastAPI) -> Iterator[str]:
         app,
         log_level="warning",
         lifespan="on",
-        ws="none",
-        timeout_graceful_shutdown=5,
+        ws=ws,
+        timeout_graceful_shutdown=graceful_shutdown_s,
     )
     server = uvicorn.Server(config)
     errors: list[BaseException] = []

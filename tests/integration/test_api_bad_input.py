@@ -7,13 +7,12 @@ run) on SQLite and PostgreSQL, and compares all rows before and after the reques
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
-from api_fixtures import BACKENDS, Api, backend_url, error_code, running_api
+from api_fixtures import Api, error_code, running_api
 
 from corral.coordinator.settings import CoordinatorSettings
 
@@ -23,17 +22,6 @@ MAX_PROMPT = 100
 MAX_BODY = 4096
 JSON = {"content-type": "application/json"}
 UNKNOWN_RUN = "run_000000000000"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(params=BACKENDS)
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with backend_url(request.param, tmp_path) as url:
-        yield url
 
 
 @pytest.fixture

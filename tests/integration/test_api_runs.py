@@ -7,10 +7,11 @@ holds them. Waits are on conditions (a waiter registered, a claim attempted), ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,8 @@ import anyio
 import httpx
 import pytest
 from api_fixtures import (
-    BACKENDS,
     RUN_ID,
     Api,
-    backend_url,
     error_code,
     live_server,
     running_api,
@@ -39,17 +38,6 @@ pytestmark = pytest.mark.anyio
 # A correctness bound for "answers at once" (the waits themselves are 20 s), not a benchmark.
 AT_ONCE_S = 2.0
 LONG_WAIT_S = 20.0
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(params=BACKENDS)
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with backend_url(request.param, tmp_path) as url:
-        yield url
 
 
 @pytest.fixture
@@ -513,12 +501,25 @@ async def test_resume_of_an_unknown_session_is_404(settings: CoordinatorSettings
         assert api.snapshot() == before
 
 
-async def test_resume_over_the_agent_budget_is_409(db_url: str, tmp_path: Path) -> None:
-    config = write_config(tmp_path, "[agents.researcher]\nbudget_usd = 0.01\n")
+@contextlib.asynccontextmanager
+async def researcher_session(
+    db_url: str, tmp_path: Path, *, budget_usd: float, session_id: str, cost: float
+) -> AsyncIterator[Api]:
+    """The API with a "researcher" agent of ``budget_usd``, and a session of it (started on
+    runner "host-a") that cost ``cost``."""
+    config = write_config(tmp_path, f"[agents.researcher]\nbudget_usd = {budget_usd}\n")
     settings = CoordinatorSettings(db_url=db_url, config_path=config)
     async with running_api(settings) as api:
         runner_id = await api.register("host-a")
-        await start_session(api, runner_id, session_id="sess-b", cost=0.02, agent_name="researcher")
+        await start_session(
+            api, runner_id, session_id=session_id, cost=cost, agent_name="researcher"
+        )
+        yield api
+
+
+async def test_resume_over_the_agent_budget_is_409(db_url: str, tmp_path: Path) -> None:
+    session = researcher_session(db_url, tmp_path, budget_usd=0.01, session_id="sess-b", cost=0.02)
+    async with session as api:
         before = api.snapshot()
         response = await api.client.post(
             "/runs", json={"type": "resume_session", "session_id": "sess-b", "prompt": "more"}
@@ -530,9 +531,6 @@ async def test_resume_over_the_agent_budget_is_409(db_url: str, tmp_path: Path) 
 
 
 async def test_resume_under_the_budget_is_accepted(db_url: str, tmp_path: Path) -> None:
-    config = write_config(tmp_path, "[agents.researcher]\nbudget_usd = 1.0\n")
-    settings = CoordinatorSettings(db_url=db_url, config_path=config)
-    async with running_api(settings) as api:
-        runner_id = await api.register("host-a")
-        await start_session(api, runner_id, session_id="sess-c", cost=0.5, agent_name="researcher")
+    session = researcher_session(db_url, tmp_path, budget_usd=1.0, session_id="sess-c", cost=0.5)
+    async with session as api:
         await api.create(type="resume_session", session_id="sess-c", prompt="more")

@@ -6,13 +6,11 @@ hand (``reconcile=False``), so nothing waits for real time to pass.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from api_fixtures import BACKENDS, Api, backend_url, error_code, running_api, wait_until
+from api_fixtures import Api, error_code, running_api, wait_until
 
 from corral.clock import FakeClock
 from corral.coordinator.notifier import RUNS_AVAILABLE
@@ -22,17 +20,6 @@ pytestmark = pytest.mark.anyio
 
 LOST_AFTER = 30.0
 GRACE = 5.0
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(params=BACKENDS)
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with backend_url(request.param, tmp_path) as url:
-        yield url
 
 
 @pytest.fixture
@@ -56,13 +43,19 @@ async def start_on(api: Api, runner_id: str, run_id: str) -> None:
     await api.started(run_id, runner_id, assignment["attempts"])
 
 
+async def started_on_runner_a(api: Api, **run: Any) -> tuple[str, str]:
+    """A command run (``run``: its fields) started by a new runner "runner-a"; both ids."""
+    run_id = await api.create_command(**run)
+    runner_a = await api.register("runner-a")
+    await start_on(api, runner_a, run_id)
+    return run_id, runner_a
+
+
 async def test_a_silent_runner_is_lost_and_its_run_goes_to_another(
     settings: CoordinatorSettings, clock: FakeClock
 ) -> None:
     async with running_api(settings, clock=clock) as api:
-        run_id = await api.create_command()
-        runner_a = await api.register("runner-a")
-        await start_on(api, runner_a, run_id)
+        run_id, runner_a = await started_on_runner_a(api)
 
         clock.advance(LOST_AFTER / 2)
         runner_b = await api.register("runner-b")
@@ -115,9 +108,7 @@ async def test_a_lost_run_without_attempts_left_fails_naming_the_runner(
     settings: CoordinatorSettings, clock: FakeClock
 ) -> None:
     async with running_api(settings, clock=clock) as api:
-        run_id = await api.create_command(max_attempts=1)
-        runner_a = await api.register("runner-a")
-        await start_on(api, runner_a, run_id)
+        run_id, runner_a = await started_on_runner_a(api, max_attempts=1)
 
         clock.advance(LOST_AFTER + 1)
         runner_b = await api.register("runner-b")
@@ -174,9 +165,7 @@ async def test_a_lost_runner_must_register_again_and_abandon_its_run(
     settings: CoordinatorSettings, clock: FakeClock
 ) -> None:
     async with running_api(settings, clock=clock) as api:
-        run_id = await api.create_command()
-        runner_a = await api.register("runner-a")
-        await start_on(api, runner_a, run_id)
+        run_id, runner_a = await started_on_runner_a(api)
         clock.advance(LOST_AFTER + 1)
         runner_b = await api.register("runner-b")
         await api.coordinator.reconcile_once()

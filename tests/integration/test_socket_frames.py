@@ -15,18 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import pytest
-import uvicorn
-from api_fixtures import BACKENDS, backend_url
+from api_fixtures import live_server
 from fastapi import FastAPI
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -43,48 +40,7 @@ STEP_S = 10.0  # the bound on any single expected frame (a correctness bound, no
 INIT_TIMEOUT_S = 5.0  # ServerSession's default; the coordinator has no setting for it
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # ---- the coordinator under a real uvicorn, WebSockets enabled -------------------------------
-
-
-@contextlib.contextmanager
-def socket_server(app: FastAPI) -> Iterator[str]:
-    """Serve ``app`` (lifespan included) with uvicorn's WebSocket support, in a thread."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", ws="websockets-sansio", timeout_graceful_shutdown=2
-    )
-    server = uvicorn.Server(config)
-    errors: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            server.run(sockets=[sock])
-        except BaseException as exc:  # SystemExit on a failed startup, too
-            errors.append(exc)
-
-    thread = threading.Thread(target=serve, name="uvicorn-socket-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if errors or not thread.is_alive() or time.monotonic() > deadline:
-            pytest.fail(f"uvicorn did not start: {errors}")
-        time.sleep(0.01)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
-        assert not thread.is_alive(), "uvicorn did not stop"
-        assert not errors, errors
 
 
 @dataclass
@@ -129,9 +85,9 @@ class Served:
 async def serve(db_url: str) -> AsyncIterator[Served]:
     # No reconciler: these tests decide every step themselves (nothing is declared lost).
     app = create_app(CoordinatorSettings(db_url=db_url, poll_timeout_s=5.0), reconcile=False)
-    with socket_server(app) as address:
-        async with httpx.AsyncClient(base_url=f"http://{address}", timeout=STEP_S) as http:
-            yield Served(app, http, f"ws://{address}")
+    with live_server(app, ws="websockets-sansio", graceful_shutdown_s=2) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=STEP_S) as http:
+            yield Served(app, http, "ws://" + url.removeprefix("http://"))
 
 
 @pytest.fixture
@@ -140,12 +96,11 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
         yield found
 
 
-@pytest.fixture(params=BACKENDS)
-async def served_any(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Served]:
+@pytest.fixture
+async def served_any(db_url: str) -> AsyncIterator[Served]:
     """The same, on SQLite and on PostgreSQL (the link's state lives in the store)."""
-    with backend_url(request.param, tmp_path) as url:
-        async with serve(url) as found:
-            yield found
+    async with serve(db_url) as found:
+        yield found
 
 
 # ---- a runner played by hand ----------------------------------------------------------------

@@ -24,11 +24,6 @@ STEP_S = 10.0
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def linked(db_url: str) -> AsyncIterator[tuple[WebSocketTransport, CoordinatorSettings]]:
     settings = CoordinatorSettings(db_url=db_url, poll_timeout_s=5.0)
     app = create_app(settings, reconcile=False)

@@ -105,6 +105,30 @@ def run_task_once(
     return finish(store, run, now, **finish_kw)
 
 
+def fail_task_once(
+    store: Store,
+    runner: RunnerId,
+    pid: str,
+    key: str,
+    now: float,
+    *,
+    error: str,
+    cost: float | None = None,
+) -> Run:
+    """``run_task_once`` for an attempt whose agent failed with ``error``."""
+    return run_task_once(
+        store,
+        runner,
+        pid,
+        key,
+        now,
+        status=RunStatus.FAILED,
+        cost=cost,
+        error=error,
+        outcome="agent_failed",
+    )
+
+
 # ---- importing -------------------------------------------------------------------------------
 
 
@@ -410,30 +434,12 @@ def test_failure_after_max_attempts_and_partial_retry(store: Store) -> None:
     now = NOW
     for attempt in (1, 2):
         now += 1
-        run_task_once(
-            store,
-            runner,
-            pid,
-            "x",
-            now,
-            status=RunStatus.FAILED,
-            error=f"boom {attempt}",
-            outcome="agent_failed",
-        )
+        fail_task_once(store, runner, pid, "x", now, error=f"boom {attempt}")
         if attempt == 1:
             x = tasks_by_key(store, pid)["x"]
             assert x.status is S.CLAIMED and x.attempts == 2  # retried at once (no backoff)
             assert x.last_error == "boom 1"
-    run_task_once(
-        store,
-        runner,
-        pid,
-        "y",
-        now + 1,
-        status=RunStatus.FAILED,
-        error="nope",
-        outcome="agent_failed",
-    )
+    fail_task_once(store, runner, pid, "y", now + 1, error="nope")
     tasks = tasks_by_key(store, pid)
     assert tasks["x"].status is S.FAILED and tasks["x"].attempts == 2
     assert tasks["x"].last_error == "boom 2" and tasks["x"].finished_at == now
@@ -533,17 +539,7 @@ def test_costs_add_up_and_a_project_budget_pauses(store: Store) -> None:
     store.tasks.add_tasks(pid, [spec("a", max_attempts=3), spec("b"), spec("c", "b")], {}, NOW)
     runner = register(store)
     store.tasks.start(pid, 2, NOW)  # a and b
-    run_task_once(
-        store,
-        runner,
-        pid,
-        "a",
-        NOW + 1,
-        status=RunStatus.FAILED,
-        cost=0.25,
-        error="x",
-        outcome="agent_failed",
-    )
+    fail_task_once(store, runner, pid, "a", NOW + 1, error="x", cost=0.25)
     run_task_once(store, runner, pid, "a", NOW + 2, cost=0.25, outcome="merged")
     tasks = tasks_by_key(store, pid)
     assert tasks["a"].cost_usd == pytest.approx(0.5)
@@ -568,29 +564,9 @@ def test_a_task_budget_fails_the_task_instead_of_retrying(store: Store) -> None:
     store.tasks.add_tasks(pid, [spec("a", max_attempts=5, budget_usd=1.0), spec("b", "a")], {}, NOW)
     runner = register(store)
     store.tasks.start(pid, 1, NOW)
-    run_task_once(
-        store,
-        runner,
-        pid,
-        "a",
-        NOW + 1,
-        status=RunStatus.FAILED,
-        cost=0.6,
-        error="e1",
-        outcome="agent_failed",
-    )
+    fail_task_once(store, runner, pid, "a", NOW + 1, error="e1", cost=0.6)
     assert tasks_by_key(store, pid)["a"].status is S.CLAIMED  # under budget: retried
-    run_task_once(
-        store,
-        runner,
-        pid,
-        "a",
-        NOW + 2,
-        status=RunStatus.FAILED,
-        cost=0.6,
-        error="e2",
-        outcome="agent_failed",
-    )
+    fail_task_once(store, runner, pid, "a", NOW + 2, error="e2", cost=0.6)
     tasks = tasks_by_key(store, pid)
     a = tasks["a"]
     assert a.status is S.FAILED and a.attempts == 2

@@ -6,11 +6,11 @@ import json
 from typing import Any
 
 import pytest
+from claude_support import agent_run
 
 from corral.agents.base import ResultSeen, SessionSeen, StopReason
 from corral.agents.claude import ClaudeExecutor
 from corral.errors import InvalidRequest
-from corral.ids import RunId
 from corral.runs import AgentSpec, Run, RunStatus, RunType
 
 NOW = 1_700_000_000.0
@@ -26,38 +26,15 @@ def make_run(
     project_dir: str | None = "/work/proj",
     env: dict[str, str] | None = None,
 ) -> Run:
-    return Run(
-        id=RunId("run_0123456789ab"),
-        type=type,
-        status=RunStatus.RUNNING,
+    return agent_run(
+        run_id="run_0123456789ab",
+        now=NOW,
         prompt=prompt,
-        command=(),
-        session_name=None,
+        project_dir=project_dir,
+        type=type,
         session_id=session_id,
         agent=agent,
-        project_dir=project_dir,
-        labels=(),
-        timeout_s=None,
-        idle_timeout_s=None,
-        max_attempts=3,
-        attempts=1,
-        priority=0,
-        required_runner=None,
-        runner_id=None,
-        env=env or {},
-        exit_code=None,
-        error=None,
-        result=None,
-        cost_usd=None,
-        usage=None,
-        num_turns=None,
-        cancel_requested=False,
-        rate_limited=0,
-        available_at=NOW,
-        created_at=NOW,
-        claimed_at=NOW,
-        started_at=NOW,
-        finished_at=None,
+        env=env,
     )
 
 

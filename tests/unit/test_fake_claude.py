@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from claude_support import agent_run
 
 from corral.agents.base import ResultSeen, SessionSeen, StopReason
 from corral.agents.claude import ClaudeExecutor
-from corral.ids import RunId
 from corral.runs import AgentSpec, Run, RunReport, RunStatus, RunType
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fakes" / "claude")
@@ -37,39 +37,14 @@ def make_run(
     session_id: str | None = None,
     agent: AgentSpec | None = None,
 ) -> Run:
-    now = time.time()
-    return Run(
-        id=RunId("run_fakeclaude01"),
-        type=RunType.RESUME_SESSION if session_id else RunType.START_SESSION,
-        status=RunStatus.RUNNING,
+    return agent_run(
+        run_id="run_fakeclaude01",
+        now=time.time(),
         prompt=prompt,
-        command=(),
-        session_name=None,
+        project_dir=str(project_dir),
+        type=RunType.RESUME_SESSION if session_id else RunType.START_SESSION,
         session_id=session_id,
         agent=agent,
-        project_dir=str(project_dir),
-        labels=(),
-        timeout_s=None,
-        idle_timeout_s=None,
-        max_attempts=3,
-        attempts=1,
-        priority=0,
-        required_runner=None,
-        runner_id=None,
-        env={},
-        exit_code=None,
-        error=None,
-        result=None,
-        cost_usd=None,
-        usage=None,
-        num_turns=None,
-        cancel_requested=False,
-        rate_limited=0,
-        available_at=now,
-        created_at=now,
-        claimed_at=now,
-        started_at=now,
-        finished_at=None,
     )
 
 
