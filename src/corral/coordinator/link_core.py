@@ -167,14 +167,17 @@ class LinkCore:
         runner was declared lost or stopped meanwhile: it must connect again."""
         link = self.store.link
         with self.store.db.transaction():  # one commit for the claim, cancels and read
-            if claim:
-                link.claim_into_commands(runner_id, now, _start_body)
+            added = link.claim_into_commands(runner_id, now, _start_body) if claim else []
             new = [r for r in self.store.cancel_requests(runner_id) if r not in cancels_sent]
             if new:
-                self.push(runner_id, [{"type": "cancel_run", "run_id": r} for r in new], now)
-            commands = _indexed(link.unacknowledged(runner_id, after))
+                bodies = [{"type": "cancel_run", "run_id": r} for r in new]
+                added += link.push(runner_id, bodies, now)
+            # Numbering holds the runner's row: what was added here is contiguous. If it
+            # starts right after the cursor, it is all there is to send (no read back).
+            if not added or added[0].idx != after + 1:
+                added = link.unacknowledged(runner_id, after)
         cancels_sent.update(new)  # only once stored: a failed commit stores none of them
-        return commands
+        return _indexed(added)
 
     def draining(self, runner_id: RunnerId, now: float) -> None:
         """The runner shuts down gracefully: no new work for it."""
