@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -35,7 +35,7 @@ from corral.coordinator.schemas import (
     run_assignment_json,
 )
 from corral.coordinator.settings import CoordinatorSettings
-from corral.errors import CorralError
+from corral.errors import CorralError, Unavailable
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import Indexed, ToServerInit
 from corral.runners import RunnerState
@@ -99,15 +99,25 @@ class LinkCore:
 
     def apply(self, runner_id: RunnerId, events: Sequence[Indexed], now: float) -> Applied:
         """Commit the effect of new events in order and record them as applied, in one
-        transaction: each event's effect is a savepoint (a refused one undoes only its own)."""
-        with self.store.db.transaction():
-            applied = self._apply(runner_id, events, now)
-        return applied
-
-    def _apply(self, runner_id: RunnerId, events: Sequence[Indexed], now: float) -> Applied:
+        transaction (``apply_reports``)."""
         parsed = parse_events(events)
-        outcomes = [apply_event(self.store, runner_id, event, now) for event in parsed]
         last = events[-1].idx
+        return apply_reports(
+            self.store,
+            runner_id,
+            parsed,
+            now,
+            then=lambda outcomes: self._after_apply(runner_id, parsed, outcomes, last, now),
+        ).applied
+
+    def _after_apply(
+        self,
+        runner_id: RunnerId,
+        parsed: Sequence[RunnerEvent],
+        outcomes: Sequence[Outcome],
+        last: int,
+        now: float,
+    ) -> Applied:
         self.store.link.events_applied(runner_id, last)
         refused = {
             (e.run_id, e.attempt): None
@@ -210,26 +220,64 @@ def parse_events(events: Sequence[Indexed]) -> list[RunnerEvent]:
     return parsed
 
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Reports(Generic[T]):
+    outcomes: list[Outcome]
+    applied: T  # what ``then`` returned
+
+
+def apply_reports(
+    store: Store,
+    runner_id: str,
+    events: Sequence[RunnerEvent],
+    now: float,
+    then: Callable[[list[Outcome]], T],
+) -> Reports[T]:
+    """The effect of a runner's reports, in order, and ``then`` — one transaction.
+
+    Nearly every batch is accepted whole: it is tried flat first (no savepoint per report:
+    on PostgreSQL each costs round trips). If one report is refused (``lease_lost``, an
+    illegal transition …), that try is undone and the batch is applied again with a
+    savepoint per report, so that the refused one undoes only its own writes."""
+    try:
+        with store.db.transaction(flat=True):
+            outcomes: list[Outcome] = [(None, _apply(store, runner_id, e, now)) for e in events]
+            return Reports(outcomes, then(outcomes))
+    except Unavailable:
+        raise
+    except CorralError:
+        pass
+    with store.db.transaction():
+        outcomes = [apply_event(store, runner_id, event, now) for event in events]
+        return Reports(outcomes, then(outcomes))
+
+
 def apply_event(store: Store, runner_id: str, event: RunnerEvent, now: float) -> Outcome:
     """One runner report's effect, as a store operation; a refusal is returned, not raised."""
     try:
-        if isinstance(event, StartedEvent):
-            store.mark_started(event.run_id, runner_id, event.attempt, now)
-        elif isinstance(event, SessionEvent):
-            store.record_session(event.run_id, runner_id, event.attempt, event.session_id, now)
-        elif isinstance(event, LogsEvent):
-            lines = [LogLine(x.line_no, x.stream, x.text, x.ts) for x in event.lines]
-            store.append_logs(event.run_id, runner_id, event.attempt, lines)
-        elif isinstance(event, TaskStepEvent):
-            store.record_task_step(
-                event.run_id, runner_id, event.attempt, event.step, event.data, now
-            )
-        else:
-            report = event.to_report(RunStatus(event.status))
-            return None, store.finish_run(event.run_id, runner_id, event.attempt, report, now)
+        return None, _apply(store, runner_id, event, now)
     except CorralError as exc:
         return exc, None
-    return None, None
+
+
+def _apply(store: Store, runner_id: str, event: RunnerEvent, now: float) -> Run | None:
+    """One report's effect; the run it finished, if it was a final report."""
+    if isinstance(event, StartedEvent):
+        store.mark_started(event.run_id, runner_id, event.attempt, now)
+    elif isinstance(event, SessionEvent):
+        store.record_session(event.run_id, runner_id, event.attempt, event.session_id, now)
+    elif isinstance(event, LogsEvent):
+        lines = [LogLine(x.line_no, x.stream, x.text, x.ts) for x in event.lines]
+        store.append_logs(event.run_id, runner_id, event.attempt, lines)
+    elif isinstance(event, TaskStepEvent):
+        store.record_task_step(event.run_id, runner_id, event.attempt, event.step, event.data, now)
+    else:
+        report = event.to_report(RunStatus(event.status))
+        return store.finish_run(event.run_id, runner_id, event.attempt, report, now)
+    return None
 
 
 def wakeups(events: Sequence[RunnerEvent], outcomes: Sequence[Outcome]) -> list[str]:

@@ -17,7 +17,7 @@ import anyio.to_thread
 
 from corral.clock import Clock
 from corral.coordinator.connections import Connections
-from corral.coordinator.link_core import Outcome, apply_event, wakeups
+from corral.coordinator.link_core import apply_reports, wakeups
 from corral.coordinator.notifier import (
     RUNS_AVAILABLE,
     Notifier,
@@ -203,17 +203,12 @@ class Coordinator:
     async def apply_events(
         self, runner_id: str, events: Sequence[RunnerEvent]
     ) -> list[CorralError | None]:
-        """Apply a runner's batched reports in order, in one trip off the event loop."""
-
-        def apply_all() -> list[Outcome]:
-            return [self._apply_event(runner_id, event) for event in events]
-
-        outcomes = await self._db(apply_all)
-        self.notifier.notify(*wakeups(events, outcomes))
-        return [error for error, _ in outcomes]
-
-    def _apply_event(self, runner_id: str, event: RunnerEvent) -> Outcome:
-        return apply_event(self.store, runner_id, event, self.clock.now())
+        """Apply a runner's batched reports in order, in one transaction off the event loop."""
+        applied = await self._db(
+            apply_reports, self.store, runner_id, events, self.clock.now(), lambda _: None
+        )
+        self.notifier.notify(*wakeups(events, applied.outcomes))
+        return [error for error, _ in applied.outcomes]
 
     # ---- reconciliation ------------------------------------------------------------------
 

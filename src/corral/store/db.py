@@ -42,9 +42,11 @@ class Tx(Protocol):
 class Database(Protocol):
     dialect: str
 
-    def transaction(self, *, write: bool = True) -> Any:  # a context manager yielding Tx
-        """A transaction; opened inside one already open in this thread, a savepoint of it
-        (its failure undoes only its own writes; the outer one commits them all at once)."""
+    def transaction(self, *, write: bool = True, flat: bool = False) -> Any:
+        """A context manager yielding ``Tx``. Opened inside one already open in this thread,
+        a savepoint of it (its failure undoes only its own writes; the outer one commits
+        them all at once) — unless the outer one is ``flat``: then what is opened inside
+        joins it, and any failure undoes it all (no savepoint round trips)."""
         ...
 
     def lock_rows(self, *, skip_locked: bool = False) -> str:
@@ -116,31 +118,34 @@ class SqliteDatabase:
         return conn
 
     @contextmanager
-    def transaction(self, *, write: bool = True) -> Iterator[Tx]:
+    def transaction(self, *, write: bool = True, flat: bool = False) -> Iterator[Tx]:
         if getattr(self._local, "depth", 0):
             if write and not self._local.writing:
                 raise RuntimeError("a write transaction inside a read-only one")
+            if self._local.flat:
+                yield _SqliteTx(self._conn())
+                return
             with self._savepoint() as tx:
                 yield tx
             return
         if not write:
-            with self._transaction(write=False) as tx:
+            with self._transaction(write=False, flat=flat) as tx:
                 yield tx
             return
         # Writers of this process queue on a lock: SQLite's own busy handler waits by
         # sleeping (1, 2, 5 … ms), which under many threads costs far more than the work.
         # Other processes are still kept out by the database lock and the busy timeout.
-        with self._writer, self._transaction(write=True) as tx:
+        with self._writer, self._transaction(write=True, flat=flat) as tx:
             yield tx
 
     @contextmanager
-    def _transaction(self, *, write: bool) -> Iterator[Tx]:
+    def _transaction(self, *, write: bool, flat: bool) -> Iterator[Tx]:
         conn = self._conn()
         try:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.OperationalError as exc:
             raise Unavailable(f"database busy: {exc}") from exc
-        self._local.depth, self._local.writing = 1, write
+        self._local.depth, self._local.writing, self._local.flat = 1, write, flat
         try:
             yield _SqliteTx(conn)
         except BaseException:
@@ -232,15 +237,18 @@ class PostgresDatabase:
             raise Unavailable(f"cannot connect to PostgreSQL at {_redact(url)}") from exc
 
     @contextmanager
-    def transaction(self, *, write: bool = True) -> Iterator[Tx]:
+    def transaction(self, *, write: bool = True, flat: bool = False) -> Iterator[Tx]:
         current: psycopg.Connection[Row] | None = getattr(self._local, "conn", None)
+        if current is not None and self._local.flat:
+            yield _PostgresTx(current)  # joins the open transaction
+            return
         if current is not None:  # inside this thread's open transaction: a savepoint
             with current.transaction():
                 yield _PostgresTx(current)
             return
         try:
             with self._pool.connection(timeout=30) as conn, conn.transaction():
-                self._local.conn = conn
+                self._local.conn, self._local.flat = conn, flat
                 try:
                     yield _PostgresTx(conn)
                 finally:

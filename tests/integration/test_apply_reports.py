@@ -1,0 +1,83 @@
+"""A runner's batch of reports is applied in one transaction (``apply_reports``), on SQLite
+and PostgreSQL: flat when every report is accepted, and when one is refused, the others
+still take effect and the refused one changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from corral.coordinator.link_core import Outcome, apply_reports, parse_events
+from corral.errors import LeaseLost
+from corral.protocol.messages import Indexed
+from corral.runs import NewRun, RunStatus, RunType
+from corral.store import Store
+
+NOW = 1_700_000_000.0
+
+
+def events(*bodies: dict[str, Any]) -> list[Any]:
+    return parse_events([Indexed(i, b) for i, b in enumerate(bodies, 1)])
+
+
+def two_claimed_runs(store: Store) -> tuple[str, str, str]:
+    runner, _ = store.register_runner(
+        name="r", hostname="h", labels=[], slots=2, version="t", transport="websocket", now=NOW
+    )
+    for _ in range(2):
+        store.create_run(NewRun(type=RunType.COMMAND, command=("true",)), NOW)
+    a, b = store.claim_runs(runner.id, 2, NOW)
+    return runner.id, a.id, b.id
+
+
+def test_an_accepted_batch_takes_effect_with_what_then_writes(store: Store) -> None:
+    runner_id, a, b = two_claimed_runs(store)
+    batch = events(
+        {"type": "started", "run_id": a, "attempt": 1},
+        {"type": "started", "run_id": b, "attempt": 1},
+        {"type": "finished", "run_id": a, "attempt": 1, "status": "completed", "exit_code": 0},
+    )
+
+    def then(outcomes: list[Outcome]) -> int:
+        store.link.events_applied(runner_id, 3)
+        return len(outcomes)
+
+    applied = apply_reports(store, runner_id, batch, NOW + 1, then)
+    assert applied.applied == 3
+    assert [error for error, _ in applied.outcomes] == [None, None, None]
+    finished = applied.outcomes[2][1]
+    assert finished is not None and finished.status is RunStatus.COMPLETED
+    assert [store.get_run(r).status for r in (a, b)] == [RunStatus.COMPLETED, RunStatus.RUNNING]
+    assert store.link.state(runner_id).last_event_idx == 3
+
+
+def test_a_refused_report_changes_nothing_and_the_others_still_count(store: Store) -> None:
+    runner_id, a, b = two_claimed_runs(store)
+    batch = events(
+        {"type": "started", "run_id": a, "attempt": 1},
+        {"type": "finished", "run_id": b, "attempt": 7, "status": "failed"},  # not its lease
+        {"type": "finished", "run_id": a, "attempt": 1, "status": "completed", "exit_code": 0},
+    )
+    calls: list[int] = []
+
+    def then(outcomes: list[Outcome]) -> None:
+        calls.append(len(outcomes))
+        store.link.events_applied(runner_id, 3)
+
+    applied = apply_reports(store, runner_id, batch, NOW + 1, then)
+    errors = [error for error, _ in applied.outcomes]
+    assert errors[0] is None and errors[2] is None
+    assert isinstance(errors[1], LeaseLost)
+    assert calls == [3]  # the flat try was undone before its ``then``; this one committed
+    assert store.get_run(a).status is RunStatus.COMPLETED
+    assert store.get_run(b).status is RunStatus.CLAIMED  # untouched
+    assert store.link.state(runner_id).last_event_idx == 3
+
+
+def test_a_failure_inside_a_flat_transaction_undoes_all_of_it(store: Store) -> None:
+    run_id = store.create_run(NewRun(type=RunType.COMMAND, command=("true",)), NOW).id
+    with pytest.raises(LeaseLost), store.db.transaction(flat=True):
+        store.request_cancel(run_id, NOW)  # joins the flat transaction: no savepoint
+        raise LeaseLost("a later report is refused")
+    assert store.get_run(run_id).status is RunStatus.PENDING
