@@ -10,8 +10,8 @@ Measures, for each store and each runner transport:
   control     the same with 4 runners whose runs start no process (noop_runner.py): the
               control plane alone, without the ~1.7 ms of CPU a process start costs
 
-    python benchmarks/dispatch.py [--runs 2000] [--runners 4,32] [--total-slots 32]
-                                  [--samples 200] [--db sqlite|postgres|both]
+    python benchmarks/dispatch.py [--runs 2000] [--control-runs 10000] [--runners 4,32]
+                                  [--total-slots 32] [--samples 200] [--db sqlite|postgres|both]
                                   [--transports websocket,poll]
 """
 
@@ -269,6 +269,12 @@ class Row:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument(
+        "--control-runs",
+        type=int,
+        default=10000,
+        help="runs of the control-plane measure (it is fast: more runs, a steadier figure)",
+    )
     parser.add_argument("--runners", default="4,32", help="comma-separated runner counts")
     parser.add_argument("--total-slots", type=int, default=32, help="shared by the runners")
     parser.add_argument("--samples", type=int, default=200)
@@ -302,7 +308,7 @@ def main() -> None:
                 database(kind, Path(tmp)) as db,
                 cluster(db, 4, 8, Path(tmp), transport, NOOP_RUNNER) as target,
             ):
-                control = measure_throughput(target, args.runs)
+                control = measure_throughput(target, args.control_runs)
             row = Row(
                 kind,
                 transport,
@@ -326,7 +332,7 @@ def main() -> None:
         f"runs, {args.total_slots} slots in total; CPU meanwhile (100% = one core) of the "
         f"coordinator (coord), of the runners with the processes they ran (runners) and of "
         f"the whole machine (all: {100 * (os.cpu_count() or 1)}% = every core busy); "
-        "control: the same no-op runs on 4 runners x 8 slots that start no process "
+        f"control: {args.control_runs} no-op runs on 4 runners x 8 slots that start no process "
         "(benchmarks/noop_runner.py), the control plane alone"
     )
     header = f"{'store':<9} {'transport':<10} {'p50 ms':>7} {'p99 ms':>7} {'mean ms':>8}"
