@@ -240,6 +240,16 @@ class Store:
 
     def mark_started(self, run_id: str, runner_id: str, attempt: int, now: float) -> Run:
         with self.db.transaction() as tx:
+            # The usual case in one statement (the lease and the old status are its guard);
+            # anything else (a repeat, a lost lease) takes the checked path below.
+            started = tx.one(
+                "UPDATE runs SET status = 'running', started_at = ?, updated_at = ? "
+                "WHERE id = ? AND runner_id = ? AND attempts = ? AND status = 'claimed' "
+                "RETURNING *",
+                (now, now, run_id, runner_id, attempt),
+            )
+            if started is not None:
+                return run_from_row(started)
             row = _leased_row(tx, self.db, run_id, runner_id, attempt)
             if row["status"] == RunStatus.RUNNING:
                 return run_from_row(row)  # a repeated report (the first answer was lost)
