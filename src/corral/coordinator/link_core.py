@@ -6,12 +6,14 @@ thread. The deterministic simulation (``tests/sim``) calls the same methods dire
 a virtual clock, so what it checks is what the coordinator runs.
 
     Register ──▶ register()      runner row, last applied event, unacknowledged commands
-    Apply    ──▶ apply()         each event's effect, then ``last_event_idx``, then an
-                                 abandon_run command for every event refused as lease_lost
+    Apply    ──▶ apply()         each event's effect, ``last_event_idx``, and an abandon_run
+                                 command for every event refused as lease_lost: one
+                                 transaction (``apply_reports``)
     CommandsAcked ──▶ acknowledge()
     (woken)  ──▶ push_work()     pending runs claimed into start commands, cancel commands,
                                  then every stored command after the socket's cursor
     Stopping ──▶ draining()      and once the runner has closed its socket, gone()
+    KvRequested ──▶ (the pump calls ``store.kv.apply_op``)
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 SQL is written once with ``?`` placeholders; the PostgreSQL handle turns them into ``%s``.
 Driver errors leave this module as ``Unavailable`` (the database is down or busy) so
-callers above never see a driver type.
+callers above never see a driver type. A transaction opened inside another one of the same
+thread is a savepoint of it, or part of it when the outer one is ``flat``: store operations
+each open their own, and a caller can still make several of them one commit.
 """
 
 from __future__ import annotations
