@@ -917,3 +917,23 @@ def test_a_failed_outer_transaction_undoes_what_its_savepoints_did(store: Store)
     assert statuses(store, run_id) == ["pending"]
     store.request_cancel(run_id, NOW)  # the thread's next transaction is a fresh one
     assert statuses(store, run_id) == ["cancelled"]
+
+
+# ---- slots freed by final reports not yet applied ---------------------------------------------
+
+
+def test_runs_whose_final_report_is_in_flight_free_their_slots(store: Store) -> None:
+    runner = register(store, slots=2)
+    for _ in range(4):
+        store.create_run(command(), NOW)
+
+    def start(run: Run) -> dict[str, Any]:
+        return {"type": "start_run", "run_id": run.id}
+
+    first = store.link.claim_into_commands(runner.id, NOW, start)
+    a, b = (c.body["run_id"] for c in first)
+    assert store.link.claim_into_commands(runner.id, NOW, start) == []  # both slots busy
+    # A report of another attempt of ``a`` frees nothing; ``b``'s own report frees one.
+    assert store.link.claim_into_commands(runner.id, NOW, start, finishing={(a, 2)}) == []
+    (third,) = store.link.claim_into_commands(runner.id, NOW, start, finishing={(b, 1)})
+    assert third.body["run_id"] not in (a, b)

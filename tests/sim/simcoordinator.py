@@ -12,7 +12,7 @@ coroutine does not, nor does queued work. ``_forget`` runs once no op is in flig
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,7 +21,7 @@ from simnet import CLOSE, Socket
 from simrunner import ACK_INTERVAL_S, LOST_AFTER_S, PING_INTERVAL_S
 from simstore import CrashingStore
 
-from corral.coordinator.link_core import Applied, LinkCore, Registration
+from corral.coordinator.link_core import Applied, LinkCore, Registration, finishes
 from corral.coordinator.notifier import RUNS_AVAILABLE
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import CorralError
@@ -78,6 +78,7 @@ class ServerLink:
         self.runner_id: Any = None
         self.cancels_sent: set[RunId] = set()
         self.sent_idx = 0  # the push loop's cursor over the runner's stored commands
+        self.finishing: Counter[tuple[str, int]] = Counter()  # final reports read, not applied
         self.draining = False
         self.left = False  # the runner closed as one that shuts down
         self.read_op: Op | None = None  # the registration: no frame is read meanwhile
@@ -173,10 +174,13 @@ class SimCoordinator:
                 )
             elif isinstance(out, Apply):
                 events, rid = out.events, link.runner_id
+                if ended := finishes(events):  # their slots are free: fill them meanwhile
+                    link.finishing.update(ended)
+                    link.wake = True
                 link.work.append(
                     lambda rid=rid, events=events, link=link: self.op(
                         "apply",
-                        lambda: core.apply(rid, events, world.now),
+                        lambda: self.apply(link, rid, events),
                         lambda applied: self.applied(link, applied),
                     )
                 )
@@ -249,6 +253,13 @@ class SimCoordinator:
         self.wake_all()
         link.pushing = link.wake = True
 
+    def apply(self, link: ServerLink, runner_id: Any, events: Any) -> Applied:
+        try:
+            return self.core.apply(runner_id, events, self.world.now)
+        finally:
+            link.finishing.subtract(finishes(events))
+            link.finishing = +link.finishing
+
     def applied(self, link: ServerLink, applied: Applied) -> None:
         if RUNS_AVAILABLE in applied.wake:
             self.wake_all()
@@ -305,11 +316,13 @@ class SimCoordinator:
                 link.wake = False
                 link.push_by = now + self.settings.poll_timeout_s
                 rid, claim, sent = link.runner_id, not link.draining, link.cancels_sent
-                after = link.sent_idx
+                after, ending = link.sent_idx, frozenset(link.finishing)
                 link.push_op = self.op(
                     "push",
-                    lambda rid=rid, claim=claim, sent=sent, after=after: self.core.push_work(
-                        rid, self.world.now, sent, claim=claim, after=after
+                    lambda rid=rid, claim=claim, sent=sent, after=after, ending=ending: (
+                        self.core.push_work(
+                            rid, self.world.now, sent, claim=claim, after=after, finishing=ending
+                        )
                     ),
                     lambda result, link=link: self.pushed(link, result),
                 )

@@ -51,6 +51,7 @@ class SimAttempt:
 
 class RunnerProcess:
     def __init__(self, world: World, host: int, incarnation: int, slots: int) -> None:
+        self.slots = slots
         self.world = world
         self.host = host
         self.label = f"r{host}.{incarnation}"

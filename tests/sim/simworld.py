@@ -7,11 +7,13 @@ Each step the scheduler picks one thing that can happen — deliver a frame, fin
 store call, let time pass (timers: pings, acks, backoff, lost timers, reconcile every
 virtual second, processes starting and ending, clients creating and cancelling runs),
 or, while the storm lasts, a fault: duplicate a frame, cut a socket, partition a host,
-crash the coordinator or a runner process, drain a runner. The invariants are checked
+a socket's coordinator end vanishing (half-open), crash the coordinator or a runner
+process, drain a runner. The invariants are checked
 after every step; after the storm the world runs quietly until every run has ended.
 
 Invariants:
-- a run never runs in two simulated processes at once;
+- a run never runs in two simulated processes at once, and a runner never runs more
+  attempts than it has slots (work goes out as soon as a final report is read);
 - every run status change is one the transition table allows; a completed run stays
   completed; no effect is applied twice (the same change of the same attempt, two
   terminal changes of one run);
@@ -395,6 +397,9 @@ class World:
                 continue
             if runner.conn.gaps:
                 self.violation(f"{runner.label} received a command index gap")
+            running = sum(a.running for a in runner.attempts.values())
+            if running > runner.slots:
+                self.violation(f"{runner.label} runs {running} attempts on {runner.slots} slots")
             for attempt in runner.attempts.values():
                 if attempt.running:
                     if attempt.run_id in holders:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -163,6 +163,7 @@ class LinkCore:
         *,
         claim: bool = True,
         after: int = 0,
+        finishing: Collection[tuple[str, int]] = (),
     ) -> list[Indexed]:
         """Pending runs claimed into the runner's free slots (with their start commands, one
         transaction), a cancel command for each newly requested cancel; then every stored
@@ -175,11 +176,16 @@ class LinkCore:
         sees a command without those before it.
 
         ``cancels_sent`` (this socket's, updated here) keeps a cancel from being sent twice;
-        ``claim=False`` for a draining runner. Raises ``CorralError`` (runner_lost) when the
-        runner was declared lost or stopped meanwhile: it must connect again."""
+        ``claim=False`` for a draining runner; ``finishing``: the runs whose final reports
+        the socket has read but not yet applied (``finishes``): their slots count as free,
+        so new work goes out while those reports are still being committed. Raises
+        ``CorralError`` (runner_lost) when the runner was declared lost or stopped
+        meanwhile: it must connect again."""
         link = self.store.link
         with self.store.db.transaction():  # one commit for the claim, cancels and read
-            added = link.claim_into_commands(runner_id, now, _start_body) if claim else []
+            added = (
+                link.claim_into_commands(runner_id, now, _start_body, finishing) if claim else []
+            )
             new = [r for r in self.store.cancel_requests(runner_id) if r not in cancels_sent]
             if new:
                 bodies = [{"type": "cancel_run", "run_id": r} for r in new]
@@ -208,6 +214,15 @@ class LinkCore:
         with contextlib.suppress(CorralError):
             self.store.set_runner_state(runner_id, RunnerState.STOPPED, now)
         return True
+
+
+def finishes(events: Sequence[Indexed]) -> list[tuple[str, int]]:
+    """(run, attempt) of each final report among ``events``: a slot the runner has freed."""
+    return [
+        (str(e.body.get("run_id")), e.body["attempt"])
+        for e in events
+        if e.body.get("type") == "finished" and type(e.body.get("attempt")) is int
+    ]
 
 
 def parse_events(events: Sequence[Indexed]) -> list[RunnerEvent]:

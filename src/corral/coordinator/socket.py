@@ -29,13 +29,14 @@ import contextlib
 import itertools
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 from fastapi import APIRouter
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from corral.coordinator.connections import Connections
-from corral.coordinator.link_core import LinkCore
+from corral.coordinator.link_core import LinkCore, finishes
 from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic, wait_any
 from corral.coordinator.service import Coordinator
 from corral.errors import CorralError
@@ -82,6 +83,7 @@ class SocketLink:
         self._send_lock = asyncio.Lock()
         self._cancels_sent: set[RunId] = set()
         self._sent_idx = 0  # commands sent on this socket, up to here
+        self._finishing: Counter[tuple[str, int]] = Counter()  # read, not yet applied
         self._work: asyncio.Queue[Apply | CommandsAcked | Stopping | KvRequested] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -146,7 +148,14 @@ class SocketLink:
                 await self._close(out.code, out.reason)
             elif isinstance(out, Register):
                 await self._register(out.init)  # the runner sends nothing until it is answered
-            elif isinstance(out, Apply | CommandsAcked | KvRequested):
+            elif isinstance(out, Apply):
+                if ended := finishes(out.events):
+                    # Those slots are free on the runner: fill them while the reports are
+                    # being committed, not after.
+                    self._finishing.update(ended)
+                    self.slots_changed.set()
+                self._work.put_nowait(out)
+            elif isinstance(out, CommandsAcked | KvRequested):
                 self._work.put_nowait(out)
             elif isinstance(out, Alive):
                 if self.runner_id is not None:
@@ -228,9 +237,13 @@ class SocketLink:
     async def _apply(self, events: tuple[m.Indexed, ...]) -> None:
         assert self.runner_id is not None
         coordinator = self.coordinator
-        applied = await coordinator._db(
-            self.core.apply, self.runner_id, events, coordinator.clock.now()
-        )
+        try:
+            applied = await coordinator._db(
+                self.core.apply, self.runner_id, events, coordinator.clock.now()
+            )
+        finally:
+            self._finishing.subtract(finishes(events))
+            self._finishing = +self._finishing  # drop the zeros
         coordinator.notifier.notify(*applied.wake)
         if applied.finished or applied.abandon:
             # A slot may be free; abandon_run commands (runs no longer the runner's) were
@@ -275,6 +288,7 @@ class SocketLink:
                     self._cancels_sent,
                     claim=not self.draining,
                     after=self._sent_idx,
+                    finishing=frozenset(self._finishing),
                 )
             except CorralError as exc:  # lost or stopped meanwhile: it must reconnect
                 log.warning("runner %s: %s", runner_id, exc)

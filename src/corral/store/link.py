@@ -10,7 +10,7 @@ is committed: older ones arriving again are dropped as duplicates.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -50,11 +50,16 @@ class LinkStore:
         return LinkState(row["last_event_idx"], row["acked_command_idx"])
 
     def claim_into_commands(
-        self, runner_id: str, now: float, start: Callable[[Run], dict[str, Any]]
+        self,
+        runner_id: str,
+        now: float,
+        start: Callable[[Run], dict[str, Any]],
+        finishing: Collection[tuple[str, int]] = (),
     ) -> list[Command]:
-        """Fill the runner's free slots with pending runs, each with its start command."""
+        """Fill the runner's free slots with pending runs, each with its start command
+        (``finishing``: see ``Store._claim``)."""
         with self.db.transaction() as tx:
-            runs = self.store._claim(tx, runner_id, None, now)
+            runs = self.store._claim(tx, runner_id, None, now, finishing)
             bodies = []
             for run in runs:
                 if run.task_id:

@@ -7,7 +7,7 @@ the table in ``runs.py`` is the only place that says what may happen. Time is pa
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,8 +189,17 @@ class Store:
         with self.db.transaction() as tx:
             return self._claim(tx, runner_id, max_runs, now)
 
-    def _claim(self, tx: Tx, runner_id: str, max_runs: int | None, now: float) -> list[Run]:
-        """The claim itself, in the caller's transaction; ``None``: fill the free slots."""
+    def _claim(
+        self,
+        tx: Tx,
+        runner_id: str,
+        max_runs: int | None,
+        now: float,
+        finishing: Collection[tuple[str, int]] = (),
+    ) -> list[Run]:
+        """The claim itself, in the caller's transaction; ``None``: fill the free slots.
+        ``finishing``: (run, attempt) the runner has reported ended, in reports not yet
+        applied — their slots are free on the runner though the store still counts them."""
         # Locked, so a reconciler cannot declare the runner lost (and take back what it
         # holds) between this check and the commit, stranding the new claim.
         runner = row_by_id(tx, "runners", runner_id, lock=self.db.lock_rows())
@@ -198,12 +207,13 @@ class Store:
         if runner["state"] != RunnerState.ACTIVE:
             return []  # draining: it finishes what it has and takes nothing new
         if max_runs is None:
-            held = tx.one(
-                "SELECT COUNT(*) AS n FROM runs WHERE runner_id = ? "
+            held = tx.execute(
+                "SELECT id, attempts FROM runs WHERE runner_id = ? "
                 "AND status IN ('claimed', 'running')",
                 (runner_id,),
             )
-            max_runs = runner["slots"] - int(held["n"] if held else 0)
+            busy = sum((r["id"], r["attempts"]) not in finishing for r in held)
+            max_runs = runner["slots"] - busy
             if max_runs <= 0:
                 return []
         # Labels are matched in SQL: runs this runner cannot take never hide ones it can.
