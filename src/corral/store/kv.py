@@ -83,7 +83,11 @@ def _refused(code: str, error: str) -> dict[str, Any]:
 
 def _check_sizes(op: Get | Put | Delete | List | Drop) -> None:
     # Lengths above are in characters; the limits are on the stored UTF-8 bytes.
-    keys = [*op.entries] if isinstance(op, Put) else op.keys if isinstance(op, Get | Delete) else []
+    keys: list[str] = []
+    if isinstance(op, Put):
+        keys = list(op.entries)
+    elif isinstance(op, Get | Delete):
+        keys = op.keys
     for key in keys:
         if len(key.encode()) > MAX_KEY_BYTES:
             raise PayloadTooLarge(f"a key is over {MAX_KEY_BYTES} bytes")
