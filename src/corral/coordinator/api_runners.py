@@ -104,7 +104,7 @@ async def control(
 
 @router.post("/heartbeat")
 async def heartbeat(body: RunnerHeartbeat, request: Request) -> dict[str, Any]:
-    held = [Held(RunId(h.run_id), h.attempt) for h in body.held]
+    held = None if body.held is None else [Held(RunId(h.run_id), h.attempt) for h in body.held]
     return _sync_json(await _coordinator(request).heartbeat(body.runner_id, held))
 
 

@@ -55,7 +55,8 @@ class RegisterRunner(_Strict):
 
 class RunnerHeartbeat(_Strict):
     runner_id: str
-    held: list[Held] = Field(default_factory=list)
+    # Absent (the seed's body): not reported, so nothing is reconciled. ``[]``: holds nothing.
+    held: list[Held] | None = None
 
 
 class RunnerRef(_Strict):

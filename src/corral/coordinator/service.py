@@ -166,7 +166,7 @@ class Coordinator:
             if remaining <= 0 or not await wait_for(event, remaining, gone):
                 return []
 
-    async def heartbeat(self, runner_id: str, held: Sequence[Held]) -> RunnerSync:
+    async def heartbeat(self, runner_id: str, held: Sequence[Held] | None) -> RunnerSync:
         return await self._db(self.store.heartbeat, runner_id, held, self.clock.now())
 
     async def deregister(self, runner_id: str) -> Runner:

@@ -421,13 +421,19 @@ class Store:
             )
             return runner_from_row(row_by_id(tx, "runners", rid)), sync
 
-    def heartbeat(self, runner_id: str, held: Sequence[Held], now: float) -> RunnerSync:
+    def heartbeat(self, runner_id: str, held: Sequence[Held] | None, now: float) -> RunnerSync:
         """A runner is alive and holds ``held``; raises NotFound for an unknown runner and
-        ``runner_lost`` if it was declared lost (it must register again)."""
+        ``runner_lost`` if it was declared lost (it must register again).
+
+        ``held=None``: the runner did not say what it holds (the seed's heartbeat is only
+        ``{runner_id}``). Not saying is not "nothing": its leases are kept alive and none of
+        its runs is touched; only an explicit list is reconciled."""
         with self.db.transaction() as tx:
             row = row_by_id(tx, "runners", runner_id, lock=self.db.lock_rows())
             _check_not_lost(row)
             tx.execute("UPDATE runners SET last_heartbeat_at = ? WHERE id = ?", (now, runner_id))
+            if held is None:
+                return RunnerSync()
             return _sync_held(tx, RunnerId(runner_id), held, now, self.db.lock_rows())
 
     def touch_runners(self, runner_ids: Sequence[str], now: float) -> None:
