@@ -175,27 +175,47 @@ def test_reimport_is_idempotent_and_changes_only_content(store: Store) -> None:
     assert b.title == "b, better" and b.status is S.BLOCKED and b.remaining_blockers == 1
 
 
+def test_tasks_may_come_before_their_blockers(store: Store) -> None:
+    """Order inside a plan does not matter: a task may name blockers listed after it."""
+    pid = project(store).id
+    result = store.tasks.add_tasks(
+        pid, [spec("d", "c", "b"), spec("c", "a"), spec("b", "a"), spec("a")], {}, NOW
+    )
+    assert result.created == ["d", "c", "b", "a"]
+    tasks = tasks_by_key(store, pid)
+    assert statuses(store, pid) == {"a": S.READY, "b": S.BLOCKED, "c": S.BLOCKED, "d": S.BLOCKED}
+    assert {k: t.remaining_blockers for k, t in tasks.items()} == {"a": 0, "b": 1, "c": 1, "d": 2}
+    assert tasks["d"].blocked_by == ("b", "c")
+    # A later import may also put a new blocker after its new dependent.
+    store.tasks.add_tasks(pid, [spec("f", "e", "a"), spec("e", "d")], {}, NOW + 1)
+    assert tasks_by_key(store, pid)["f"].remaining_blockers == 2
+    assert [t.key for t in store.tasks.list_tasks(pid)] == ["d", "c", "b", "a", "f", "e"]
+
+
 @pytest.mark.parametrize(
-    ("bad", "message"),
+    ("bad", "code", "message"),
     [
-        ([spec("b", "c")], "dependencies"),  # b exists without dependencies
-        ([spec("x", "y"), spec("y", "x")], "cycle"),
-        ([spec("x", "nope")], "unknown task 'nope'"),
-        ([spec("x", "x")], "depends on itself"),
-        ([spec("x"), spec("x")], "duplicate"),
-        ([spec("A")], "duplicate"),  # differs from the stored a only in case
+        ([spec("b", "c")], "dependencies_changed", "dependencies"),  # b exists without any
+        ([spec("x", "y"), spec("y", "x")], "dependency_cycle", "cycle"),
+        ([spec("x", "nope")], "unknown_dependency", "unknown task 'nope'"),
+        ([spec("x", "x")], "dependency_cycle", "depends on itself"),
+        ([spec("x"), spec("x")], "duplicate_task", "duplicate"),
+        ([spec("A")], "duplicate_task", "duplicate"),  # differs from the stored a only in case
     ],
     ids=["changed-deps", "cycle", "unknown", "self", "duplicate", "case-duplicate"],
 )
-def test_a_bad_import_writes_nothing(store: Store, bad: list[TaskSpec], message: str) -> None:
+def test_a_bad_import_writes_nothing(
+    store: Store, bad: list[TaskSpec], code: str, message: str
+) -> None:
     pid = project(store).id
     store.tasks.add_tasks(pid, [spec("a"), spec("b"), spec("c")], {}, NOW)
     before, updates = store.tasks.list_tasks(pid), task_updates(store)
     # A content change and a new task come first: neither may stay behind.
-    with pytest.raises(InvalidRequest, match=message):
+    with pytest.raises(InvalidRequest, match=message) as refused:
         store.tasks.add_tasks(
             pid, [spec("a", title="new title"), spec("new"), *bad], {}, NOW + 10, digest="d1"
         )
+    assert refused.value.code == code
     assert store.tasks.list_tasks(pid) == before
     assert task_updates(store) == updates
     assert store.tasks.get_project(pid).plan_digest is None

@@ -153,11 +153,16 @@ class TaskStore:
                 ids[spec.key] = f"tsk_{secrets.token_hex(6)}"
             for spec in new_specs:
                 _insert_task(tx, project_id, ids[spec.key], spec, agents.get(spec.key), now)
-                for blocker in dict.fromkeys(spec.after):
-                    tx.execute(
-                        "INSERT INTO task_dependencies (task_id, blocked_by) VALUES (?, ?)",
-                        (ids[spec.key], ids[blocker]),
-                    )
+            # Dependencies once every task row exists: a plan may list a task before the
+            # tasks it waits for (order inside a plan does not matter).
+            tx.many(
+                "INSERT INTO task_dependencies (task_id, blocked_by) VALUES (?, ?)",
+                [
+                    (ids[spec.key], ids[blocker])
+                    for spec in new_specs
+                    for blocker in dict.fromkeys(spec.after)
+                ],
+            )
             for spec in new_specs:  # statuses once every blocker row exists
                 _settle_initial_status(tx, ids[spec.key], now)
                 result.created.append(spec.key)
@@ -595,7 +600,8 @@ def _refresh_task(
     if sorted(set(spec.after)) != sorted(stored_after):
         raise InvalidRequest(
             f"task {spec.key} already exists with dependencies {sorted(stored_after)}; "
-            f"they cannot change to {sorted(set(spec.after))}"
+            f"they cannot change to {sorted(set(spec.after))}",
+            code="dependencies_changed",
         )
     agent = agents.get(spec.key)
     wanted = {

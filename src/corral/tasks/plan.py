@@ -128,7 +128,8 @@ def parse_plan(text: str, fmt: Literal["yaml", "toml"], source: str) -> Plan:
 def check_graph(
     specs: Sequence[TaskSpec], known: Collection[str] = (), *, source: str = ""
 ) -> None:
-    """Refuse duplicate ids, unknown or self dependencies and cycles.
+    """Refuse duplicate ids (code ``duplicate_task``), unknown dependencies
+    (``unknown_dependency``), and self dependencies and cycles (``dependency_cycle``).
 
     ``known`` are the ids of tasks already stored (not among ``specs``): dependencies may
     name them, new tasks may not reuse them. Ids that differ only in case count as
@@ -142,15 +143,21 @@ def check_graph(
         if owner != f"task #{i}":
             same = "" if key == spec.key else f" as {key!r} (ids may not differ only in case)"
             raise InvalidRequest(
-                f"{prefix}duplicate task id {spec.key!r} in task #{i}: {owner} has it{same}"
+                f"{prefix}duplicate task id {spec.key!r} in task #{i}: {owner} has it{same}",
+                code="duplicate_task",
             )
     ids = {spec.key for spec in specs}
     for spec in specs:
         for dep in spec.after:
             if dep == spec.key:
-                raise InvalidRequest(f"{prefix}task {spec.key!r} depends on itself")
+                raise InvalidRequest(
+                    f"{prefix}task {spec.key!r} depends on itself", code="dependency_cycle"
+                )
             if dep not in ids and dep not in known:
-                raise InvalidRequest(f"{prefix}task {spec.key!r} depends on unknown task {dep!r}")
+                raise InvalidRequest(
+                    f"{prefix}task {spec.key!r} depends on unknown task {dep!r}",
+                    code="unknown_dependency",
+                )
     topological_order(specs, source=source)
 
 
@@ -180,7 +187,10 @@ def topological_order(specs: Sequence[TaskSpec], *, source: str = "") -> list[st
     if len(order) < len(specs):
         prefix = f"{source}: " if source else ""
         cycle = " -> ".join(_find_cycle(specs, index, waiting))
-        raise InvalidRequest(f"{prefix}dependency cycle (each waits for the next): {cycle}")
+        raise InvalidRequest(
+            f"{prefix}dependency cycle (each waits for the next): {cycle}",
+            code="dependency_cycle",
+        )
     return order
 
 
