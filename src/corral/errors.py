@@ -2,6 +2,7 @@
 
     CorralError                       code               HTTP  exit
     ├── InvalidRequest                invalid_request     422     2
+    │   │                            (unstorable_value: a value the database refused)
     │   ├── UnknownAgent              unknown_agent       422     2
     │   └── PayloadTooLarge           payload_too_large   413     2
     ├── NotFound                      <kind>_not_found    404     3

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from corral.coordinator import socket
 from corral.coordinator.schemas import (
@@ -22,6 +22,7 @@ from corral.coordinator.schemas import (
 from corral.coordinator.service import Coordinator
 from corral.errors import InvalidRequest
 from corral.runs import Run, RunStatus
+from corral.wire import Int64, WireModel
 
 router = APIRouter()
 
@@ -97,7 +98,7 @@ async def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
 async def run_logs(
     run_id: str,
     request: Request,
-    after: Annotated[int, Query(ge=0, description="the last log id already read")] = 0,
+    after: Annotated[Int64, Query(ge=0, description="the last log id already read")] = 0,
     follow: bool = False,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
 ) -> dict[str, Any] | StreamingResponse:
@@ -150,8 +151,7 @@ async def list_runners(request: Request) -> dict[str, Any]:
     return {"runners": [runner_json(r) for r in runners]}
 
 
-class DrainBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DrainBody(WireModel):
     grace_s: float = Field(120.0, ge=0, le=86400)
 
 

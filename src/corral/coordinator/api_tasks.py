@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from corral.agents.profiles import resolve
 from corral.coordinator.notifier import RUNS_AVAILABLE
@@ -13,15 +13,12 @@ from corral.coordinator.schemas import iso
 from corral.coordinator.service import Coordinator
 from corral.runs import AgentSpec, Run
 from corral.tasks.model import Project, Task, TaskSpec
+from corral.wire import WireModel
 
 router = APIRouter(tags=["tasks"])
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ProjectBody(_Strict):
+class ProjectBody(WireModel):
     repo_path: str = Field(min_length=1, max_length=4096)
     target_branch: str = Field(min_length=1, max_length=255)
     merge: str | None = Field(None, pattern="^(merge|ff)$")
@@ -32,7 +29,7 @@ class ProjectBody(_Strict):
     resolve_conflicts: bool | None = None
 
 
-class TaskBody(_Strict):
+class TaskBody(WireModel):
     id: str = Field(min_length=1, max_length=64)
     title: str = Field(min_length=1, max_length=500)
     prompt: str | None = None
@@ -44,12 +41,12 @@ class TaskBody(_Strict):
     budget_usd: float | None = Field(None, ge=0)
 
 
-class TasksBody(_Strict):
+class TasksBody(WireModel):
     tasks: list[TaskBody] = Field(min_length=1, max_length=20000)
     digest: str | None = None
 
 
-class StartBody(_Strict):
+class StartBody(WireModel):
     workers: int = Field(ge=1, le=256)
 
 

@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import __version__
@@ -21,8 +22,9 @@ from corral.clock import Clock, SystemClock
 from corral.coordinator import api_clients, api_runners, api_tasks, socket
 from corral.coordinator.service import Coordinator
 from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
-from corral.errors import CorralError
+from corral.errors import CorralError, InvalidRequest
 from corral.store import Store
+from corral.wire import problem_with
 
 log = logging.getLogger("corral.coordinator")
 
@@ -60,6 +62,7 @@ def create_app(
         version=__version__,
         description="Runs, sessions and runners of a corral control plane.",
         lifespan=lifespan,
+        dependencies=[Depends(_storable_params)],
     )
     app.include_router(api_clients.router)
     app.include_router(api_runners.router)
@@ -101,6 +104,14 @@ def _error(status: int, code: str, message: str, **details: Any) -> JSONResponse
     return JSONResponse({"error": body}, status_code=status)
 
 
+async def _storable_params(connection: HTTPConnection) -> None:
+    """Path and query values reach SQL as bound text too: refuse what bodies may not hold."""
+    for name, value in (*connection.path_params.items(), *connection.query_params.multi_items()):
+        why = problem_with(name) or problem_with(value)
+        if why:
+            raise InvalidRequest(f"{name!r}: {why}")
+
+
 async def _corral_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, CorralError)
     return JSONResponse(exc.to_dict(), status_code=exc.http_status)
@@ -111,10 +122,11 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
         return _error(400, "malformed_json", "request body is not valid JSON")
-    problems = [
-        f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body')}: {e.get('msg')}"
-        for e in errors
-    ]
+    problems = []
+    for e in errors:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        what = str(e.get("msg", "")).removeprefix("Value error, ")
+        problems.append(f"{where}: {what}" if where else what)
     return _error(422, "invalid_request", "; ".join(problems))
 
 

@@ -5,19 +5,16 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from corral.runners import Runner
 from corral.runs import Run, RunReport, RunStatus, RunType
 from corral.sessions import Session
 from corral.store import LogEntry
+from corral.wire import Int32, WireModel
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class CreateRun(_Strict):
+class CreateRun(WireModel):
     type: RunType
     session_name: str | None = Field(None, max_length=200)
     session_id: str | None = Field(None, max_length=200, description="session to resume")
@@ -33,16 +30,16 @@ class CreateRun(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
 
 
-class CreateRuns(_Strict):
+class CreateRuns(WireModel):
     runs: list[CreateRun] = Field(min_length=1, max_length=1000)
 
 
-class Held(_Strict):
+class Held(WireModel):
     run_id: str
-    attempt: int
+    attempt: Int32
 
 
-class RegisterRunner(_Strict):
+class RegisterRunner(WireModel):
     name: str = Field(min_length=1, max_length=200)
     hostname: str = Field("", max_length=255)
     labels: list[str] = Field(default_factory=list, max_length=64)
@@ -53,27 +50,27 @@ class RegisterRunner(_Strict):
     held: list[Held] = Field(default_factory=list)
 
 
-class RunnerHeartbeat(_Strict):
+class RunnerHeartbeat(WireModel):
     runner_id: str
     # Absent (the seed's body): not reported, so nothing is reconciled. ``[]``: holds nothing.
     held: list[Held] | None = None
 
 
-class RunnerRef(_Strict):
+class RunnerRef(WireModel):
     runner_id: str
 
 
-class LeaseRef(_Strict):
+class LeaseRef(WireModel):
     runner_id: str
-    attempt: int
+    attempt: Int32
 
 
 class SessionSeenBody(LeaseRef):
     session_id: str = Field(min_length=1, max_length=200)
 
 
-class LogLineBody(_Strict):
-    line_no: int = Field(ge=0)
+class LogLineBody(WireModel):
+    line_no: Int32 = Field(ge=0)
     stream: Literal["stdout", "stderr"]
     text: str
     ts: float
@@ -83,16 +80,16 @@ class LogsBody(LeaseRef):
     lines: list[LogLineBody] = Field(max_length=5000)
 
 
-class Outcome(_Strict):
+class Outcome(WireModel):
     """How an attempt ended, as a runner reports it (per-run endpoint or batched event)."""
 
-    exit_code: int | None = None
+    exit_code: Int32 | None = None
     error: str | None = None
     result: str | None = None
     session_id: str | None = None
     cost_usd: float | None = None
     usage: dict[str, Any] | None = None
-    num_turns: int | None = None
+    num_turns: Int32 | None = None
     retry_after_s: float | None = Field(None, ge=0)
     task: dict[str, Any] | None = Field(None, description="a task run's outcome")
 
@@ -115,37 +112,37 @@ class ReportBody(LeaseRef, Outcome):
     status: Literal["completed", "failed", "timed_out", "cancelled", "pending"] | None = None
 
 
-class StartedEvent(_Strict):
+class StartedEvent(WireModel):
     type: Literal["started"]
     run_id: str
-    attempt: int
+    attempt: Int32
 
 
-class SessionEvent(_Strict):
+class SessionEvent(WireModel):
     type: Literal["session"]
     run_id: str
-    attempt: int
+    attempt: Int32
     session_id: str = Field(min_length=1, max_length=200)
 
 
-class LogsEvent(_Strict):
+class LogsEvent(WireModel):
     type: Literal["logs"]
     run_id: str
-    attempt: int
+    attempt: Int32
     lines: list[LogLineBody] = Field(max_length=5000)
 
 
 class FinishedEvent(Outcome):
     type: Literal["finished"]
     run_id: str
-    attempt: int
+    attempt: Int32
     status: Literal["completed", "failed", "timed_out", "cancelled", "pending"]
 
 
-class TaskStepEvent(_Strict):
+class TaskStepEvent(WireModel):
     type: Literal["task_step"]
     run_id: str
-    attempt: int
+    attempt: Int32
     step: Literal["worktree", "agent", "committed", "merging", "cleanup"]
     data: dict[str, Any] = Field(default_factory=dict)
 
@@ -156,7 +153,7 @@ RunnerEvent = Annotated[
 ]
 
 
-class EventsBody(_Strict):
+class EventsBody(WireModel):
     """Several reports in one request, applied in order (what a busy runner sends)."""
 
     runner_id: str

@@ -21,7 +21,7 @@ import psycopg
 import psycopg_pool
 from psycopg.rows import dict_row
 
-from corral.errors import Unavailable
+from corral.errors import InvalidRequest, Unavailable
 from corral.store.schema import MIGRATIONS, render, statements
 
 Row = dict[str, Any]
@@ -71,7 +71,10 @@ class _SqliteTx:
         self._conn = conn
 
     def execute(self, sql: str, params: Params = ()) -> list[Row]:
-        cur = self._conn.execute(sql, tuple(params))
+        try:
+            cur = self._conn.execute(sql, tuple(params))
+        except (OverflowError, UnicodeEncodeError) as exc:
+            raise _unstorable(exc) from exc
         if cur.description is None:
             return []
         names = [d[0] for d in cur.description]
@@ -79,7 +82,10 @@ class _SqliteTx:
 
     def many(self, sql: str, rows: Sequence[Params]) -> None:
         if rows:
-            self._conn.executemany(sql, [tuple(r) for r in rows])
+            try:
+                self._conn.executemany(sql, [tuple(r) for r in rows])
+            except (OverflowError, UnicodeEncodeError) as exc:
+                raise _unstorable(exc) from exc
 
     def one(self, sql: str, params: Params = ()) -> Row | None:
         rows = self.execute(sql, params)
@@ -201,7 +207,10 @@ class _PostgresTx:
         self._conn = conn
 
     def execute(self, sql: str, params: Params = ()) -> list[Row]:
-        cur = self._conn.execute(sql.replace("?", "%s"), tuple(params))
+        try:
+            cur = self._conn.execute(sql.replace("?", "%s"), tuple(params))
+        except (psycopg.DataError, UnicodeEncodeError) as exc:
+            raise _unstorable(exc) from exc
         if cur.description is None:
             return []
         return cur.fetchall()
@@ -210,7 +219,10 @@ class _PostgresTx:
         if not rows:
             return
         with self._conn.cursor() as cur:
-            cur.executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
+            try:
+                cur.executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
+            except (psycopg.DataError, UnicodeEncodeError) as exc:
+                raise _unstorable(exc) from exc
 
     def one(self, sql: str, params: Params = ()) -> Row | None:
         rows = self.execute(sql, params)
@@ -269,6 +281,13 @@ class PostgresDatabase:
 
     def close(self) -> None:
         self._pool.close()
+
+
+def _unstorable(exc: Exception) -> InvalidRequest:
+    # The last line of defence: values are checked at the edge (``corral.wire``), but one
+    # that slips through (NUL or a huge integer on PostgreSQL, a lone surrogate) is the
+    # caller's bad input, not an outage.
+    return InvalidRequest(f"a value cannot be stored: {exc}", code="unstorable_value")
 
 
 def _redact(url: str) -> str:

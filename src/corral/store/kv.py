@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import Field, StringConstraints, TypeAdapter, ValidationError
 
 from corral.errors import CorralError, PayloadTooLarge
 from corral.store.db import Database
+from corral.wire import WireModel
 
 MAX_KEY_BYTES = 2048
 MAX_VALUE_BYTES = 1024 * 1024
@@ -29,8 +30,8 @@ MAX_LIST = 1000
 Key = Annotated[str, StringConstraints(min_length=1, max_length=MAX_KEY_BYTES)]
 
 
-class _Op(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Op(WireModel):
+    pass
 
 
 class Get(_Op):
