@@ -91,6 +91,7 @@ class AgentSpec:
     max_turns: int | None = None
     budget_usd: float | None = None
     extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # set in the agent's process
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +103,7 @@ class AgentSpec:
             "max_turns": self.max_turns,
             "budget_usd": self.budget_usd,
             "extra_args": list(self.extra_args),
+            "env": dict(self.env),
         }
 
     @classmethod
@@ -115,6 +117,7 @@ class AgentSpec:
             max_turns=data.get("max_turns"),
             budget_usd=data.get("budget_usd"),
             extra_args=tuple(data.get("extra_args") or ()),
+            env=dict(data.get("env") or {}),
         )
 
 

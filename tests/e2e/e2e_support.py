@@ -102,6 +102,9 @@ def isolated_env(root: Path) -> dict[str, str]:
         # These tests exercise the seed's long-poll protocol (heartbeats, re-registration);
         # the WebSocket link has its own (test_e2e_websocket.py passes --transport).
         CORRAL_TRANSPORT="poll",
+        # Runs see only an allow-list of a runner's environment: the fake claude's
+        # settings must be let through.
+        CORRAL_PASS_ENV="FAKE_CLAUDE_*",
     )
     return env
 

@@ -103,6 +103,7 @@ system_prompt = "You research things carefully."
 max_turns = 20
 budget_usd = 2.5
 extra_args = ["--verbose"]
+env = { RESEARCH_MODE = "deep" }
 
 [agents.minimal]
 """,
@@ -118,6 +119,7 @@ extra_args = ["--verbose"]
         max_turns=20,
         budget_usd=2.5,
         extra_args=("--verbose",),
+        env={"RESEARCH_MODE": "deep"},
     )
     assert profiles["minimal"] == AgentSpec(name="minimal", executor="claude")
     assert profiles["claude"] == BUILTIN["claude"]
@@ -144,6 +146,8 @@ def test_an_integer_budget_is_accepted(tmp_path: Path) -> None:
         ("[agents]\nx = 3\n", r"\[agents\.x\] must be a table"),
         ('[agents.x]\nallowed_tools = "Read"\n', r"\[agents\.x\]: allowed_tools must be a list"),
         ("[agents.x]\nextra_args = [1]\n", r"extra_args must be a list of strings"),
+        ("[agents.x]\nenv = { A = 1 }\n", r"env must be a table of strings"),
+        ('[agents.x]\nenv = "A=1"\n', r"env must be a table of strings"),
         ('[agents.x]\nmax_turns = "ten"\n', r"max_turns must be an integer"),
         ("[agents.x]\nmax_turns = 2.5\n", r"max_turns must be an integer"),
         ('[agents.x]\nbudget_usd = "lots"\n', r"budget_usd must be a number"),
@@ -159,6 +163,8 @@ def test_an_integer_budget_is_accepted(tmp_path: Path) -> None:
         "profile-not-a-table",
         "tools-a-string",
         "args-not-strings",
+        "env-not-strings",
+        "env-a-string",
         "turns-a-string",
         "turns-a-float",
         "budget-a-string",

@@ -57,6 +57,13 @@ class OutputObserver(Protocol):
 
 
 class Executor(Protocol):
-    def prepare(self, run: Run, base_env: dict[str, str]) -> ProcessSpec: ...
+    # Names (``fnmatch`` patterns) this executor needs from the runner's own environment
+    # (an agent CLI's API key): given to its runs only, see ``corral.runner.environment``.
+    host_env: tuple[str, ...]
+
+    def prepare(self, run: Run, base_env: dict[str, str]) -> ProcessSpec:
+        """``base_env``: what the run may see of the runner's environment; the executor
+        adds the agent profile's and the run's ``env``."""
+        ...
 
     def observer(self, run: Run) -> OutputObserver: ...

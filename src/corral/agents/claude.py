@@ -36,12 +36,30 @@ from corral.runs import Run, RunReport, RunStatus, RunType
 _STRIPPED_PREFIX = "CLAUDECODE"
 _STRIPPED_NAMES = frozenset({"CLAUDE_CODE_ENTRYPOINT"})
 
+# What Claude Code needs of the runner's environment: its credentials and provider settings
+# (Anthropic API, Bedrock, Vertex), its config directory, a proxy.
+HOST_ENV: tuple[str, ...] = (
+    "ANTHROPIC_*",
+    "CLAUDE_CONFIG_DIR",
+    "CLAUDE_CODE_USE_BEDROCK",
+    "CLAUDE_CODE_USE_VERTEX",
+    "AWS_*",
+    "CLOUD_ML_REGION",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "VERTEX_REGION_*",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+)
+
 _RATE_LIMIT = re.compile(r"usage limit|rate limit|\b429\b|overloaded", re.IGNORECASE)
 # "Claude AI usage limit reached|1700000000": the epoch second the limit resets.
 _RESET_AT = re.compile(r"\|\s*(\d{9,13})\s*$")
 
 
 class ClaudeExecutor:
+    host_env = HOST_ENV
+
     def __init__(
         self,
         binary: str = "claude",
@@ -82,7 +100,7 @@ class ClaudeExecutor:
             argv += ["--", run.prompt]
         env = {
             name: value
-            for name, value in {**base_env, **run.env}.items()
+            for name, value in {**base_env, **(agent.env if agent else {}), **run.env}.items()
             if not name.startswith(_STRIPPED_PREFIX) and name not in _STRIPPED_NAMES
         }
         return ProcessSpec(

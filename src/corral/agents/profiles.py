@@ -8,6 +8,8 @@ system_prompt = "You research things carefully."
 max_turns = 20
 budget_usd = 2.5             # refuse further runs of a session past this cost
 extra_args = []              # passed to the agent CLI as they are
+env = { MY_SETTING = "1" }   # set in the agent's process (the runner's own environment
+                             # is not passed on: see ``corral.runner.environment``)
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ _FIELDS = {
     "max_turns",
     "budget_usd",
     "extra_args",
+    "env",
 }
 
 
@@ -63,6 +66,9 @@ def _parse_profile(path: Path, name: str, table: Any) -> AgentSpec:
         value = table.get(key, [])
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise InvalidRequest(f"{where}: {key} must be a list of strings")
+    env = table.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise InvalidRequest(f"{where}: env must be a table of strings")
     for key, types, kind in (
         ("max_turns", int, "an integer"),
         ("budget_usd", int | float, "a number"),

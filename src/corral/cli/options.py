@@ -20,3 +20,8 @@ def option(*names: str, env: str, **kwargs: Any) -> Callable[[F], F]:
 
 def coordinator_url(fn: F) -> F:
     return option("--url", env="URL", default=DEFAULT_URL, help="Coordinator URL.")(fn)
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    """``"a, b,,c"`` → ``("a", "b", "c")``: a flag's comma-separated values."""
+    return tuple(x.strip() for x in text.split(",") if x.strip())

@@ -11,12 +11,13 @@ from typing import Any
 import click
 import uvicorn
 
-from corral.cli.options import option
+from corral.cli.options import comma_list, option
 from corral.coordinator.app import QuietServer, server_config
 from corral.coordinator.settings import CoordinatorSettings
 from corral.runner.core import Runner
 from corral.runner.process import watch_children_with_pidfds
 from corral.runner.settings import RunnerSettings
+from corral.store.db import redact_url
 
 DEFAULT_DB = ".corral/corral.db"
 
@@ -148,6 +149,14 @@ def runner_options(fn: click.decorators.FC) -> click.decorators.FC:
                 help="On SIGTERM, seconds running work may go on before it is stopped.",
             ),
             option(
+                "--pass-env",
+                env="PASS_ENV",
+                default="",
+                help="Comma-separated names (fnmatch patterns, e.g. 'MY_*') of this "
+                "runner's environment its runs may see; beyond PATH, HOME, LANG, LC_*, "
+                "TERM, USER, LOGNAME, SHELL, TMPDIR and TZ they see nothing of it.",
+            ),
+            option(
                 "--transport",
                 env="TRANSPORT",
                 default="websocket",
@@ -167,6 +176,7 @@ def _runner_settings(
     labels: str,
     claude_bin: str,
     drain_grace: float,
+    pass_env: str,
     transport: str,
 ) -> RunnerSettings:
     settings = RunnerSettings(
@@ -175,7 +185,8 @@ def _runner_settings(
         claude_bin=claude_bin,
         drain_grace_s=drain_grace,
         transport=transport,
-        labels=tuple(sorted({x.strip() for x in labels.split(",") if x.strip()})),
+        labels=tuple(sorted(set(comma_list(labels)))),
+        pass_env=comma_list(pass_env),
     )
     return settings if name is None else RunnerSettings(**{**settings.__dict__, "name": name})
 
@@ -233,7 +244,9 @@ def up(**kwargs: Any) -> None:
             await asyncio.sleep(0.05)
         runner = Runner(runner_settings)
         runner.install_signal_handlers()
-        click.echo(f"corral is up: {url}  (docs {url}/docs, database {db}); Ctrl-C stops it")
+        click.echo(
+            f"corral is up: {url}  (docs {url}/docs, database {redact_url(db)}); Ctrl-C stops it"
+        )
         await runner.run()
         server.should_exit = True
         await serving

@@ -17,7 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.tree import Tree
 
-from corral.cli.options import option
+from corral.cli.options import comma_list, option
 from corral.client import CorralClient
 from corral.errors import InvalidRequest
 from corral.runner.settings import RunnerSettings
@@ -194,6 +194,13 @@ def plan(obj: Context, path: Path) -> None:
 @tasks.command("run")
 @click.option("--workers", type=click.IntRange(1, 256), default=4, show_default=True)
 @option("--claude-bin", env="CLAUDE_BIN", default="claude", help="The Claude Code executable.")
+@option(
+    "--pass-env",
+    env="PASS_ENV",
+    default="",
+    help="Comma-separated names (fnmatch patterns) of this environment the agents may see "
+    "beyond the allow-list (PATH, HOME, LANG, …); see `corral runner --help`.",
+)
 @click.option(
     "--budget",
     "budget_usd",
@@ -226,6 +233,7 @@ def run(
     obj: Context,
     workers: int,
     claude_bin: str,
+    pass_env: str,
     budget_usd: float | None,
     retry_backoff_s: float | None,
     resolve_conflicts: bool | None,
@@ -238,7 +246,11 @@ def run(
         None
         if obj.url
         else RunnerSettings(
-            name=runner_name(obj.repo), slots=workers, claude_bin=claude_bin, drain_grace_s=0.0
+            name=runner_name(obj.repo),
+            slots=workers,
+            claude_bin=claude_bin,
+            drain_grace_s=0.0,
+            pass_env=comma_list(pass_env),
         )
     )
     with contextlib.ExitStack() as stack:

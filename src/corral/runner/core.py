@@ -13,12 +13,14 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from corral.agents.registry import executor_for
 from corral.errors import CorralError
 from corral.ids import RunId, RunnerId
 from corral.runner.attempt import Attempt
+from corral.runner.environment import run_environment
 from corral.runner.poll import PollTransport
 from corral.runner.settings import RunnerSettings
 from corral.runner.task_attempt import TaskAttempt
@@ -31,7 +33,13 @@ log = logging.getLogger("corral.runner")
 
 
 class Runner:
-    def __init__(self, settings: RunnerSettings, transport: Transport | None = None) -> None:
+    def __init__(
+        self,
+        settings: RunnerSettings,
+        transport: Transport | None = None,
+        *,
+        host_env: Mapping[str, str] | None = None,
+    ) -> None:
         self.settings = settings
         self.transport: Transport = transport or _transport_for(self, settings)
         self.attempts: dict[RunId, Attempt] = {}
@@ -39,7 +47,8 @@ class Runner:
         self._slot_freed = asyncio.Event()
         self._draining = asyncio.Event()
         self._drain_deadline: float | None = None  # a forced drain's end (monotonic)
-        self.base_env = dict(os.environ)
+        # The runner's own environment: runs see only what ``run_environment`` lets through.
+        self.host_env = dict(os.environ if host_env is None else host_env)
 
     @property
     def runner_id(self) -> RunnerId | None:
@@ -123,7 +132,8 @@ class Runner:
         except CorralError as exc:
             executor = _Unrunnable(str(exc))
         kind = TaskAttempt if run.type is RunType.TASK else Attempt
-        attempt = kind(run, executor, self.transport.reports, self.settings, self.base_env)
+        base_env = run_environment(self.host_env, self.settings.pass_env, executor.host_env)
+        attempt = kind(run, executor, self.transport.reports, self.settings, base_env)
         self.attempts[run.id] = attempt
         task = asyncio.create_task(self._execute(attempt), name=f"run {run.id}")
         self._tasks.add(task)
@@ -162,6 +172,8 @@ def _transport_for(runner: Runner, settings: RunnerSettings) -> Transport:
 
 class _Unrunnable:
     """Stands in for an executor this runner lacks: the attempt fails with the reason."""
+
+    host_env: tuple[str, ...] = ()
 
     def __init__(self, reason: str) -> None:
         self.reason = reason

@@ -13,6 +13,9 @@ class RunnerSettings:
     slots: int = 4
     labels: tuple[str, ...] = ()
     claude_bin: str = "claude"
+    # Names (fnmatch patterns) of the runner's environment its runs may see, beyond the
+    # allow-list of ``corral.runner.environment``.
+    pass_env: tuple[str, ...] = ()
     transport: str = "poll"  # "websocket" or "poll" (the seed's HTTP long-poll)
     # No output for this long stops an agent run (commands only when the run sets it).
     agent_idle_timeout_s: float = 600.0

@@ -9,6 +9,7 @@ each open their own, and a caller can still make several of them one commit.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -295,6 +296,17 @@ def _redact(url: str) -> str:
         scheme, rest = url.split("://", 1)
         return f"{scheme}://…@{rest.split('@', 1)[1]}"
     return url
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit to print: a password (in the user part or a ``password=`` parameter)
+    becomes ``***``; the rest is left exactly as it was."""
+    url = _URL_PASSWORD.sub(r"\1***@", url)
+    return _PARAM_PASSWORD.sub(r"\1***", url)
+
+
+_URL_PASSWORD = re.compile(r"(//[^/@:?#]*:)[^/@?#]*@")
+_PARAM_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 
 
 def open_database(url: str) -> Database:
