@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
+from corral.coordinator import seed_wire
 from corral.coordinator.schemas import (
     EventsBody,
     LeaseRef,
@@ -73,13 +74,17 @@ async def register(body: RegisterRunner, request: Request) -> dict[str, Any]:
 async def poll_runs(
     request: Request,
     runner_id: str,
-    max_runs: Annotated[int, Query(ge=0, le=1024)] = 1,
+    max_runs: Annotated[int | None, Query(ge=0, le=1024)] = None,
     timeout: Annotated[float | None, Query(ge=0, le=300)] = None,
 ) -> dict[str, Any] | Response:
-    """Long-poll: claim up to ``max_runs`` runs, waiting up to the poll timeout; 204 if none."""
+    """Long-poll: claim up to ``max_runs`` runs (``{"runs": [...]}``), waiting up to the
+    poll timeout; 204 if none. Without ``max_runs``, the seed's form: ``{"run": {...}}``."""
     coordinator = _coordinator(request)
     wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
     async with hangup(request) as gone:
+        if max_runs is None:
+            run = await seed_wire.poll_one(coordinator, RunnerId(runner_id), wait, gone)
+            return seed_wire.seed_poll_answer(run)
         runs = await coordinator.poll(RunnerId(runner_id), max_runs, wait, gone)
     if not runs:
         return Response(status_code=204)
@@ -115,20 +120,23 @@ async def deregister(body: RunnerRef, request: Request) -> dict[str, Any]:
 
 @router.post("/runs/{run_id}/started")
 async def started(run_id: str, body: LeaseRef, request: Request) -> dict[str, Any]:
-    await _coordinator(request).started(run_id, body.runner_id, body.attempt)
+    attempt = await _attempt(run_id, body, request)
+    await _coordinator(request).started(run_id, body.runner_id, attempt)
     return {"ok": True}
 
 
 @router.post("/runs/{run_id}/session")
 async def session_seen(run_id: str, body: SessionSeenBody, request: Request) -> dict[str, Any]:
-    await _coordinator(request).session_seen(run_id, body.runner_id, body.attempt, body.session_id)
+    attempt = await _attempt(run_id, body, request)
+    await _coordinator(request).session_seen(run_id, body.runner_id, attempt, body.session_id)
     return {"ok": True}
 
 
 @router.post("/runs/{run_id}/logs")
 async def logs(run_id: str, body: LogsBody, request: Request) -> dict[str, Any]:
     lines = [LogLine(ln.line_no, ln.stream, ln.text, ln.ts) for ln in body.lines]
-    stored = await _coordinator(request).append_logs(run_id, body.runner_id, body.attempt, lines)
+    attempt = await _attempt(run_id, body, request)
+    stored = await _coordinator(request).append_logs(run_id, body.runner_id, attempt, lines)
     return {"ok": True, "lines": stored}
 
 
@@ -163,6 +171,15 @@ async def events(body: EventsBody, request: Request) -> dict[str, Any]:
 async def _report(
     run_id: str, body: ReportBody, status: RunStatus, request: Request
 ) -> dict[str, Any]:
-    report = body.to_report(status)
-    run = await _coordinator(request).report(run_id, body.runner_id, body.attempt, report)
+    coordinator = _coordinator(request)
+    attempt = await _attempt(run_id, body, request)
+    if body.attempt is None and status is RunStatus.COMPLETED:
+        await seed_wire.start_if_claimed(coordinator, run_id, body.runner_id)
+    run = await coordinator.report(run_id, body.runner_id, attempt, body.to_report(status))
     return {"ok": True, "status": run.status}
+
+
+async def _attempt(run_id: str, body: LeaseRef, request: Request) -> int:
+    return await seed_wire.lease_attempt(
+        _coordinator(request), run_id, body.runner_id, body.attempt
+    )

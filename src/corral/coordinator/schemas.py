@@ -47,7 +47,8 @@ class RegisterRunner(WireModel):
     version: str = Field("", max_length=64)
     transport: Literal["poll", "websocket"] = "poll"
     runner_id: str | None = Field(None, description="the id this process had before")
-    held: list[Held] = Field(default_factory=list)
+    # Absent: not reported (the runs are left as they are); ``[]``: holds nothing.
+    held: list[Held] | None = None
 
 
 class RunnerHeartbeat(WireModel):
@@ -62,7 +63,8 @@ class RunnerRef(WireModel):
 
 class LeaseRef(WireModel):
     runner_id: str
-    attempt: Int32
+    # The seed's reports carry no attempt: then the lease the runner holds decides it.
+    attempt: Int32 | None = None
 
 
 class SessionSeenBody(LeaseRef):

@@ -105,7 +105,7 @@ class Coordinator:
     # ---- runners -------------------------------------------------------------------------
 
     async def register(self, body: RegisterRunner) -> tuple[Runner, RunnerSync]:
-        held = [Held(RunId(h.run_id), h.attempt) for h in body.held]
+        held = None if body.held is None else [Held(RunId(h.run_id), h.attempt) for h in body.held]
         runner, sync = await self._db(
             self.store.register_runner,
             name=body.name,
