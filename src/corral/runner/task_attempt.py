@@ -50,6 +50,8 @@ class TaskAttempt(Attempt):
             return await self._steps(task)
         except CorralError as exc:  # git or setup failed: the attempt fails, nothing is lost
             log.warning("task %s: %s", task.get("key"), exc)
+            if kept := exc.details.get("worktree"):  # refused: kept for the user to inspect
+                self._step("cleanup", {"worktree_kept": kept})
             return RunReport(RunStatus.FAILED, error=exc.message, task={"outcome": "error"})
 
     async def _steps(self, task: dict[str, Any]) -> RunReport:
@@ -69,6 +71,8 @@ class TaskAttempt(Attempt):
 
         agent = steps.get("agent")
         conflicted: list[str] = []
+        if agent is None:
+            await asyncio.to_thread(workspace.record_baseline, worktree)
         if agent is None and task.get("conflict"):
             conflicted = await asyncio.to_thread(resolve.merge_target_into, worktree, target)
         if agent is None:

@@ -1,7 +1,8 @@
 """Committing a task worktree's changes, once, even when the step is repeated after a crash.
 
 ``git add -A``, then the files bootstrap copied in are unstaged again (a ``.env`` the
-user's ``.gitignore`` misses must not reach the target branch), then ``git commit``.
+user's ``.gitignore`` misses must not reach the target branch), then the deletions are
+checked against the worktree's baseline (see ``baseline``), then ``git commit``.
 
 With nothing to commit, the answer is the branch's tip if that is a commit *made on the
 branch* with exactly this message — the crash came after the commit, before anyone
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.errors import InvalidRequest
-from corral.workspaces import bootstrap
+from corral.workspaces import baseline, bootstrap
 
 if TYPE_CHECKING:
     from corral.workspaces.git import Workspace
@@ -48,6 +49,7 @@ def commit_all(ws: Workspace, worktree: Path, message: str) -> str | None:
                 "--pathspec-file-nul",
                 stdin="".join(f":(literal){name}\0" for name in unstage),
             )
+    baseline.check_staged(ws, wt)
     # A merge under way (a conflict handed back to the agent) is committed even when the
     # resolution leaves the tree as it was: the merge commit is what records the target.
     merging = ws._git(wt, "rev-parse", "-q", "--verify", "MERGE_HEAD", ok=(0, 1)).returncode == 0

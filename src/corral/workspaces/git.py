@@ -10,6 +10,8 @@ Layout, for the user's repository ``repo`` (the top level of their checkout)::
     <common>/corral-merge-<target>.lock      ``flock`` serializing merges into <target>
     <common>/corral-worktrees.lock           ``flock`` serializing ``git worktree`` commands
     <common>/worktrees/<key>/corral-*        bootstrap records (see ``bootstrap``)
+    <common>/worktrees/<key>/corral-ready    written once ``git worktree add`` has finished
+    <common>/worktrees/<key>/corral-baseline files missing as the agent started (``baseline``)
 
 ``<common>`` is ``git rev-parse --git-common-dir`` (``repo/.git`` for a plain clone).
 
@@ -21,8 +23,9 @@ Invariants:
   <target> checked out (their ``HEAD`` then points at the new commit; their files and
   index stay byte-identical).
 * Every step can be repeated after a crash at any point and lands where one run would:
-  ``prepare_worktree`` reuses the worktree (keeping the agent's edits) or re-attaches the
-  branch (keeping its commits), ``commit_all`` finds the commit it already made, ``merge``
+  ``prepare_worktree`` reuses the worktree (keeping the agent's edits), rebuilds one that
+  ``git worktree add`` never finished checking out, or re-attaches the branch (keeping its
+  commits), ``commit_all`` finds the commit it already made, ``merge``
   answers ``already_merged`` when the task's tip is already in the target.
 * Merges into one branch are serialized across threads and processes on this host (the
   lock file above is held for the whole merge), and each starts by force-cleaning the
@@ -50,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import InvalidRequest
-from corral.workspaces import bootstrap
+from corral.workspaces import baseline, bootstrap
 from corral.workspaces.cmd import GitError, WorkspaceError, run_git
 from corral.workspaces.commit import commit_all
 from corral.workspaces.merge import MergeResult, Strategy, merge_branch
@@ -62,6 +65,8 @@ from corral.workspaces.names import (
     check_key,
     sanitize_branch,
 )
+
+READY_MARK = "corral-ready"
 
 
 @dataclass(frozen=True)
@@ -160,6 +165,12 @@ class Workspace:
         ref = f"refs/heads/{branch}"
         self.ensure_excluded()
         checked_out = self._checkout_at(path)
+        if checked_out is not None and not self._finished(path):
+            # `git worktree add` was killed while checking files out: the files not yet
+            # written would be committed as deletions. No agent ran here (the mark is
+            # written before any does), so there is nothing to keep: build it again.
+            self._git(self.repo, "worktree", "remove", "--force", "--force", str(path))
+            checked_out = None
         if checked_out is None:
             self._discard_broken(path, ref)
             if self._ref_exists(ref):
@@ -167,6 +178,7 @@ class Workspace:
             else:
                 base = self.head(f"refs/heads/{self._checked_branch(target_branch)}")
                 self._git(self.repo, "worktree", "add", "-b", branch, str(path), base)
+            (self._private_dir(path) / READY_MARK).touch()
         elif checked_out != ref:
             raise WorkspaceError(
                 f"{path} is a worktree on {checked_out or 'a detached HEAD'}, not {branch}; "
@@ -217,6 +229,10 @@ class Workspace:
             if self.is_ancestor(tip, target):
                 self._git(self.repo, "update-ref", "-d", ref, tip)
         return True
+
+    def record_baseline(self, worktree: Path) -> None:
+        """Note the files missing from ``worktree`` as its agent starts (see ``baseline``)."""
+        baseline.record(self, Path(worktree).resolve())
 
     # -- commits -----------------------------------------------------------------------
 
@@ -302,8 +318,27 @@ class Workspace:
         are missing for now (an unmounted disk).
         """
         for where, entry in self._registered().items():
-            if entry.prunable and (where == path.resolve() or entry.branch == branch_ref):
-                self._git(self.repo, "worktree", "remove", str(where))
+            # A registration git left locked ("initializing": `worktree add` was killed)
+            # is not prunable for git, but its directory is gone all the same.
+            gone = entry.prunable or not (where.is_dir() or where.is_symlink())
+            if gone and (where == path.resolve() or entry.branch == branch_ref):
+                self._git(self.repo, "worktree", "remove", "--force", "--force", str(where))
+
+    def _finished(self, worktree: Path) -> bool:
+        """Is the worktree known to be fully checked out?
+
+        ``git worktree add`` writes ``locked`` ("initializing") in the worktree's private
+        directory before checking files out and removes it once done; corral writes its
+        mark right after. No mark but no ``locked`` either: git finished and the kill came
+        before the mark (or corral predates the mark), so the worktree is complete.
+        """
+        private = self._private_dir(worktree)
+        if (private / READY_MARK).exists():
+            return True
+        if (private / "locked").exists():
+            return False
+        (private / READY_MARK).touch()
+        return True
 
     def _private_dir(self, worktree: Path) -> Path:
         return Path(self._out(worktree, "rev-parse", "--absolute-git-dir"))

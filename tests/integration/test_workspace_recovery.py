@@ -1,0 +1,109 @@
+"""Workspaces after a kill -9 inside a git command, against real git repositories.
+
+The state a kill leaves is made by hand (a worktree ``git worktree add`` never finished, a
+worktree missing files, git's lock files, a detached HEAD) and the next step must recover
+from it, or refuse it, saying what to run, when the work in it is not corral's.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from test_workspaces import APP, git, isolated_git, repo, ws
+
+from corral.workspaces import Workspace, WorkspaceError
+
+__all__ = ["isolated_git", "repo", "ws"]  # the fixtures of test_workspaces apply here too
+
+
+def private_dir(worktree: Path) -> Path:
+    return Path(git(worktree, "rev-parse", "--absolute-git-dir"))
+
+
+# -- a worktree whose checkout never finished ---------------------------------------------
+
+
+def test_a_worktree_git_never_finished_is_rebuilt(repo: Path, ws: Workspace) -> None:
+    """As ``git worktree add`` leaves it when killed mid-checkout: ``locked`` still there,
+    files missing, no index."""
+    wt = ws.prepare_worktree("t1", "main")
+    private = private_dir(wt)
+    (private / "corral-ready").unlink(missing_ok=True)
+    (private / "locked").write_text("initializing")
+    (private / "index").unlink()
+    (wt / "app.txt").unlink()
+
+    again = ws.prepare_worktree("t1", "main")
+    assert again == wt
+    assert (wt / "app.txt").read_text() == APP
+    assert git(wt, "status", "--porcelain") == ""
+    assert not (private_dir(wt) / "locked").exists()
+    (wt / "new.txt").write_text("new\n")
+    sha = ws.commit_all(wt, "task t1")
+    assert sha is not None
+    assert git(repo, "diff", "--name-status", "main", sha) == "A\tnew.txt"
+
+
+def test_a_finished_worktree_without_the_mark_keeps_its_edits(ws: Workspace) -> None:
+    """git finished (no ``locked``) but the kill came before corral's mark: reused as is."""
+    wt = ws.prepare_worktree("t1", "main")
+    (private_dir(wt) / "corral-ready").unlink(missing_ok=True)
+    (wt / "edit.txt").write_text("the agent's edit\n")
+    assert ws.prepare_worktree("t1", "main") == wt
+    assert (wt / "edit.txt").read_text() == "the agent's edit\n"
+    assert (private_dir(wt) / "corral-ready").exists()
+
+
+def test_a_locked_registration_whose_directory_is_gone_is_forgotten(ws: Workspace) -> None:
+    wt = ws.prepare_worktree("t1", "main")
+    (private_dir(wt) / "locked").write_text("initializing")
+    (private_dir(wt) / "corral-ready").unlink(missing_ok=True)
+    shutil.rmtree(wt)
+    assert ws.prepare_worktree("t1", "main") == wt
+    assert (wt / "app.txt").read_text() == APP
+
+
+# -- the second line: a commit never deletes files the agent did not delete ---------------
+
+
+def test_a_commit_deleting_files_missing_before_the_agent_is_refused(
+    repo: Path, ws: Workspace
+) -> None:
+    wt = ws.prepare_worktree("t1", "main")
+    (wt / "app.txt").unlink()  # missing before the agent starts: a checkout cut short
+    ws.record_baseline(wt)
+    (wt / "new.txt").write_text("the agent's file\n")
+    tip = git(repo, "rev-parse", "corral/t1")
+
+    with pytest.raises(WorkspaceError) as caught:
+        ws.commit_all(wt, "task t1")
+    assert caught.value.code == "unexpected_deletions"
+    assert caught.value.details["paths"] == ["app.txt"]
+    assert f"git worktree remove --force {wt}" in caught.value.message
+    assert "corral tasks retry t1" in caught.value.message
+    assert git(repo, "rev-parse", "corral/t1") == tip  # nothing committed
+    assert (wt / "new.txt").exists()  # the worktree is kept as it was
+
+
+def test_the_agent_may_delete_files(repo: Path, ws: Workspace) -> None:
+    wt = ws.prepare_worktree("t1", "main")
+    ws.record_baseline(wt)
+    (wt / "app.txt").unlink()
+    sha = ws.commit_all(wt, "task t1")
+    assert sha is not None
+    assert git(repo, "diff", "--name-status", "main", sha) == "D\tapp.txt"
+
+
+def test_the_first_baseline_is_kept_when_the_agent_runs_again(repo: Path, ws: Workspace) -> None:
+    """The agent deleted a file, was killed, and runs again: the file it deleted is not
+    taken for one missing before it started."""
+    wt = ws.prepare_worktree("t1", "main")
+    ws.record_baseline(wt)
+    (wt / "app.txt").unlink()
+    ws.prepare_worktree("t1", "main")
+    ws.record_baseline(wt)
+    sha = ws.commit_all(wt, "task t1")
+    assert sha is not None
+    assert git(repo, "diff", "--name-status", "main", sha) == "D\tapp.txt"
