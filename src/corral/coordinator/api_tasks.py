@@ -14,13 +14,14 @@ from corral.coordinator.service import Coordinator
 from corral.runs import AgentSpec, Run
 from corral.tasks.model import Project, Task, TaskSpec
 from corral.wire import WireModel
+from corral.workspaces.names import check_branch, check_key
 
 router = APIRouter(tags=["tasks"])
 
 
 class ProjectBody(WireModel):
     repo_path: str = Field(min_length=1, max_length=4096)
-    target_branch: str = Field(min_length=1, max_length=255)
+    target_branch: str = Field(description="checked as a plan file's (invalid_branch)")
     merge: str | None = Field(None, pattern="^(merge|ff)$")
     on_no_changes: str | None = Field(None, pattern="^(fail|complete)$")
     setup_command: list[str] | None = None
@@ -30,7 +31,7 @@ class ProjectBody(WireModel):
 
 
 class TaskBody(WireModel):
-    id: str = Field(min_length=1, max_length=64)
+    id: str = Field(description="checked as a plan file's (invalid_task_id)")
     title: str = Field(min_length=1, max_length=500)
     prompt: str | None = None
     after: list[str] = Field(default_factory=list)
@@ -116,6 +117,7 @@ def task_json(task: Task) -> dict[str, Any]:
 @router.post("/projects")
 async def ensure_project(body: ProjectBody, request: Request) -> dict[str, Any]:
     """The project of a repository and target branch (created on first use)."""
+    check_branch(body.target_branch, "target_branch: ")
     coordinator = _coordinator(request)
     project = await coordinator._db(
         coordinator.store.tasks.ensure_project,
@@ -150,6 +152,8 @@ async def get_project(project_id: str, request: Request) -> dict[str, Any]:
 @router.post("/projects/{project_id}/tasks")
 async def add_tasks(project_id: str, body: TasksBody, request: Request) -> dict[str, Any]:
     """Add tasks; idempotent (an unchanged plan imported again changes nothing)."""
+    for i, task in enumerate(body.tasks, 1):
+        check_key(task.id, f"task #{i}: ")  # what a plan file's tasks are checked with
     coordinator = _coordinator(request)
     specs = [
         TaskSpec(

@@ -29,7 +29,6 @@ import hashlib
 import heapq
 import json
 import math
-import re
 import tomllib
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import asdict, dataclass
@@ -40,6 +39,7 @@ import yaml
 
 from corral.errors import InvalidRequest
 from corral.tasks.model import TaskSpec
+from corral.workspaces.names import check_branch, check_key
 
 try:
     from yaml import CSafeLoader as _SafeLoader
@@ -67,7 +67,6 @@ TASK_KEYS = frozenset(
 )
 MAX_ATTEMPTS = 100  # the bounds runs have too
 PRIORITY_RANGE = (-1000, 1000)
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -98,6 +97,8 @@ def parse_plan(text: str, fmt: Literal["yaml", "toml"], source: str) -> Plan:
         raise InvalidRequest(f"{source}: the top level must be a mapping, not {_kind(data)}")
     _no_unknown_keys(data, PLAN_KEYS, source)
     target_branch = _opt_str(data, "target_branch", source)
+    if target_branch is not None:
+        check_branch(target_branch, f"{source}: target_branch: ")
     merge = _choice(data, "merge", MERGE_MODES, source)
     on_no_changes = _choice(data, "on_no_changes", NO_CHANGES_MODES, source)
     budget = _opt_budget(data, source)
@@ -214,11 +215,7 @@ def _parse_task(task: Any, number: int, defaults: dict[str, Any], source: str) -
     key = _opt_str(task, "id", where)
     if key is None:
         raise InvalidRequest(f"{where} has no id")
-    if not _ID.fullmatch(key) or ".." in key or key.endswith((".lock", ".")):
-        raise InvalidRequest(
-            f"{where}: invalid id {key!r}: use 1-64 of A-Z a-z 0-9 . _ -, starting with a "
-            "letter or digit, without '..', not ending in '.' or '.lock'"
-        )
+    check_key(key, f"{where}: ")
     where = f"{source}: task {key!r}"
     title = _opt_str(task, "title", where)
     if title is None:
