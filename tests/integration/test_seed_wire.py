@@ -13,7 +13,6 @@ import pytest
 from api_fixtures import Api, error_code, running_api
 
 from corral.clock import FakeClock
-from corral.coordinator.seed_wire import UNSTARTED_CLAIM_GRACE_S
 from corral.coordinator.settings import CoordinatorSettings
 
 pytestmark = pytest.mark.anyio
@@ -154,7 +153,7 @@ async def test_a_claim_whose_answer_was_lost_goes_back_on_the_next_poll(
         await api.poll(runner_id, timeout=0)
         assert (await api.run(lost_answer))["status"] == "claimed"
 
-        clock.advance(UNSTARTED_CLAIM_GRACE_S - 1)  # a runner may still be spawning it
+        clock.advance(LOST_AFTER - 1)  # a runner may still be spawning it
         assert await seed_poll(api, runner_id) is None
         assert (await api.run(lost_answer))["status"] == "claimed"
 

@@ -11,7 +11,8 @@ coordinator's own operations:
   it receives as soon as it has spawned it. A run it claimed and never started, long after
   the claim, was never received (the poll's answer was lost: the client hung up, the
   coordinator was killed between the claim's commit and the answer). Its next poll gives
-  such runs back, so no run is swallowed by a lost answer.
+  such runs back, so no run is swallowed by a lost answer. "Long after" is the runner-lost
+  threshold: a runner that cannot start a run in that time would not be heard from either.
 """
 
 from __future__ import annotations
@@ -27,10 +28,6 @@ from corral.coordinator.service import Coordinator
 from corral.errors import CorralError, LeaseLost
 from corral.ids import RunnerId
 from corral.runs import Run, RunReport, RunStatus
-
-# Spawning a process and reporting it started takes a seed runner well under a second;
-# a claim this old that it never started never reached it.
-UNSTARTED_CLAIM_GRACE_S = 30.0
 
 
 async def lease_attempt(
@@ -70,7 +67,8 @@ async def give_back_unstarted(coordinator: Coordinator, runner_id: RunnerId) -> 
     claimed = await coordinator._db(
         coordinator.store.list_runs, statuses=[RunStatus.CLAIMED], runner_id=runner_id
     )
-    cutoff = coordinator.clock.now() - UNSTARTED_CLAIM_GRACE_S
+    # Spawning a process and reporting it started takes a seed runner well under a second.
+    cutoff = coordinator.clock.now() - coordinator.settings.lost_after_s
     stale = [r for r in claimed if (r.claimed_at or 0) < cutoff]
     await give_back(coordinator, stale, "claimed but never started: the poll's answer was lost")
 
