@@ -271,6 +271,29 @@ class TaskRepo:
         )
 
 
+# ---- plans of fake-Claude tasks -------------------------------------------------------------
+
+
+def write(path: str, content: str) -> str:
+    """The fake Claude's directive writing ``content`` to ``path`` in its worktree."""
+    return f"[fake:write={path}:{content.replace(chr(10), chr(92) + 'n')}]"
+
+
+def task(key: str, *after: str, prompt: str | None = None, **kw: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": key,
+        "title": f"Task {key}",
+        "prompt": prompt if prompt is not None else f"Create {key}. " + file_directive(key),
+    }
+    if after:
+        body["after"] = list(after)
+    return {**body, **kw}
+
+
+def file_directive(key: str) -> str:
+    return write(f"files/{key}.txt", f"made by {key}\n")
+
+
 def wait_for(predicate: Any, timeout: float = 30.0, what: str = "") -> Any:
     """``wait_until`` with a finer interval, for catching a run at a given step."""
     return wait_until(predicate, timeout, interval=0.01, what=what or None)

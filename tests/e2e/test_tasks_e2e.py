@@ -18,10 +18,9 @@ import contextlib
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
-from tasks_helpers import TaskRepo, wait_for
+from tasks_helpers import TaskRepo, file_directive, task, wait_for, write
 
 RUN_TIMEOUT_S = 90.0
 CONFLICT_MARKERS = re.compile(r"^(<<<<<<<|=======|>>>>>>>)( |$)", re.MULTILINE)
@@ -30,26 +29,6 @@ CONFLICT_MARKERS = re.compile(r"^(<<<<<<<|=======|>>>>>>>)( |$)", re.MULTILINE)
 @pytest.fixture
 def tr(tmp_path: Path) -> TaskRepo:
     return TaskRepo(tmp_path)
-
-
-def write(path: str, content: str) -> str:
-    """The fake Claude's directive writing ``content`` to ``path`` in its worktree."""
-    return f"[fake:write={path}:{content.replace(chr(10), chr(92) + 'n')}]"
-
-
-def task(key: str, *after: str, prompt: str | None = None, **kw: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": key,
-        "title": f"Task {key}",
-        "prompt": prompt if prompt is not None else f"Create {key}. " + file_directive(key),
-    }
-    if after:
-        body["after"] = list(after)
-    return {**body, **kw}
-
-
-def file_directive(key: str) -> str:
-    return write(f"files/{key}.txt", f"made by {key}\n")
 
 
 def merge_subjects(tr: TaskRepo, key: str) -> list[str]:

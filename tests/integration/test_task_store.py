@@ -579,6 +579,68 @@ def test_costs_add_up_and_a_project_budget_pauses(store: Store) -> None:
     assert statuses(store, pid)["c"] is S.READY
 
 
+def test_an_agents_cost_counts_whatever_happens_after_it(store: Store) -> None:
+    """The agent reported its cost with its step; the attempt then failed in git (its
+    report carries no cost). The cost still counts for the run, task, plan and session, so
+    the budget sees it; the next attempt reuses the agent's result without counting it again."""
+    pid = project(store, budget_usd=0.4, retry_backoff_s=0.0).id
+    store.tasks.add_tasks(pid, [spec("a", max_attempts=2), spec("b")], {}, NOW)
+    runner = register(store)
+    store.tasks.start(pid, 1, NOW)
+    run = claim_all(store, runner, NOW)[tasks_by_key(store, pid)["a"].id]
+    store.mark_started(run.id, runner, run.attempts, NOW)
+    store.record_session(run.id, runner, run.attempts, "sess-a", NOW)
+    agent = {"run_id": run.id, "session_id": "sess-a", "result": "done", "cost_usd": 0.4}
+    failed = finish(
+        store,
+        run,
+        NOW + 1,
+        status=RunStatus.FAILED,
+        error="git commit failed",
+        agent_step=agent,
+        outcome="error",
+    )
+    assert failed.cost_usd == pytest.approx(0.4)
+    assert tasks_by_key(store, pid)["a"].cost_usd == pytest.approx(0.4)
+    p = store.tasks.get_project(pid)
+    assert p.cost_usd == pytest.approx(0.4)
+    assert store.get_session("sess-a").cost_usd == pytest.approx(0.4)
+    assert p.paused and p.pause_reason and "budget" in p.pause_reason
+    assert statuses(store, pid) == {"a": S.READY, "b": S.READY}  # nothing claimed
+
+    store.tasks.set_paused(pid, False, NOW + 2)  # the next attempt reuses the agent's result
+    again = run_task_once(store, runner, pid, "a", NOW + 3, outcome="merged", merge_commit="m")
+    assert again.cost_usd is None
+    assert tasks_by_key(store, pid)["a"].cost_usd == pytest.approx(0.4)
+    assert store.tasks.get_project(pid).cost_usd == pytest.approx(0.4)
+
+
+def test_an_agents_cost_counts_when_its_run_is_lost_for_good(store: Store) -> None:
+    pid = project(store).id
+    store.tasks.add_tasks(pid, [spec("a")], {}, NOW)
+    store.tasks.start(pid, 1, NOW)
+    tid = tasks_by_key(store, pid)["a"].id
+    runner = register(store, "r0", NOW)
+    run = claim_all(store, runner, NOW)[tid]
+    store.mark_started(run.id, runner, run.attempts, NOW)
+    store.record_session(run.id, runner, run.attempts, "sess-a", NOW)
+    agent = {"run_id": run.id, "session_id": "sess-a", "cost_usd": 0.25}
+    store.record_task_step(run.id, runner, run.attempts, "agent", agent, NOW)
+    store.record_task_step(run.id, runner, run.attempts, "agent", agent, NOW)  # sent twice
+    now, failed = NOW, []
+    for i in range(1, 10):  # runners die until the run's own attempts run out
+        now += 100
+        failed += store.reconcile(now, lost_after_s=30, timeout_grace_s=5).failed
+        if failed:
+            break
+        claim_all(store, register(store, f"r{i}", now), now)
+    assert failed == [run.id]
+    assert store.get_run(run.id).cost_usd == pytest.approx(0.25)
+    assert tasks_by_key(store, pid)["a"].cost_usd == pytest.approx(0.25)
+    assert store.tasks.get_project(pid).cost_usd == pytest.approx(0.25)
+    assert store.get_session("sess-a").cost_usd == pytest.approx(0.25)
+
+
 def test_a_task_budget_fails_the_task_instead_of_retrying(store: Store) -> None:
     pid = project(store, retry_backoff_s=0.0).id
     store.tasks.add_tasks(pid, [spec("a", max_attempts=5, budget_usd=1.0), spec("b", "a")], {}, NOW)

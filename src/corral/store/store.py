@@ -296,7 +296,9 @@ class Store:
                 "exit_code": report.exit_code,
                 "error": report.error,
                 "result": report.result,
-                "cost_usd": report.cost_usd,
+                # A task run's agent reported its cost with its step: a report without one
+                # (a git step failed after the agent) keeps it.
+                "cost_usd": report.cost_usd if report.cost_usd is not None else row["cost_usd"],
                 "usage": dumps(report.usage) if report.usage is not None else None,
                 "num_turns": report.num_turns,
             }
@@ -305,7 +307,14 @@ class Store:
             if report.status is RunStatus.PENDING:
                 return _requeue_after_rate_limit(tx, row, report, fields, now)
             run = _transition(
-                tx, row, status, now, task_outcome=report.task, finished_at=now, **fields
+                tx,
+                row,
+                status,
+                now,
+                task_outcome=report.task,
+                reported=True,
+                finished_at=now,
+                **fields,
             )
             if run.session_id:
                 _finish_session(tx, run, now)
@@ -568,12 +577,15 @@ def _transition(
     new: RunStatus,
     now: float,
     task_outcome: dict[str, Any] | None = None,
+    reported: bool = False,
     **fields: Any,
 ) -> Run:
     """Move one run to ``new`` if the transition table allows it; guarded by its old status.
 
     A task's run that ends, however it ends (reported, lost for good, timed out,
-    cancelled), moves its task on in the same transaction."""
+    cancelled), moves its task on in the same transaction. ``reported``: the runner's final
+    report ends it (its session is brought up to date by the caller); a run ended any other
+    way still adds the cost it recorded before (a task's agent step) to its session."""
     old = RunStatus(row["status"])
     check_transition(row["id"], old, new)
     values = {**fields, "status": str(new), "updated_at": now}
@@ -585,6 +597,11 @@ def _transition(
     if updated is None:  # cannot happen under the row lock; refuse rather than guess
         raise LeaseLost(f"run {row['id']} changed under us")
     run = run_from_row(updated)
+    if new.is_terminal and not reported and run.session_id and run.cost_usd:
+        tx.execute(
+            "UPDATE sessions SET cost_usd = cost_usd + ?, updated_at = ? WHERE id = ?",
+            (run.cost_usd, now, run.session_id),
+        )
     if run.task_id and new.is_terminal:
         settle_task_run(tx, tx.lock, run, task_outcome, now)
     return run

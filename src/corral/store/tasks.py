@@ -11,6 +11,7 @@ seed loses that wake-up). The dependent whose counter reaches zero becomes ready
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -322,6 +323,13 @@ def apply_step(tx: Tx, lock: str, run: Row, step: str, data: dict[str, Any], now
     fields: dict[str, Any] = {"steps": dumps(steps)}
     if step == "agent":
         fields["session_id"] = data.get("session_id")
+        if data.get("run_id", run["id"]) == run["id"] and _is_cost(cost := data.get("cost_usd")):
+            # The agent's cost is the run's from now on, whatever happens after: the run
+            # counts it for its task, plan and session when it ends, however it ends.
+            tx.execute(
+                "UPDATE runs SET cost_usd = ?, updated_at = ? WHERE id = ?",
+                (cost, now, run["id"]),
+            )
     if step == "committed":
         fields["commit_sha"] = data.get("commit")
     if step == "cleanup":
@@ -343,14 +351,14 @@ def settle_task_run(
         tx, "projects", row_by_id(tx, "tasks", str(run.task_id))["project_id"], lock=lock
     )
     task = row_by_id(tx, "tasks", str(run.task_id), lock=lock)
-    if task["run_id"] != run.id or run.status is RunStatus.PENDING:
-        return []
     cost = run.cost_usd or 0.0
-    if cost:
+    if cost:  # spent, even by a run the task has moved on from
         _update(tx, "tasks", task["id"], now, cost_usd=task["cost_usd"] + cost)
         _update(tx, "projects", project["id"], now, cost_usd=project["cost_usd"] + cost)
         task = {**task, "cost_usd": task["cost_usd"] + cost}
         project = {**project, "cost_usd": project["cost_usd"] + cost}
+    if task["run_id"] != run.id or run.status is RunStatus.PENDING:
+        return []
     if TaskStatus(task["status"]).is_settled:
         return _schedule(tx, project, now)  # cancelled meanwhile: nothing more to do
     kind = (outcome or {}).get("outcome")
@@ -417,6 +425,15 @@ def settle_task_run(
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+
+
+def _is_cost(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 def _schedule(tx: Tx, project: Row, now: float) -> list[Run]:

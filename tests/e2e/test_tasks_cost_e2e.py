@@ -1,0 +1,51 @@
+"""An agent's cost counts whatever happens after it, end to end: the real ``corral tasks
+run`` with the fake Claude, where the step after the agent (``git add``) fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tasks_helpers import TaskRepo, file_directive, task, write
+
+RUN_TIMEOUT_S = 90.0
+
+
+@pytest.fixture
+def tr(tmp_path: Path) -> TaskRepo:
+    return TaskRepo(tmp_path)
+
+
+def test_a_cost_counts_for_the_budget_when_git_fails_after_the_agent(tr: TaskRepo) -> None:
+    # A required clean filter that fails: the agent finishes, then `git add` of its file fails.
+    tr.git("config", "filter.broken.clean", "false")
+    tr.git("config", "filter.broken.required", "true")
+    (tr.repo / ".gitattributes").write_text("*.bad filter=broken\n")
+    tr.git("add", ".gitattributes")
+    tr.git("commit", "-q", "-m", "a filter that fails")
+    spender = "Spends [fake:cost=0.5] " + write("out.bad", "x\n")
+    plan = tr.write_plan(
+        {
+            "tasks": [
+                task("spender", prompt=spender, priority=10, max_attempts=1),
+                task("later", prompt="Later. " + file_directive("later")),
+            ]
+        }
+    )
+    assert tr.corral("plan", str(plan)).code == 0
+
+    result = tr.corral("run", "--workers", "1", "--budget", "0.4", timeout=RUN_TIMEOUT_S)
+    assert result.code != 0, str(result)
+    assert "budget" in result.out, str(result)
+    state = tr.status()
+    tasks = {t["id"]: t for t in state["tasks"]}
+    assert tasks["spender"]["status"] == "failed", tasks["spender"]
+    assert tasks["spender"]["cost_usd"] == pytest.approx(0.5)
+    assert state["project"]["cost_usd"] == pytest.approx(0.5)
+    # The budget saw the cost: nothing more was claimed.
+    assert tasks["later"]["status"] == "ready" and tasks["later"]["attempts"] == 0
+    assert not tr.started("Later.")
+    with tr.store() as store:
+        run = store.get_run(tasks["spender"]["run_id"])
+        assert run.cost_usd == pytest.approx(0.5)
+        assert run.session_id and store.get_session(run.session_id).cost_usd == pytest.approx(0.5)
