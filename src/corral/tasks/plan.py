@@ -29,6 +29,7 @@ import hashlib
 import heapq
 import json
 import math
+import reprlib
 import tomllib
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import asdict, dataclass
@@ -66,6 +67,12 @@ TASK_KEYS = frozenset(
     }
 )
 MAX_ATTEMPTS = 100  # the bounds runs have too
+# The most work a plan file may cause: its size, and what YAML aliases may make of it (a
+# few hundred bytes of nested aliases expand to billions of nodes, the "billion laughs").
+MAX_PLAN_BYTES = 1024 * 1024
+MAX_PLAN_NODES = 100_000  # values once every alias is expanded
+MAX_PLAN_CHARS = 8 * 1024 * 1024  # characters of text once every alias is expanded
+MAX_PLAN_DEPTH = 32
 PRIORITY_RANGE = (-1000, 1000)
 
 
@@ -85,13 +92,17 @@ def load_plan(path: Path) -> Plan:
     if fmt is None:
         raise InvalidRequest(f"{path}: a plan file must end in .yaml, .yml or .toml")
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_PLAN_BYTES + 1)
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"cannot read plan {path}: {exc}") from exc
     return parse_plan(text, fmt, str(path))
 
 
 def parse_plan(text: str, fmt: Literal["yaml", "toml"], source: str) -> Plan:
+    if len(text) > MAX_PLAN_BYTES or len(text.encode()) > MAX_PLAN_BYTES:
+        raise _too_large(source, f"is over {MAX_PLAN_BYTES} bytes")
     data = _load_yaml(text, source) if fmt == "yaml" else _load_toml(text, source)
     if not isinstance(data, dict):
         raise InvalidRequest(f"{source}: the top level must be a mapping, not {_kind(data)}")
@@ -285,13 +296,13 @@ def _choice(table: dict[Any, Any], key: str, allowed: tuple[str, ...], where: st
         return allowed[0]
     if value not in allowed:
         raise InvalidRequest(
-            f"{where}: {key} must be one of {', '.join(map(repr, allowed))}, not {value!r}"
+            f"{where}: {key} must be one of {', '.join(map(repr, allowed))}, not {_excerpt(value)}"
         )
     return str(value)
 
 
 def _no_unknown_keys(table: dict[Any, Any], allowed: frozenset[str], where: str) -> None:
-    unknown = [repr(key) for key in table if key not in allowed]
+    unknown = [_excerpt(key) for key in table if key not in allowed]
     if unknown:
         raise InvalidRequest(
             f"{where}: unknown keys {', '.join(unknown)} (known: {', '.join(sorted(allowed))})"
@@ -299,7 +310,26 @@ def _no_unknown_keys(table: dict[Any, Any], allowed: frozenset[str], where: str)
 
 
 def _kind(value: Any) -> str:
-    return "nothing" if value is None else f"{type(value).__name__} {value!r:.40}"
+    return "nothing" if value is None else f"{type(value).__name__} {_excerpt(value)}"
+
+
+def _excerpt(value: Any) -> str:
+    """A bounded repr: a value may be huge, or share parts with itself many times over."""
+    return _EXCERPT.repr(value)
+
+
+def _make_excerpt() -> reprlib.Repr:
+    excerpt = reprlib.Repr()
+    excerpt.maxlevel, excerpt.maxlist, excerpt.maxdict = 2, 4, 4
+    excerpt.maxstring = excerpt.maxother = excerpt.maxlong = 40
+    return excerpt
+
+
+_EXCERPT = _make_excerpt()
+
+
+def _too_large(source: str, what: str) -> InvalidRequest:
+    return InvalidRequest(f"{source}: the plan {what}", code="plan_too_large")
 
 
 # ---- syntax ----------------------------------------------------------------------------------
@@ -318,25 +348,59 @@ class _StrictLoader(_SafeLoader):
                 continue  # the base class refuses it
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                    None, None, f"duplicate key {_excerpt(key)}", key_node.start_mark
                 )
             seen.add(key)
         return super().construct_mapping(node, deep)
 
 
 def _load_yaml(text: str, source: str) -> Any:
+    loader = _StrictLoader(text)  # a safe loader
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # a safe loader
+        node = loader.get_single_node()  # aliases are shared nodes here: nothing expanded yet
+        if node is None:
+            return None
+        _check_bounds(node, source)
+        return loader.construct_document(node)
+    except RecursionError as exc:
+        raise _too_large(source, "is nested too deeply") from exc
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise InvalidRequest(f"{source}: invalid YAML{at}: {exc.problem or exc}") from exc
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of 5,000 digits
         raise InvalidRequest(f"{source}: invalid YAML: {exc}") from exc
+    finally:
+        loader.dispose()
+
+
+def _check_bounds(root: yaml.Node, source: str) -> None:
+    """Walk the document as it would be once aliases are expanded, and stop as soon as it
+    is larger or deeper than any plan needs."""
+    nodes, chars = 0, 0
+    stack: list[tuple[yaml.Node, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_PLAN_NODES:
+            raise _too_large(source, f"has over {MAX_PLAN_NODES} values (aliases expanded)")
+        if depth > MAX_PLAN_DEPTH:
+            raise _too_large(source, f"is nested over {MAX_PLAN_DEPTH} levels deep")
+        if isinstance(node, yaml.ScalarNode):
+            chars += len(node.value)
+            if chars > MAX_PLAN_CHARS:
+                raise _too_large(source, f"has over {MAX_PLAN_CHARS} characters (aliases expanded)")
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                stack += [(key, depth + 1), (value, depth + 1)]
 
 
 def _load_toml(text: str, source: str) -> Any:
     try:
         return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except RecursionError as exc:
+        raise _too_large(source, "is nested too deeply") from exc
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
         raise InvalidRequest(f"{source}: invalid TOML: {exc}") from exc

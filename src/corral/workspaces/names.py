@@ -24,7 +24,7 @@ def check_key(key: str, where: str = "") -> None:
     would refuse (``../../x``, ``-b``)."""
     if not _KEY.fullmatch(key) or ".." in key or key.endswith((".", ".lock")):
         raise InvalidRequest(
-            f"{where}invalid id {key!r}: use 1-64 of A-Z a-z 0-9 . _ -, starting with a "
+            f"{where}invalid id {key[:80]!r}: use 1-64 of A-Z a-z 0-9 . _ -, starting with a "
             "letter or digit, without '..', not ending in '.' or '.lock'",
             code="invalid_task_id",
         )
@@ -37,7 +37,7 @@ def check_branch(branch: str, where: str = "") -> None:
     problem = _branch_problem(branch)
     if problem:
         raise InvalidRequest(
-            f"{where}invalid branch {branch!r}: it {problem}", code="invalid_branch"
+            f"{where}invalid branch {branch[:80]!r}: it {problem}", code="invalid_branch"
         )
 
 
