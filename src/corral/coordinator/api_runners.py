@@ -9,7 +9,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from corral.coordinator import seed_wire
+from corral.coordinator import compat_ao, seed_wire
+from corral.coordinator.compat_ao_schemas import AoCompleted, AoRegister
 from corral.coordinator.schemas import (
     EventsBody,
     LeaseRef,
@@ -56,8 +57,13 @@ def _sync_json(sync: RunnerSync) -> dict[str, Any]:
     return {"cancel": sync.cancel, "abandon": sync.abandon}
 
 
-@router.post("/register")
-async def register(body: RegisterRunner, request: Request) -> dict[str, Any]:
+@router.post("/register", response_model=None)
+async def register(
+    body: RegisterRunner | AoRegister, request: Request
+) -> dict[str, Any] | Response:
+    """corral's runner, or (its body tells) the seed system's (``compat_ao``)."""
+    if isinstance(body, AoRegister):
+        return await compat_ao.register(body, request)
     coordinator = _coordinator(request)
     runner, sync = await coordinator.register(body)
     settings = coordinator.settings
@@ -83,6 +89,9 @@ async def poll_runs(
     wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
     async with hangup(request) as gone:
         if max_runs is None:
+            runner = await coordinator._db(coordinator.store.get_runner, runner_id)
+            if compat_ao.speaks_ao(runner):
+                return await compat_ao.poll(request, runner, wait, gone)
             run = await seed_wire.poll_one(coordinator, RunnerId(runner_id), wait, gone)
             return seed_wire.seed_poll_answer(run)
         runs = await coordinator.poll(RunnerId(runner_id), max_runs, wait, gone)
@@ -141,7 +150,11 @@ async def logs(run_id: str, body: LogsBody, request: Request) -> dict[str, Any]:
 
 
 @router.post("/runs/{run_id}/completed")
-async def completed(run_id: str, body: ReportBody, request: Request) -> dict[str, Any]:
+async def completed(
+    run_id: str, body: ReportBody | AoCompleted, request: Request
+) -> dict[str, Any]:
+    if isinstance(body, AoCompleted):
+        return await compat_ao.completed(run_id, body, request)
     if body.status not in (None, "completed"):
         raise InvalidRequest(f"/completed cannot report status {body.status!r}; use /failed")
     return await _report(run_id, body, RunStatus.COMPLETED, request)

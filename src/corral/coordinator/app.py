@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral import __version__
 from corral.agents.profiles import load_profiles
 from corral.clock import Clock, SystemClock
-from corral.coordinator import api_clients, api_runners, api_tasks, socket
+from corral.coordinator import api_clients, api_runners, api_tasks, compat_ao, socket
 from corral.coordinator.service import Coordinator
 from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
 from corral.errors import CorralError, InvalidRequest
@@ -67,6 +67,7 @@ def create_app(
     app.include_router(api_clients.router)
     app.include_router(api_runners.router)
     app.include_router(api_tasks.router)
+    app.include_router(compat_ao.router)
     app.include_router(socket.router)
     app.add_exception_handler(CorralError, _corral_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

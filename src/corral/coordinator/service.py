@@ -104,7 +104,10 @@ class Coordinator:
 
     # ---- runners -------------------------------------------------------------------------
 
-    async def register(self, body: RegisterRunner) -> tuple[Runner, RunnerSync]:
+    async def register(
+        self, body: RegisterRunner, transport: str | None = None
+    ) -> tuple[Runner, RunnerSync]:
+        """``transport``: the wire the runner speaks, when not corral's own (``compat_ao``)."""
         held = None if body.held is None else [Held(RunId(h.run_id), h.attempt) for h in body.held]
         runner, sync = await self._db(
             self.store.register_runner,
@@ -113,7 +116,7 @@ class Coordinator:
             labels=body.labels,
             slots=body.slots,
             version=body.version,
-            transport=body.transport,
+            transport=transport or body.transport,
             now=self.clock.now(),
             runner_id=body.runner_id,
             held=held,

@@ -279,6 +279,20 @@ class Store:
             _upsert_session(tx, row, now)
             return run_from_row(row)
 
+    def record_result(
+        self, run_id: str, runner_id: str, attempt: int, result: str, now: float
+    ) -> Run:
+        """The result of an attempt, told before the attempt ends (the seed system's runner
+        posts it as a session event; its completion report carries none)."""
+        with self.db.transaction() as tx:
+            row = _leased_row(tx, self.db, run_id, runner_id, attempt)
+            if not RunStatus(row["status"]).holds_lease:
+                check_transition(run_id, RunStatus(row["status"]), RunStatus.RUNNING)  # raises
+            tx.execute(
+                "UPDATE runs SET result = ?, updated_at = ? WHERE id = ?", (result, now, run_id)
+            )
+            return run_from_row({**row, "result": result, "updated_at": now})
+
     def finish_run(
         self, run_id: str, runner_id: str, attempt: int, report: RunReport, now: float
     ) -> Run:

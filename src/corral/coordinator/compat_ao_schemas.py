@@ -1,0 +1,74 @@
+"""Request bodies of the seed system's runner (claude-agent-orchestrator's agent-runner),
+as it sends them; ``compat_ao`` translates them into corral's operations."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from corral.wire import WireModel
+
+
+class AoRegister(WireModel):
+    """``POST /runner/register``: the runner's identity is (hostname, project_dir,
+    executor_profile, executor command); tags are the capabilities it offers."""
+
+    hostname: str = Field(min_length=1, max_length=255)
+    project_dir: str = Field(max_length=4096)
+    executor_profile: str = Field(min_length=1, max_length=200)
+    executor: dict[str, Any] | None = None
+    tags: list[str] | None = Field(None, max_length=64)
+    require_matching_tags: bool = False
+    agents: list[dict[str, Any]] | None = None
+
+
+class AoCompleted(WireModel):
+    """``POST /runner/runs/{id}/completed``: no result (it came as a ``result`` event)."""
+
+    runner_id: str
+    status: Literal["success"]
+    session_status: Literal["idle", "finished"] | None = None
+
+
+class AoStopped(WireModel):
+    runner_id: str
+    signal: str = Field("SIGTERM", max_length=32)
+
+
+class AoSessionStatus(WireModel):
+    runner_id: str
+    status: Literal["finished", "failed", "stopped"]
+
+
+class AoBind(WireModel):
+    """``POST /sessions/{id}/bind``, as the runner's gateway forwards it."""
+
+    executor_session_id: str = Field(min_length=1, max_length=200)
+    hostname: str = Field(max_length=255)
+    executor_profile: str = Field(max_length=200)
+    project_dir: str | None = Field(None, max_length=4096)
+
+
+class AoEvent(WireModel):
+    """``POST /sessions/{id}/events``; the system's event kinds carry many more fields
+    (messages, tool calls), which corral does not keep."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    event_type: str = Field(max_length=64)
+    session_id: str
+    timestamp: str | None = None
+    result_text: str | None = None
+    result_data: dict[str, Any] | None = None
+
+
+class AoMetadata(WireModel):
+    """``PATCH /sessions/{id}/metadata``."""
+
+    project_dir: str | None = Field(None, max_length=4096)
+    agent_name: str | None = Field(None, max_length=200)
+    last_resumed_at: str | None = None
+    executor_session_id: str | None = Field(None, min_length=1, max_length=200)
+    executor_profile: str | None = None
+    hostname: str | None = None
