@@ -283,6 +283,46 @@ def test_a_paused_project_claims_nothing_until_resumed(store: Store) -> None:
     assert not p.paused and p.pause_reason is None
 
 
+def test_a_pause_stops_claims_only(store: Store) -> None:
+    """A task under way when the plan is paused goes on to the end (and its dependent is
+    not claimed); the pause lasts through another start until it is lifted."""
+    pid = project(store).id
+    store.tasks.add_tasks(pid, [spec("a"), spec("b", "a"), spec("c")], {}, NOW)
+    runner = register(store)
+    store.tasks.start(pid, 1, NOW)
+    store.tasks.set_paused(pid, True, NOW + 1, "by hand")
+    run_task_once(store, runner, pid, "a", NOW + 2, outcome="merged", merge_commit="m")
+    assert statuses(store, pid) == {"a": S.COMPLETED, "b": S.READY, "c": S.READY}
+    assert store.tasks.start(pid, 2, NOW + 3) == []
+    assert store.tasks.get_project(pid).paused
+    assert len(store.tasks.set_paused(pid, False, NOW + 4)) == 2
+
+
+def test_a_started_task_whose_runner_is_gone_is_interrupted(store: Store) -> None:
+    pid = project(store).id
+    store.tasks.add_tasks(pid, [spec("a"), spec("b")], {}, NOW)
+    store.tasks.start(pid, 2, NOW)
+    assert not any(t.interrupted for t in store.tasks.list_tasks(pid))  # claimed, queued
+    runner = register(store, "r1", NOW)
+    runs = claim_all(store, runner, NOW)
+    a = tasks_by_key(store, pid)["a"]
+    run = runs[a.id]
+    store.mark_started(run.id, runner, run.attempts, NOW)
+    store.record_task_step(run.id, runner, run.attempts, "worktree", {"path": "/wt"}, NOW)
+    assert not store.tasks.get_task(pid, "a").interrupted
+
+    store.reconcile(NOW + 100, lost_after_s=30, timeout_grace_s=5)  # the runner is lost
+    assert {k: t.interrupted for k, t in tasks_by_key(store, pid).items()} == {
+        "a": True,  # in progress, its run back to pending
+        "b": False,  # claimed and queued again: nothing had started
+    }
+    assert store.tasks.get_task(pid, "a").interrupted
+
+    other = register(store, "r2", NOW + 100)
+    claim_all(store, other, NOW + 101)
+    assert not store.tasks.get_task(pid, "a").interrupted  # picked up again
+
+
 # ---- a whole flow through the run API --------------------------------------------------------
 
 
@@ -554,7 +594,7 @@ def test_a_task_run_failed_by_the_reconciler_fails_the_attempt(
 # ---- cost and budgets ------------------------------------------------------------------------
 
 
-def test_costs_add_up_and_a_project_budget_pauses(store: Store) -> None:
+def test_costs_add_up_and_a_project_budget_stops_claims_until_raised(store: Store) -> None:
     pid = project(store, budget_usd=1.0, retry_backoff_s=0.0).id
     store.tasks.add_tasks(pid, [spec("a", max_attempts=3), spec("b"), spec("c", "b")], {}, NOW)
     runner = register(store)
@@ -566,17 +606,22 @@ def test_costs_add_up_and_a_project_budget_pauses(store: Store) -> None:
     assert store.tasks.get_project(pid).cost_usd == pytest.approx(0.5)
     assert not store.tasks.get_project(pid).paused
 
-    # b's run brings the plan to its budget: paused, and c (now ready) is not claimed.
+    # b's run brings the plan to its budget: c (now ready) is not claimed.
     run_task_once(store, runner, pid, "b", NOW + 3, cost=0.5, outcome="merged")
     tasks = tasks_by_key(store, pid)
     p = store.tasks.get_project(pid)
     assert tasks["b"].status is S.COMPLETED and tasks["b"].cost_usd == pytest.approx(0.5)
     assert p.cost_usd == pytest.approx(1.0)
-    assert p.paused and p.pause_reason and "budget" in p.pause_reason
+    assert p.budget_reached and not p.paused
     assert tasks["c"].status is S.READY
     assert store.tasks.schedule(pid, NOW + 4) == []
     assert store.tasks.schedule_all(NOW + 5) == []
+    assert store.tasks.start(pid, 2, NOW + 5) == []
     assert statuses(store, pid)["c"] is S.READY
+
+    # A higher budget lets the plan go on.
+    project(store, NOW + 6, budget_usd=2.0)
+    assert [r.task_id for r in store.tasks.schedule_all(NOW + 6)] == [tasks["c"].id]
 
 
 def test_an_agents_cost_counts_whatever_happens_after_it(store: Store) -> None:
@@ -605,10 +650,11 @@ def test_an_agents_cost_counts_whatever_happens_after_it(store: Store) -> None:
     p = store.tasks.get_project(pid)
     assert p.cost_usd == pytest.approx(0.4)
     assert store.get_session("sess-a").cost_usd == pytest.approx(0.4)
-    assert p.paused and p.pause_reason and "budget" in p.pause_reason
+    assert p.budget_reached
     assert statuses(store, pid) == {"a": S.READY, "b": S.READY}  # nothing claimed
 
-    store.tasks.set_paused(pid, False, NOW + 2)  # the next attempt reuses the agent's result
+    project(store, NOW + 2, budget_usd=1.0)  # the next attempt reuses the agent's result
+    store.tasks.schedule(pid, NOW + 2)
     again = run_task_once(store, runner, pid, "a", NOW + 3, outcome="merged", merge_commit="m")
     assert again.cost_usd is None
     assert tasks_by_key(store, pid)["a"].cost_usd == pytest.approx(0.4)

@@ -303,3 +303,29 @@ def test_hang_after_prints_the_result_then_lingers(project: Path, base_env: dict
     report = observer.outcome(proc.returncode, StopReason.LINGERED_AFTER_RESULT)
     assert report.status is RunStatus.COMPLETED
     assert report.result == "turn 1: go [fake:hang_after]"
+
+
+def test_wait_while_holds_the_result_until_the_gate_is_gone(
+    project: Path, base_env: dict[str, str], tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    run = make_run(project, f"go [fake:wait_while={gate}]")
+    spec = ClaudeExecutor(binary=FAKE).prepare(run, base_env)
+    with subprocess.Popen(
+        [sys.executable, *spec.argv],
+        cwd=spec.cwd,
+        env=spec.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            assert json.loads(proc.stdout.readline())["subtype"] == "init"
+            assert [e["event"] for e in ledger(tmp_path)] == ["start"]  # waiting at the gate
+            gate.unlink()
+            assert proc.wait(timeout=TIMEOUT) == 0
+        finally:
+            proc.kill()
+    assert [e["event"] for e in ledger(tmp_path)] == ["start", "finish"]

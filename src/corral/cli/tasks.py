@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,31 +13,24 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 from rich.tree import Tree
 
 from corral.cli.options import comma_list, option
+from corral.cli.plan_progress import ACTIVE, EXIT_PAUSED, first_line, state_label, summary, watch
 from corral.client import CorralClient
 from corral.errors import InvalidRequest
 from corral.runner.settings import RunnerSettings
-from corral.tasks.embedded import Embedded, run_lock, runner_name, stop_dead_local_runners
+from corral.tasks.embedded import (
+    Embedded,
+    run_in_progress,
+    run_lock,
+    runner_name,
+    stop_dead_local_runners,
+)
 from corral.tasks.plan import load_plan
 
 console = Console()
-ACTIVE = ("claimed", "in_progress", "merging")
-WAITING = ("ready", "blocked", *ACTIVE)
-COLORS = {
-    "completed": "green",
-    "failed": "red",
-    "merge_conflict": "red",
-    "blocked_by_failure": "yellow",
-    "cancelled": "yellow",
-    "in_progress": "cyan",
-    "merging": "magenta",
-    "claimed": "cyan",
-    "ready": "blue",
-}
 
 
 class Context:
@@ -239,7 +232,11 @@ def run(
     resolve_conflicts: bool | None,
     sync_checkout: bool,
 ) -> None:
-    """Work through the plan until every task is settled; exits 0 if all completed."""
+    """Work through the plan until every task is settled, or until the plan is paused or
+    at its budget and the tasks under way have finished (a pause stops new claims only).
+
+    Exit status: 0 every task completed; 75 the plan is paused (until `corral tasks
+    resume`) or at its budget, nothing failed; 1 otherwise (failures, conflicts, Ctrl-C)."""
     started = time.monotonic()
     tip_before = _git(obj.repo, "rev-parse", f"refs/heads/{obj.branch}")
     runner = (
@@ -265,12 +262,14 @@ def run(
             resolve_conflicts=resolve_conflicts,
         )
         pid = project["project_id"]
-        client.call("POST", f"/projects/{pid}/resume")
+        # A pause lasts until `tasks resume`: starting claims only if it is not paused.
         client.call("POST", f"/projects/{pid}/start", json={"workers": workers})
-        interrupted = _watch(client, pid, started)
+        state, interrupted = watch(
+            lambda: client.call("GET", f"/projects/{pid}/tasks"), started, console
+        )
         client.call("POST", f"/projects/{pid}/stop")
         state = client.call("GET", f"/projects/{pid}/tasks")
-    code = _summary(state, time.monotonic() - started, interrupted)
+    code = summary(console, state, time.monotonic() - started, interrupted)
     _checkout_note(obj, tip_before, sync_checkout)
     raise SystemExit(code)
 
@@ -284,11 +283,16 @@ def _checkout_note(obj: Context, tip_before: str, sync: bool) -> None:
     if tip == tip_before or head != f"refs/heads/{obj.branch}":
         return
     if not sync:
+        # Printed whole (no wrapping): the command is meant to be copied.
         console.print(
-            f"{obj.branch} moved on while it is checked out here; your files were left as "
-            f"they were. To update them: git read-tree -m -u {tip_before[:12]} {obj.branch} "
-            "(or run with --sync-checkout)"
+            f"{obj.branch} moved on while it is checked out here, and corral left your files "
+            "as they were: until you update them, `git status` shows the merged changes "
+            "undone (staged), and a commit would undo them. Update your checkout (it keeps "
+            "your own changes, and refuses if one would be overwritten):",
+            soft_wrap=True,
         )
+        console.print(f"    git read-tree -m -u {tip_before} {obj.branch}", soft_wrap=True)
+        console.print("(or run with --sync-checkout to have it done at the end)", soft_wrap=True)
         return
     done = subprocess.run(
         ["git", "read-tree", "-m", "-u", tip_before, tip],
@@ -302,126 +306,53 @@ def _checkout_note(obj: Context, tip_before: str, sync: bool) -> None:
         console.print(f"updated your checkout of {obj.branch} to {tip[:12]}")
 
 
-def _watch(client: CorralClient, pid: str, started: float) -> bool:
-    """Show progress until nothing is left to do; True if interrupted (Ctrl-C)."""
-    stop = {"now": False}
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
-    try:
-        with Live(console=console, refresh_per_second=4, transient=False) as live:
-            while not stop["now"]:
-                state = client.call("GET", f"/projects/{pid}/tasks")
-                live.update(_progress(state, started))
-                statuses = {t["status"] for t in state["tasks"]}
-                if state["project"]["paused"] or not statuses & set(WAITING):
-                    break
-                time.sleep(0.2)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    return stop["now"]
-
-
-def _progress(state: dict[str, Any], started: float) -> Table:
-    table = Table(title=f"corral tasks — {time.monotonic() - started:.0f}s")
-    for column in ("task", "state", "step", "attempt", "elapsed", "cost"):
-        table.add_column(column)
-    now = time.time()
-    for task in state["tasks"]:
-        if task["status"] not in ACTIVE:
-            continue
-        began = _epoch(task["started_at"])
-        table.add_row(
-            task["id"],
-            _colored(task["status"]),
-            _last_step(task),
-            f"{task['attempts']}/{task['max_attempts']}",
-            f"{now - began:.0f}s" if began else "",
-            f"${task['cost_usd']:.2f}",
-        )
-    counts = state["project"]["counts"]
-    table.caption = "  ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + (
-        f"  cost: ${state['project']['cost_usd']:.2f}"
-    )
-    return table
-
-
-def _summary(state: dict[str, Any], elapsed: float, interrupted: bool) -> int:
-    counts: dict[str, int] = state["project"]["counts"]
-    total = sum(counts.values())
-    done = counts.get("completed", 0)
-    console.print(
-        f"completed {done}/{total}, failed {counts.get('failed', 0)}, "
-        f"conflicts {counts.get('merge_conflict', 0)}, "
-        f"blocked by failure {counts.get('blocked_by_failure', 0)}, "
-        f"duration {elapsed:.1f}s, cost ${state['project']['cost_usd']:.2f}"
-    )
-    for task in state["tasks"]:
-        if task["status"] in ("failed", "merge_conflict"):
-            console.print(f"  {task['id']}: {_colored(task['status'])} {task['last_error'] or ''}")
-        if task["worktree_kept"]:
-            console.print(f"  {task['id']}: worktree kept (dirty): {task['worktree_kept']}")
-    if state["project"]["paused"]:
-        console.print(f"[yellow]paused: {state['project']['pause_reason']}[/]")
-    if interrupted:
-        console.print("interrupted: run `corral tasks run` again to continue")
-    return 0 if done == total and not interrupted else 1
-
-
-def _last_step(task: dict[str, Any]) -> str:
-    steps = task["steps"] or {}
-    for step in ("merging", "committed", "agent", "worktree"):
-        if step in steps:
-            return step
-    return ""
-
-
-def _epoch(iso: str | None) -> float | None:
-    if not iso:
-        return None
-    from datetime import datetime
-
-    return datetime.fromisoformat(iso).timestamp()
-
-
-def _colored(status: str) -> str:
-    color = COLORS.get(status)
-    return f"[{color}]{status}[/]" if color else status
-
-
 def _project_id(obj: Context, client: CorralClient) -> str:
     return str(obj.project(client)["project_id"])
+
+
+def _plan_state(obj: Context) -> dict[str, Any]:
+    """The plan's tasks. Without a coordinator of its own, a task under way while no
+    ``tasks run`` is alive on this repository was left by one that died: interrupted."""
+    with obj.client() as client:
+        state: dict[str, Any] = client.call("GET", f"/projects/{_project_id(obj, client)}/tasks")
+    if not obj.url and not run_in_progress(obj.repo):
+        for task in state["tasks"]:
+            task["interrupted"] = task.get("interrupted") or task["status"] in ACTIVE
+    return state
 
 
 @tasks.command("status")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def status(obj: Context, as_json: bool) -> None:
-    """Every task with its state."""
-    with obj.client() as client:
-        state = client.call("GET", f"/projects/{_project_id(obj, client)}/tasks")
+    """Every task with its state; the first line of its last error, whole."""
+    state = _plan_state(obj)
     if as_json:
-        import json
-
         click.echo(json.dumps(state, indent=2))
         return
-    table = Table("task", "state", "after", "attempts", "cost", "error")
+    table = Table("task", "state", "after", "attempts", "cost")
+    table.add_column("error", overflow="fold")  # wrapped, never cut: the end says most
     for task in state["tasks"]:
         table.add_row(
             task["id"],
-            _colored(task["status"]),
+            state_label(task),
             ",".join(task["after"]),
             f"{task['attempts']}/{task['max_attempts']}",
             f"${task['cost_usd']:.2f}",
-            (task["last_error"] or "")[:60],
+            first_line(task["last_error"]),
         )
     console.print(table)
+    if any(task.get("interrupted") for task in state["tasks"]):
+        console.print(
+            "interrupted: the run working on them is gone; `corral tasks run` picks them up again"
+        )
 
 
 @tasks.command("graph")
 @click.pass_obj
 def graph(obj: Context) -> None:
     """The plan's dependency graph with each task's state."""
-    with obj.client() as client:
-        state = client.call("GET", f"/projects/{_project_id(obj, client)}/tasks")
+    state = _plan_state(obj)
     children: dict[str, list[str]] = {}
     by_key = {t["id"]: t for t in state["tasks"]}
     for task in state["tasks"]:
@@ -432,7 +363,7 @@ def graph(obj: Context) -> None:
 
     def add(node: Tree, key: str) -> None:
         task = by_key[key]
-        label = f"{key} {_colored(task['status'])}"
+        label = f"{key} {state_label(task)}"
         if key in shown:
             node.add(f"{label} [dim](above)[/]")
             return
@@ -472,5 +403,11 @@ def _project_command(name: str, doc: str) -> click.Command:
 
 tasks.add_command(_task_command("retry", "Retry a failed, conflicted or cancelled task."))
 tasks.add_command(_task_command("cancel", "Cancel a task; its dependents will not run."))
-tasks.add_command(_project_command("pause", "Claim no new tasks until resumed."))
-tasks.add_command(_project_command("resume", "Claim tasks again."))
+tasks.add_command(
+    _project_command(
+        "pause",
+        "Claim no new tasks until `corral tasks resume`. Tasks under way finish and are "
+        f"merged; a `tasks run` then exits with status {EXIT_PAUSED}, and so does a new one.",
+    )
+)
+tasks.add_command(_project_command("resume", "Claim tasks again (`corral tasks run` goes on)."))

@@ -176,14 +176,18 @@ class TaskStore:
     def list_tasks(self, project_id: str) -> list[Task]:
         with self.db.transaction(write=False) as tx:
             rows = tx.execute(
-                "SELECT * FROM tasks WHERE project_id = ? ORDER BY seq", (project_id,)
+                f"{_TASK_WITH_RUN} WHERE t.project_id = ? ORDER BY t.seq", (project_id,)
             )
             deps = _dependency_keys(tx, project_id)
         return [task_from_row(r, deps.get(r["key"], ())) for r in rows]
 
     def get_task(self, project_id: str, key: str) -> Task:
         with self.db.transaction(write=False) as tx:
-            row = _task_by_key(tx, project_id, key)
+            row = tx.one(
+                f"{_TASK_WITH_RUN} WHERE t.project_id = ? AND t.key = ?", (project_id, key)
+            )
+            if row is None:
+                raise NotFound.of("task", key)
             deps = _dependency_keys(tx, project_id)
         return task_from_row(row, deps.get(key, ()))
 
@@ -239,6 +243,7 @@ class TaskStore:
                 for r in tx.execute(
                     "SELECT DISTINCT p.id FROM projects p JOIN tasks t ON t.project_id = p.id "
                     "WHERE p.workers > 0 AND p.paused = 0 AND t.status = 'ready' "
+                    "AND (p.budget_usd IS NULL OR p.cost_usd < p.budget_usd) "
                     "AND t.available_at <= ?",
                     (now,),
                 )
@@ -415,12 +420,6 @@ def settle_task_run(
             steps.pop("agent", None)
             _update(tx, "tasks", task["id"], now, steps=dumps(steps))
         _fail_attempt(tx, task, project, error, now)
-    if project["budget_usd"] is not None and project["cost_usd"] >= project["budget_usd"]:
-        reason = (
-            f"plan budget ${project['budget_usd']:.2f} reached (spent ${project['cost_usd']:.2f})"
-        )
-        _update(tx, "projects", project["id"], now, paused=1, pause_reason=reason)
-        return []
     return _schedule(tx, row_by_id(tx, "projects", project["id"]), now)
 
 
@@ -438,8 +437,9 @@ def _is_cost(value: Any) -> bool:
 
 def _schedule(tx: Tx, project: Row, now: float) -> list[Run]:
     """Claim ready tasks up to the free workers, highest priority first; each claim and the
-    run it creates are one transaction (the caller's)."""
-    if not project["workers"] or project["paused"]:
+    run it creates are one transaction (the caller's). A paused plan, or one that has cost
+    its budget, claims nothing (its running tasks go on)."""
+    if not project["workers"] or project["paused"] or project_from_row(project).budget_reached:
         return []
     active = tx.one(
         "SELECT COUNT(*) AS n FROM tasks WHERE project_id = ? "
@@ -694,6 +694,23 @@ def project_from_row(row: Row) -> Project:
     )
 
 
+# A task with the state of its run and of that run's runner, which tell an interrupted task.
+_TASK_WITH_RUN = (
+    "SELECT t.*, r.status AS run_status, rn.state AS runner_state FROM tasks t "
+    "LEFT JOIN runs r ON r.id = t.run_id LEFT JOIN runners rn ON rn.id = r.runner_id"
+)
+
+
+def _interrupted(row: Row) -> bool:
+    status = TaskStatus(row["status"])
+    if not status.is_active:
+        return False
+    # A claimed task's run waits for a runner as a matter of course; a started one's run
+    # only after its runner was lost.
+    requeued = status is not TaskStatus.CLAIMED and row.get("run_status") in ("pending", "lost")
+    return requeued or row.get("runner_state") in ("lost", "stopped")
+
+
 def task_from_row(row: Row, blocked_by: Sequence[str]) -> Task:
     agent = json.loads(row["agent"]) if row["agent"] else None
     return Task(
@@ -723,4 +740,5 @@ def task_from_row(row: Row, blocked_by: Sequence[str]) -> Task:
         created_at=row["created_at"],
         started_at=row["started_at"],
         finished_at=row["finished_at"],
+        interrupted=_interrupted(row),
     )

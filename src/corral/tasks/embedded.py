@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import fcntl
 import hashlib
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -36,10 +37,14 @@ def runner_name(repo: Path) -> str:
     return f"local-{hashlib.sha256(str(repo).encode()).hexdigest()[:10]}"
 
 
+def _lock_path(repo: Path) -> Path:
+    return repo / ".corral" / "tasks-run.lock"
+
+
 @contextlib.contextmanager
 def run_lock(repo: Path) -> Iterator[IO[str]]:
-    """The repository's one ``tasks run`` at a time."""
-    path = repo / ".corral" / "tasks-run.lock"
+    """The repository's one ``tasks run`` at a time; the holder writes its pid in it."""
+    path = _lock_path(repo)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as handle:
         try:
@@ -48,7 +53,29 @@ def run_lock(repo: Path) -> Iterator[IO[str]]:
             raise Conflict(
                 f"another `corral tasks run` is working on {repo}", code="plan_running"
             ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
         yield handle
+
+
+def run_in_progress(repo: Path) -> bool:
+    """Whether a ``tasks run`` is alive on ``repo``, from the pid its lock holder wrote.
+
+    Read-only on purpose: probing the lock itself could make a ``tasks run`` starting at
+    that instant refuse. A reused pid errs on the side of "alive"."""
+    try:
+        pid = int(_lock_path(repo).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
 
 
 def stop_dead_local_runners(db_url: str, repo: Path, now: float) -> int:

@@ -116,6 +116,11 @@ class Project:
     plan_digest: str | None
     resolve_conflicts: bool = False
 
+    @property
+    def budget_reached(self) -> bool:
+        """No new claims: the plan has cost its budget (a higher budget lifts this)."""
+        return self.budget_usd is not None and self.cost_usd >= self.budget_usd
+
 
 @dataclass(frozen=True)
 class Task:
@@ -145,3 +150,6 @@ class Task:
     created_at: float
     started_at: float | None
     finished_at: float | None
+    # Active, but the runner working on it is gone (its run went back to pending, or its
+    # runner was lost or stopped): the next runner, or ``tasks run``, picks it up again.
+    interrupted: bool = False
