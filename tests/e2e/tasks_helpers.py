@@ -143,6 +143,15 @@ class TaskRepo:
         self.git("add", ".gitattributes")
         self.git("commit", "-q", "-m", "gated filter for *.slow")
 
+    def install_broken_filter(self) -> None:
+        """``*.bad`` files go through a required clean filter that fails (committed
+        .gitattributes): an agent writing one finishes, then ``git add`` fails."""
+        self.git("config", "filter.broken.clean", "false")
+        self.git("config", "filter.broken.required", "true")
+        (self.repo / ".gitattributes").write_text("*.bad filter=broken\n")
+        self.git("add", ".gitattributes")
+        self.git("commit", "-q", "-m", "a filter that fails")
+
     def close_gate(self, name: str) -> None:
         (self.gates / name).touch()
 

@@ -95,12 +95,7 @@ def test_the_closing_message_gives_the_command_that_updates_the_checkout(tr: Tas
 
 
 def test_status_shows_the_whole_first_line_of_an_error(tr: TaskRepo) -> None:
-    # A required clean filter that fails: the task's error is git's long message.
-    tr.git("config", "filter.broken.clean", "false")
-    tr.git("config", "filter.broken.required", "true")
-    (tr.repo / ".gitattributes").write_text("*.bad filter=broken\n")
-    tr.git("add", ".gitattributes")
-    tr.git("commit", "-q", "-m", "a filter that fails")
+    tr.install_broken_filter()  # the agent finishes, then `git add` fails
     plan = tr.write_plan(
         {"tasks": [task("broken", prompt="Bad. " + write("x.bad", "x\n"), max_attempts=1)]}
     )

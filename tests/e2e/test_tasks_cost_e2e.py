@@ -17,12 +17,7 @@ def tr(tmp_path: Path) -> TaskRepo:
 
 
 def test_a_cost_counts_for_the_budget_when_git_fails_after_the_agent(tr: TaskRepo) -> None:
-    # A required clean filter that fails: the agent finishes, then `git add` of its file fails.
-    tr.git("config", "filter.broken.clean", "false")
-    tr.git("config", "filter.broken.required", "true")
-    (tr.repo / ".gitattributes").write_text("*.bad filter=broken\n")
-    tr.git("add", ".gitattributes")
-    tr.git("commit", "-q", "-m", "a filter that fails")
+    tr.install_broken_filter()  # the agent finishes, then `git add` fails
     spender = "Spends [fake:cost=0.5] " + write("out.bad", "x\n")
     plan = tr.write_plan(
         {

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -275,42 +277,9 @@ def test_ledger_records_each_invocation(
     assert entries[2]["pid"] != start["pid"]
 
 
-def test_hang_after_prints_the_result_then_lingers(project: Path, base_env: dict[str, str]) -> None:
-    executor = ClaudeExecutor(binary=FAKE)
-    run = make_run(project, "go [fake:hang_after]")
-    spec = executor.prepare(run, base_env)
-    observer = executor.observer(run)
-    with subprocess.Popen(
-        [sys.executable, *spec.argv],
-        cwd=spec.cwd,
-        env=spec.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    ) as proc:
-        try:
-            assert proc.stdout is not None
-            seen: list[Any] = []
-            for line in proc.stdout:
-                seen += observer.feed(line.rstrip("\n"))
-                if ResultSeen() in seen:
-                    break
-            assert ResultSeen() in seen
-            assert proc.poll() is None  # still running after its result
-        finally:
-            proc.kill()
-            proc.wait(timeout=TIMEOUT)
-    report = observer.outcome(proc.returncode, StopReason.LINGERED_AFTER_RESULT)
-    assert report.status is RunStatus.COMPLETED
-    assert report.result == "turn 1: go [fake:hang_after]"
-
-
-def test_wait_while_holds_the_result_until_the_gate_is_gone(
-    project: Path, base_env: dict[str, str], tmp_path: Path
-) -> None:
-    gate = tmp_path / "gate"
-    gate.touch()
-    run = make_run(project, f"go [fake:wait_while={gate}]")
+@contextlib.contextmanager
+def running_fake(run: Run, base_env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """The fake for ``run``, its stdout a pipe to read while it runs; killed at the end."""
     spec = ClaudeExecutor(binary=FAKE).prepare(run, base_env)
     with subprocess.Popen(
         [sys.executable, *spec.argv],
@@ -322,10 +291,38 @@ def test_wait_while_holds_the_result_until_the_gate_is_gone(
     ) as proc:
         try:
             assert proc.stdout is not None
-            assert json.loads(proc.stdout.readline())["subtype"] == "init"
-            assert [e["event"] for e in ledger(tmp_path)] == ["start"]  # waiting at the gate
-            gate.unlink()
-            assert proc.wait(timeout=TIMEOUT) == 0
+            yield proc
         finally:
             proc.kill()
+            proc.wait(timeout=TIMEOUT)
+
+
+def test_hang_after_prints_the_result_then_lingers(project: Path, base_env: dict[str, str]) -> None:
+    run = make_run(project, "go [fake:hang_after]")
+    observer = ClaudeExecutor(binary=FAKE).observer(run)
+    with running_fake(run, base_env) as proc:
+        assert proc.stdout is not None
+        seen: list[Any] = []
+        for line in proc.stdout:
+            seen += observer.feed(line.rstrip("\n"))
+            if ResultSeen() in seen:
+                break
+        assert ResultSeen() in seen
+        assert proc.poll() is None  # still running after its result
+    report = observer.outcome(proc.returncode, StopReason.LINGERED_AFTER_RESULT)
+    assert report.status is RunStatus.COMPLETED
+    assert report.result == "turn 1: go [fake:hang_after]"
+
+
+def test_wait_while_holds_the_result_until_the_gate_is_gone(
+    project: Path, base_env: dict[str, str], tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    with running_fake(make_run(project, f"go [fake:wait_while={gate}]"), base_env) as proc:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["subtype"] == "init"
+        assert [e["event"] for e in ledger(tmp_path)] == ["start"]  # waiting at the gate
+        gate.unlink()
+        assert proc.wait(timeout=TIMEOUT) == 0
     assert [e["event"] for e in ledger(tmp_path)] == ["start", "finish"]
