@@ -41,6 +41,16 @@ def task(key: str, *after: str) -> dict[str, object]:
     return body
 
 
+def kill_at_gate(tr: TaskRepo, gate: str, what: str) -> None:
+    """Start ``tasks run``, wait until git waits at ``gate``, kill -9 its process group."""
+    with contextlib.ExitStack() as held:
+        tr.close_gate(gate)
+        held.callback(tr.open_gate, gate)
+        proc = tr.start("run", "--workers", "1", "--retry-backoff", "0.2")
+        held.callback(tr.kill_group, proc)  # first thing on the way out, before the gate opens
+        wait_for(lambda: tr.waiting_at_gate(gate), what=what)
+
+
 def test_a_kill_inside_worktree_add_loses_no_file(tr: TaskRepo) -> None:
     """The smudge filter of ``b.slow`` blocks ``git worktree add`` half way through its
     checkout (``a.txt`` written, ``c.txt`` … not yet); the run is killed there. The rerun
@@ -55,12 +65,7 @@ def test_a_kill_inside_worktree_add_loses_no_file(tr: TaskRepo) -> None:
     assert tr.corral("plan", str(plan)).code == 0
     before = tr.checkout_snapshot()
 
-    with contextlib.ExitStack() as held:
-        tr.close_gate("smudge")
-        held.callback(tr.open_gate, "smudge")
-        proc = tr.start("run", "--workers", "1", "--retry-backoff", "0.2")
-        held.callback(tr.kill_group, proc)
-        wait_for(lambda: tr.waiting_at_gate("smudge"), what="git worktree add at b.slow")
+    kill_at_gate(tr, "smudge", "git worktree add at b.slow")
     worktree = tr.repo / ".corral" / "worktrees" / "t"
     assert (worktree / "a.txt").exists() and not (worktree / "c.txt").exists()
 
@@ -70,4 +75,48 @@ def test_a_kill_inside_worktree_add_loses_no_file(tr: TaskRepo) -> None:
     assert set(tr.tree_files()) == base_files | {"files/t.txt", "files/u.txt"}
     for name in BASE_FILES:
         assert tr.show(name) == f"base {name}\n"
+    assert tr.checkout_snapshot() == before
+
+
+# A reference-transaction hook that holds git inside a ref update (its locks taken) while
+# the gate $GATES/reftx exists, for the updates of REF made in a directory matching WHERE.
+REFTX_HOOK = """#!/bin/sh
+updates=$(cat)
+[ "$1" = prepared ] && [ -e "$GATES/reftx" ] || exit 0
+case "$PWD" in {where}) ;; *) exit 0 ;; esac
+echo "$updates" | grep -q " {ref}$" || exit 0
+touch "$GATES/reftx.waiting"
+while [ -e "$GATES/reftx" ]; do sleep 0.02; done
+"""
+
+
+@pytest.mark.parametrize(
+    ("where", "ref", "debris"),
+    [
+        ("*", "refs/heads/main", ".git/refs/heads/main.lock"),
+        ("*/.corral/integration/*", "HEAD", ".git/worktrees/main/HEAD.lock"),
+    ],
+    ids=["update-ref", "integration-head"],
+)
+def test_lock_files_left_by_a_kill_inside_a_ref_update_are_cleared(
+    tr: TaskRepo, where: str, ref: str, debris: str
+) -> None:
+    hook = tr.repo / ".git" / "hooks" / "reference-transaction"
+    hook.write_text(REFTX_HOOK.format(where=where, ref=ref))
+    hook.chmod(0o755)
+    plan = tr.write_plan({"tasks": [task("t"), task("u", "t")]})
+    assert tr.corral("plan", str(plan)).code == 0
+    before = tr.checkout_snapshot()
+
+    kill_at_gate(tr, "reftx", f"git holding the lock of {ref}")
+    assert (tr.repo / debris).exists()
+
+    result = tr.corral("run", "--workers", "2", "--retry-backoff", "0.2", timeout=RUN_TIMEOUT_S)
+    assert result.code == 0, f"{result}\n{tr.tasks()}"
+    tasks = tr.tasks()
+    assert {k: t["status"] for k, t in tasks.items()} == {"t": "completed", "u": "completed"}
+    assert {k: t["attempts"] for k, t in tasks.items()} == {"t": 1, "u": 1}
+    for key in "tu":
+        assert tr.show(f"files/{key}.txt") == f"made by {key}\n"
+    assert not (tr.repo / debris).exists()
     assert tr.checkout_snapshot() == before

@@ -7,13 +7,16 @@ from it, or refuse it, saying what to run, when the work in it is not corral's.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from test_workspaces import APP, git, isolated_git, repo, ws
+from test_workspaces import APP, do_task, git, isolated_git, repo, ws
 
-from corral.workspaces import Workspace, WorkspaceError
+from corral.workspaces import GitError, Workspace, WorkspaceError, locks
 
 __all__ = ["isolated_git", "repo", "ws"]  # the fixtures of test_workspaces apply here too
 
@@ -107,3 +110,89 @@ def test_the_first_baseline_is_kept_when_the_agent_runs_again(repo: Path, ws: Wo
     sha = ws.commit_all(wt, "task t1")
     assert sha is not None
     assert git(repo, "diff", "--name-status", "main", sha) == "D\tapp.txt"
+
+
+# -- lock files a killed git left behind ----------------------------------------------------
+
+LONG_AGO = 3600.0
+
+
+def leave_lock(path: Path) -> Path:
+    """A lock file as a git killed an hour ago left it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    past = time.time() - LONG_AGO
+    os.utime(path, (past, past))
+    return path
+
+
+def test_lock_debris_of_a_killed_merge_is_cleared(repo: Path, ws: Workspace) -> None:
+    do_task(ws, "t1", {"one.txt": "1\n"})
+    assert ws.merge("t1", "main", strategy="merge", message="merge t1").status == "merged"
+    do_task(ws, "t2", {"two.txt": "2\n"})
+    common = Path(git(repo, "rev-parse", "--absolute-git-dir"))
+    integration = private_dir(ws.integration_path("main"))
+    debris = [
+        leave_lock(integration / name) for name in ("HEAD.lock", "ORIG_HEAD.lock", "index.lock")
+    ]
+    debris += [leave_lock(common / "refs/heads/main.lock"), leave_lock(common / "packed-refs.lock")]
+
+    result = ws.merge("t2", "main", strategy="merge", message="merge t2")
+    assert result.status == "merged"
+    assert git(repo, "rev-parse", "main") == result.commit
+    assert [p for p in debris if p.exists()] == []
+    assert git(repo, "show", "main:two.txt") == "2"
+
+
+def test_lock_debris_of_a_killed_commit_is_cleared(repo: Path, ws: Workspace) -> None:
+    wt = ws.prepare_worktree("t1", "main")
+    (wt / "one.txt").write_text("1\n")
+    common = Path(git(repo, "rev-parse", "--absolute-git-dir"))
+    debris = [leave_lock(private_dir(wt) / name) for name in ("HEAD.lock", "index.lock")]
+    debris.append(leave_lock(common / "refs/heads/corral/t1.lock"))
+
+    assert ws.prepare_worktree("t1", "main") == wt
+    assert [p for p in debris if p.exists()] == []
+    sha = ws.commit_all(wt, "task t1")
+    assert sha == git(repo, "rev-parse", "corral/t1")
+
+
+def test_a_lock_held_by_a_live_git_is_left_alone(
+    repo: Path, ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The user's ``git update-ref`` of main waits in its reference-transaction hook, holding
+    ``refs/heads/main.lock`` (aged, as by a slow hook): corral's merge must not take it."""
+    monkeypatch.setattr(locks, "WAIT_S", 0.5)
+    do_task(ws, "t1", {"one.txt": "1\n"})
+    users_commit = git(repo, "commit-tree", "-p", "main", "-m", "the user's", "main^{tree}")
+    gate = tmp_path / "gate"
+    hook = repo / ".git" / "hooks" / "reference-transaction"
+    hook.write_text(  # waits in the user's update of main only
+        "#!/bin/sh\n"
+        "updates=$(cat)\n"
+        f'if [ "$1" = prepared ] && [ -e "{gate}" ] && echo "$updates" | grep -q "{users_commit}"\n'
+        "then\n"
+        f'  touch "{gate}.waiting"; while [ -e "{gate}" ]; do sleep 0.02; done\n'
+        "fi\n"
+    )
+    hook.chmod(0o755)
+    gate.touch()
+    user = subprocess.Popen(["git", "-C", str(repo), "update-ref", "refs/heads/main", users_commit])
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "gate.waiting").exists():
+            assert time.monotonic() < deadline and user.poll() is None, "the hook never ran"
+            time.sleep(0.02)
+        held = Path(repo / ".git" / "refs/heads/main.lock")
+        past = time.time() - LONG_AGO
+        os.utime(held, (past, past))
+
+        with pytest.raises(GitError):
+            ws.merge("t1", "main", strategy="merge", message="merge t1")
+        assert held.exists()
+    finally:
+        gate.unlink()
+        assert user.wait(timeout=30) == 0
+    assert git(repo, "rev-parse", "main") == users_commit
+    result = ws.merge("t1", "main", strategy="merge", message="merge t1")
+    assert result.status == "merged"

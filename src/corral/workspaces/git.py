@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import InvalidRequest
-from corral.workspaces import baseline, bootstrap
+from corral.workspaces import baseline, bootstrap, locks
 from corral.workspaces.cmd import GitError, WorkspaceError, run_git
 from corral.workspaces.commit import commit_all
 from corral.workspaces.merge import MergeResult, Strategy, merge_branch
@@ -164,6 +164,13 @@ class Workspace:
         path, branch = self.worktree_path(key), self.branch_name(key)
         ref = f"refs/heads/{branch}"
         self.ensure_excluded()
+        # The attempt preparing the worktree owns it (the task's claim): lock files there
+        # and on its branch were left by the git of an attempt killed mid-step (kill -9
+        # during `git add` or `git commit`), and would fail every later commit of the task.
+        locks.clear_debris(
+            [locks.ref_lock(self.git_common_dir, ref)],
+            locks.Scope((path, self.repo, self.git_common_dir), (self.repo / WORKTREES_DIR,)),
+        )
         checked_out = self._checkout_at(path)
         if checked_out is not None and not self._finished(path):
             # `git worktree add` was killed while checking files out: the files not yet
@@ -186,10 +193,7 @@ class Workspace:
                 code="worktree_mismatch",
             )
         private = self._private_dir(path)
-        # The attempt preparing the worktree owns it: an index.lock there was left by the
-        # git of an attempt killed mid-step (kill -9 during `git add`), and would fail every
-        # later commit of the task.
-        (private / "index.lock").unlink(missing_ok=True)
+        locks.clear_debris(locks.locks_in(private), locks.Scope((path,)))
         bootstrap.copy_included(self.repo, path, private, include_file)
         if setup_command:
             bootstrap.setup_once(path, private, setup_command, setup_timeout)
@@ -291,6 +295,11 @@ class Workspace:
                 branch, prunable
             )
         return found
+
+    def _user_worktrees(self) -> list[Path]:
+        """Every worktree of the repository but corral's own."""
+        mine = self.repo / ".corral"
+        return [w for w in self._registered() if w != mine and mine not in w.parents]
 
     def _checkout_at(self, path: Path) -> str | None:
         """The ref checked out in the valid worktree at ``path`` ('' if detached), else None."""

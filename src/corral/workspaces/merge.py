@@ -3,13 +3,14 @@
 One merge, holding ``flock(<common>/corral-merge-<target>.lock)`` throughout:
 
 1. If the task's tip is already in the target: ``already_merged``, nothing done.
-2. Force-clean the integration worktree (abort a leftover merge, drop a stale
-   ``index.lock``, ``reset --hard``, ``clean -ffdx``) and detach it at the target's tip.
+2. Clear the lock files a killed merge left (``locks``: the integration worktree's, the
+   target ref's); force-clean the integration worktree (abort a leftover merge,
+   ``reset --hard``, ``clean -ffdx``) and detach it at the target's tip.
 3. ``git merge --no-ff`` (strategy ``merge``) or ``--ff`` (strategy ``ff``) of the task's tip.
 4. Conflict: note the paths and the conflict hunks, ``merge --abort``, clean up, return
    ``conflict``; the target does not move. Clean: ``git update-ref refs/heads/<target>
-   <new> <old>``; if the branch moved meanwhile (someone outside corral committed to it),
-   start again from its new tip, a few times.
+   <new> <old>`` (run in the integration worktree); if the branch moved meanwhile
+   (someone outside corral committed to it), start again from its new tip, a few times.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from corral.errors import InvalidRequest
+from corral.workspaces import locks
 from corral.workspaces.cmd import GitError
 from corral.workspaces.commit import identity_args
-from corral.workspaces.names import check_key, sanitize_branch
+from corral.workspaces.names import WORKTREES_DIR, check_key, sanitize_branch
 
 if TYPE_CHECKING:
     from corral.workspaces.git import Workspace
@@ -77,6 +79,7 @@ def merge_branch(
     task_ref, target_ref = f"refs/heads/{ws.branch_name(key)}", f"refs/heads/{target}"
     ws.ensure_excluded()
     with merge_lock(ws.git_common_dir, target):
+        _clear_debris(ws, target_ref)
         for _ in range(CAS_ATTEMPTS):
             task_tip, old = ws.head(task_ref), ws.head(target_ref)
             if ws.is_ancestor(task_tip, old):
@@ -87,8 +90,11 @@ def merge_branch(
             if result is not None:
                 return result
             new = ws._out(wt, "rev-parse", "HEAD")
+            # Run in the (detached) integration worktree, not the user's checkout: there git
+            # would also lock the user's HEAD when it points at the target, and a kill
+            # would leave that lock in their repository.
             swap = ws._git(
-                ws.repo,
+                wt,
                 "update-ref",
                 "-m",
                 f"corral: merge {task_ref.removeprefix('refs/heads/')}",
@@ -124,11 +130,21 @@ def _integration_worktree(ws: Workspace, target: str, at: str) -> Path:
     return path
 
 
+def _clear_debris(ws: Workspace, target_ref: str) -> None:
+    """Under the target's merge lock: the lock files a killed merge left (see ``locks``)."""
+    common = ws.git_common_dir
+    found = [locks.ref_lock(common, target_ref), common / "packed-refs.lock"]
+    wt = ws.integration_path(target_ref.removeprefix("refs/heads/"))
+    if ws._checkout_at(wt) is not None:
+        found += locks.locks_in(ws._private_dir(wt))
+    corral_worktrees = ws.repo / WORKTREES_DIR
+    scope = locks.Scope((ws.repo, common, *ws._user_worktrees()), (corral_worktrees,))
+    locks.clear_debris(found, scope)
+
+
 def _clean(ws: Workspace, path: Path) -> None:
     """Force the integration worktree back to a clean state, whatever was left in it."""
     private = ws._private_dir(path)
-    # We hold the branch's lock: no corral git runs here, so a lock file is a dead git's.
-    (private / "index.lock").unlink(missing_ok=True)
     if ws._git(path, "rev-parse", "-q", "--verify", "MERGE_HEAD", ok=(0, 1)).returncode == 0:
         ws._git(path, "merge", "--abort", ok=range(256))  # reset --hard below finishes the job
     for state in ("rebase-merge", "rebase-apply"):
