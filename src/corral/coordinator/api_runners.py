@@ -76,7 +76,7 @@ async def register(
     }
 
 
-@router.get("/runs", response_model=None)
+@router.get("/runs", response_model=None, responses={204: {"description": "no run came"}})
 async def poll_runs(
     request: Request,
     runner_id: str,
@@ -100,7 +100,7 @@ async def poll_runs(
     return {"runs": [run_assignment_json(r) for r in runs]}
 
 
-@router.get("/control", response_model=None)
+@router.get("/control", response_model=None, responses={204: {"description": "no order came"}})
 async def control(
     request: Request,
     runner_id: str,

@@ -20,6 +20,7 @@ from corral import __version__
 from corral.agents.profiles import load_profiles
 from corral.clock import Clock, SystemClock
 from corral.coordinator import api_clients, api_runners, api_tasks, compat_ao, socket
+from corral.coordinator.schemas import error_responses
 from corral.coordinator.service import Coordinator
 from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
 from corral.errors import CorralError, InvalidRequest
@@ -64,10 +65,12 @@ def create_app(
         lifespan=lifespan,
         dependencies=[Depends(_storable_params)],
     )
-    app.include_router(api_clients.router)
-    app.include_router(api_runners.router)
-    app.include_router(api_tasks.router)
-    app.include_router(compat_ao.router)
+    # Any route may answer these (the body limit and the parameter checks are app-wide).
+    errors = error_responses(400, 404, 409, 413, 422, 503)
+    app.include_router(api_clients.router, responses=errors)
+    app.include_router(api_runners.router, responses=errors)
+    app.include_router(api_tasks.router, responses=errors)
+    app.include_router(compat_ao.router, responses=errors)
     app.include_router(socket.router)
     app.add_exception_handler(CorralError, _corral_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -19,8 +19,9 @@ def build_new_run(
         raise PayloadTooLarge(
             f"prompt is {len(body.prompt.encode())} bytes; the limit is {max_prompt_bytes}"
         )
+    kind = RunType(body.type)
     base = NewRun(
-        type=body.type,
+        type=kind,
         prompt=body.prompt,
         session_name=body.session_name,
         project_dir=body.project_dir,
@@ -31,15 +32,15 @@ def build_new_run(
         priority=body.priority,
         env=dict(body.env),
     )
-    if body.type is RunType.COMMAND:
+    if kind is RunType.COMMAND:
         if not body.command or not body.command[0]:
             raise InvalidRequest("a command run needs a non-empty 'command' argv list")
         return replace(base, command=tuple(body.command))
     if not body.prompt or not body.prompt.strip():
-        raise InvalidRequest(f"a {body.type} run needs a 'prompt'")
+        raise InvalidRequest(f"a {kind} run needs a 'prompt'")
     if body.command:
-        raise InvalidRequest(f"a {body.type} run takes a prompt, not a 'command'")
-    if body.type is RunType.START_SESSION:
+        raise InvalidRequest(f"a {kind} run takes a prompt, not a 'command'")
+    if kind is RunType.START_SESSION:
         return replace(base, agent=resolve(profiles, body.agent_name))
     return _resume(base, body, store, profiles)
 

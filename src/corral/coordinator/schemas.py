@@ -5,17 +5,45 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from corral.runners import Runner
-from corral.runs import Run, RunReport, RunStatus, RunType
+from corral.runs import Run, RunReport, RunStatus
 from corral.sessions import Session
 from corral.store import LogEntry
 from corral.wire import Int32, WireModel
 
 
+class ErrorDetail(BaseModel):
+    code: str = Field(description="stable: clients branch on it (see corral.errors)")
+    message: str
+    details: dict[str, Any] | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
+
+_ERROR_MEANINGS = {
+    400: "malformed JSON (malformed_json)",
+    404: "an unknown id or route (<kind>_not_found, route_not_found)",
+    409: "a state that refuses the request (conflict, illegal_transition, lease_lost, …)",
+    413: "a body or prompt over its limit (payload_too_large)",
+    422: "a request that is not valid (invalid_request, unknown_agent, invalid_branch, …)",
+    503: "the database is unavailable (unavailable)",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for error answers, all with the ``ErrorBody`` shape."""
+    return {s: {"model": ErrorBody, "description": _ERROR_MEANINGS[s]} for s in statuses}
+
+
 class CreateRun(WireModel):
-    type: RunType
+    # Task runs are created by the task graph, never by a client: not offered here.
+    type: Literal["start_session", "resume_session", "command"]
     session_name: str | None = Field(None, max_length=200)
     session_id: str | None = Field(None, max_length=200, description="session to resume")
     agent_name: str | None = Field(None, max_length=200)

@@ -159,6 +159,7 @@ class Coordinator:
         self, runner_id: RunnerId, timeout_s: float, gone: asyncio.Future[None] | None = None
     ) -> list[RunId]:
         """Wait until one of the runner's runs is asked to cancel; returns their ids."""
+        await self._db(self.store.get_runner, runner_id)  # an unknown runner: 404 at once
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             event = self.notifier.event(runner_topic(runner_id))

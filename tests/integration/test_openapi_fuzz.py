@@ -1,0 +1,105 @@
+"""schemathesis against the live OpenAPI document: every operation, a bounded number of
+generated requests each (valid and invalid ones), on SQLite and PostgreSQL. No answer is
+a server error, every status is one the document declares, and every body matches it.
+
+``AUTH_HEADERS`` is the one place a credential goes once endpoints require one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import requests
+import schemathesis
+from api_fixtures import live_server
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.generation import GenerationMode
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from corral.coordinator.app import create_app
+from corral.coordinator.settings import CoordinatorSettings
+
+AUTH_HEADERS: dict[str, str] = {}
+EXAMPLES_PER_OPERATION = 12  # for each generation mode: CI's run stays in tens of seconds
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+
+
+def can_be_invalid(operation: dict[str, Any]) -> bool:
+    """Has the operation a body or a constrained parameter? (Free text cannot be invalid.)"""
+    return "requestBody" in operation or any(
+        parameter.get("schema", {}).keys() - {"type", "title", "description"}
+        or parameter.get("schema", {}).get("type") != "string"
+        for parameter in operation.get("parameters", [])
+    )
+
+
+def test_the_api_keeps_its_openapi_promises(db_url: str) -> None:
+    app = create_app(CoordinatorSettings(db_url=db_url, poll_timeout_s=0.05), reconcile=False)
+    with live_server(app) as url:
+        schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=AUTH_HEADERS)
+        cases = 0
+        failures: list[str] = []
+        operations = [result.ok() for result in schema.get_all_operations()]
+        session = requests.Session()  # one connection for all, as a client would
+        for operation in operations:
+            modes = [GenerationMode.POSITIVE]
+            if can_be_invalid(operation.definition.raw):
+                modes.append(GenerationMode.NEGATIVE)
+            for mode in modes:
+
+                @settings(
+                    max_examples=EXAMPLES_PER_OPERATION,
+                    phases=[Phase.explicit, Phase.generate],
+                    deadline=None,
+                    database=None,
+                    derandomize=True,
+                    suppress_health_check=list(HealthCheck),
+                )
+                @given(case=operation.as_strategy(generation_mode=mode))
+                def call(case: schemathesis.Case) -> None:
+                    nonlocal cases
+                    cases += 1
+                    case.call_and_validate(
+                        base_url=url, session=session, headers=AUTH_HEADERS, checks=CHECKS
+                    )
+
+                try:
+                    call()
+                except BaseException as exc:  # schemathesis raises groups of failures
+                    if isinstance(exc, KeyboardInterrupt | SystemExit):
+                        raise
+                    failures.append(f"{operation.label} [{mode.value}]: {exc}")
+        print(f"schemathesis: {len(operations)} operations, {cases} cases, {len(failures)} failed")
+        assert not failures, "\n\n".join(failures)
+
+
+def test_the_document_offers_only_what_is_accepted(tmp_path: Path) -> None:
+    """Run types a client may not create are not advertised; every error answer is
+    declared with the one error body."""
+    document = create_app(CoordinatorSettings(db_url=str(tmp_path / "c.db"))).openapi()
+    schemas = document["components"]["schemas"]
+    assert schemas["CreateRun"]["properties"]["type"]["enum"] == [
+        "start_session",
+        "resume_session",
+        "command",
+    ]
+    for path, methods in document["paths"].items():
+        for method, operation in methods.items():
+            for status in ("400", "404", "409", "413", "422", "503"):
+                body = operation["responses"][status]["content"]["application/json"]
+                assert body["schema"] == {"$ref": "#/components/schemas/ErrorBody"}, (
+                    path,
+                    method,
+                    status,
+                )
