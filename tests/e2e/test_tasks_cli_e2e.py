@@ -5,17 +5,21 @@
   of its own;
 * after a run, the closing message gives the one command that brings the user's checkout
   up to date, and that command does;
-* ``tasks status`` shows the whole first line of a task's error.
+* ``tasks status`` shows the whole first line of a task's error;
+* without the agent's program, ``tasks run`` stops at once (no retries, no attempt used
+  up) and names ``--claude-bin`` / ``CORRAL_CLAUDE_BIN``.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from e2e_support import CORRAL
 from tasks_helpers import COMMAND_TIMEOUT_S, TaskRepo, task, wait_for, write
 
 from corral.cli.plan_progress import first_line
@@ -111,3 +115,35 @@ def test_status_shows_the_whole_first_line_of_an_error(tr: TaskRepo) -> None:
         line.split("│")[-2].strip() for line in shown.out.splitlines() if line.count("│") > 2
     )
     assert "".join(error.split()) in "".join(cells.split()), shown.out  # wrapped, all there
+
+
+def test_without_claude_the_run_stops_at_once_and_names_the_flag(tr: TaskRepo) -> None:
+    plan = tr.write_plan({"tasks": [task("a"), task("b"), task("c", "a")]})
+    assert tr.corral("plan", str(plan)).code == 0
+    assert shutil.which("claude", path=tr.env["PATH"]) is None
+    proc = subprocess.run(
+        [CORRAL, "tasks", "run", "--workers", "1"],  # no --claude-bin, and none on PATH
+        cwd=tr.repo,
+        env=tr.env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "no such program: 'claude'" in out, out
+    assert "--claude-bin" in out and "CORRAL_CLAUDE_BIN" in out, out
+    # Not retried, and no attempt used up: one run tried, the tasks wait as they were.
+    tasks = tr.tasks()
+    assert {k: (t["status"], t["attempts"]) for k, t in tasks.items()} == {
+        "a": ("ready", 0),
+        "b": ("ready", 0),
+        "c": ("blocked", 0),
+    }
+    with tr.store() as store:
+        assert len([r for r in store.list_runs(limit=100) if r.task_id]) == 1
+
+    again = tr.corral("run", "--workers", "1", timeout=RUN_TIMEOUT_S)  # with the fake Claude
+    assert again.code == 0, str(again)
+    assert {t["status"] for t in tr.tasks().values()} == {"completed"}

@@ -591,6 +591,33 @@ def test_a_task_run_failed_by_the_reconciler_fails_the_attempt(
         assert [r.task_id for r in store.tasks.schedule(pid, now + 5)] == [tid]
 
 
+def test_a_missing_program_gives_the_attempt_back_and_stops_the_plan_run(store: Store) -> None:
+    """Not worth retrying, and not the task's fault: it waits, ready, for a plan run that
+    has the program; the plan run claims nothing more meanwhile."""
+    pid = project(store, retry_backoff_s=0.0).id
+    store.tasks.add_tasks(pid, [spec("a"), spec("b"), spec("c", "a")], {}, NOW)
+    runner = register(store)
+    store.tasks.start(pid, 1, NOW)
+    run = run_task_once(
+        store,
+        runner,
+        pid,
+        "a",
+        NOW + 1,
+        status=RunStatus.FAILED,
+        error="could not start: no such program: 'claude'",
+        outcome="missing_program",
+    )
+    assert run.status is RunStatus.FAILED
+    a = tasks_by_key(store, pid)["a"]
+    assert a.status is S.READY and a.attempts == 0 and a.run_id is None
+    assert a.last_error == "could not start: no such program: 'claude'"
+    assert statuses(store, pid) == {"a": S.READY, "b": S.READY, "c": S.BLOCKED}
+    assert store.tasks.get_project(pid).workers == 0
+    assert store.tasks.schedule_all(NOW + 2) == []
+    assert len(store.tasks.start(pid, 1, NOW + 3)) == 1  # the next plan run goes on
+
+
 # ---- cost and budgets ------------------------------------------------------------------------
 
 

@@ -60,6 +60,8 @@ class Executor(Protocol):
     # Names (``fnmatch`` patterns) this executor needs from the runner's own environment
     # (an agent CLI's API key): given to its runs only, see ``corral.runner.environment``.
     host_env: tuple[str, ...]
+    # What to tell a user whose runner cannot find the program (how to point at it).
+    missing_program_hint: str
 
     def prepare(self, run: Run, base_env: dict[str, str]) -> ProcessSpec:
         """``base_env``: what the run may see of the runner's environment; the executor

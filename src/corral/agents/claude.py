@@ -59,6 +59,9 @@ _RESET_AT = re.compile(r"\|\s*(\d{9,13})\s*$")
 
 class ClaudeExecutor:
     host_env = HOST_ENV
+    missing_program_hint = (
+        "install Claude Code, or name its executable with --claude-bin (CORRAL_CLAUDE_BIN)"
+    )
 
     def __init__(
         self,

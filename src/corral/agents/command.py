@@ -9,6 +9,7 @@ from corral.runs import Run, RunReport, RunStatus
 
 class CommandExecutor:
     host_env: tuple[str, ...] = ()
+    missing_program_hint = ""
 
     def prepare(self, run: Run, base_env: dict[str, str]) -> ProcessSpec:
         return ProcessSpec(argv=run.command, cwd=run.project_dir, env={**base_env, **run.env})

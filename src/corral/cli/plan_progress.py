@@ -5,7 +5,8 @@ line per change as it happens, so a log shows progress and never a redrawn table
 summary always starts on a line of its own.
 
 The watch ends when nothing is left to do, or when the plan is held (paused, or at its
-budget) and the tasks that were under way have finished: a hold stops new claims only.
+budget) or its plan run was stopped (the runner lacks the agent's program) and the tasks
+that were under way have finished: neither stops a task under way.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def watch(poll: Callable[[], State], started: float, console: Console) -> tuple[
                 statuses = {t["status"] for t in state["tasks"]}
                 if not statuses & set(WAITING):
                     break
-                if held(state["project"]) and not statuses & set(ACTIVE):
+                stopped = held(state["project"]) or not state["project"]["workers"]
+                if stopped and not statuses & set(ACTIVE):
                     break
                 time.sleep(POLL_INTERVAL_S)
     finally:
@@ -176,7 +178,7 @@ def _change(task: dict[str, Any]) -> str:
     error = first_line(task["last_error"])
     if status == "ready" and task["attempts"] and error:
         text += f", to retry after attempt {task['attempts']}/{task['max_attempts']}: {error}"
-    elif status in FAILURES and error:
+    elif (status in FAILURES or status == "ready") and error:
         text += f": {error}"
     return text
 
@@ -206,7 +208,7 @@ def summary(console: Console, state: State, elapsed: float, interrupted: bool) -
         f"duration {elapsed:.1f}s, cost ${project['cost_usd']:.2f}"
     )
     for task in state["tasks"]:
-        if task["status"] in ("failed", "merge_conflict"):
+        if task["status"] in ("failed", "merge_conflict", "ready") and task["last_error"]:
             say(f"  {task['id']}: {colored(task['status'])} {first_line(task['last_error'])}")
         if task["worktree_kept"]:
             say(f"  {task['id']}: worktree kept (dirty): {task['worktree_kept']}")

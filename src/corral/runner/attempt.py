@@ -117,6 +117,17 @@ class Attempt:
             spec = self.executor.prepare(run, self.base_env)
             observer = self.executor.observer(run)
             self.child = child = await Child.spawn(spec)
+        except FileNotFoundError as exc:
+            if exc.filename not in (None, spec.argv[0]):  # a missing cwd, say
+                return RunReport(RunStatus.FAILED, error=f"could not start: {exc}")
+            # Not worth retrying: the program will be just as missing next time.
+            hint = self.executor.missing_program_hint
+            return RunReport(
+                RunStatus.FAILED,
+                error=f"could not start: no such program: {spec.argv[0]!r}"
+                + (f"; {hint}" if hint else ""),
+                task={"outcome": "missing_program"},
+            )
         except (OSError, CorralError, ValueError) as exc:
             return RunReport(RunStatus.FAILED, error=f"could not start: {exc}")
         pumps = asyncio.gather(

@@ -174,6 +174,7 @@ class _Unrunnable:
     """Stands in for an executor this runner lacks: the attempt fails with the reason."""
 
     host_env: tuple[str, ...] = ()
+    missing_program_hint = ""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason

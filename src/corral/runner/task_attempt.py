@@ -78,7 +78,7 @@ class TaskAttempt(Attempt):
         if agent is None:
             report = await self._supervise(self._agent_run(task, worktree, conflicted))
             if report.status is not RunStatus.COMPLETED:
-                return replace(report, task={"outcome": "agent_failed"})
+                return replace(report, task=report.task or {"outcome": "agent_failed"})
             if left := resolve.unresolved(worktree, conflicted):
                 return replace(
                     report,

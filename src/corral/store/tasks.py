@@ -409,6 +409,21 @@ def settle_task_run(
     elif run.status is RunStatus.CANCELLED:
         _set_task_status(tx, task, TaskStatus.CANCELLED, now, finished_at=now, last_error=run.error)
         _block_dependents(tx, task["id"], now)
+    elif kind == "missing_program":
+        # The runner lacks the agent's program: not the task's fault, and not worth
+        # retrying. The task waits (its attempt given back) and the plan run stops
+        # claiming, until a plan run starts again (with the program).
+        _set_task_status(
+            tx,
+            task,
+            TaskStatus.READY,
+            now,
+            attempts=task["attempts"] - 1,
+            run_id=None,
+            available_at=now,
+            last_error=run.error,
+        )
+        _update(tx, "projects", project["id"], now, workers=0)
     else:
         error = (
             "the agent made no changes"
