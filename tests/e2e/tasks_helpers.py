@@ -183,14 +183,17 @@ class TaskRepo:
 
     # -- corral ----------------------------------------------------------------------------
 
-    def argv(self, *args: str) -> list[str]:
-        if args and args[0] == "run":
+    def argv(self, *args: str, fake_claude: bool = True) -> list[str]:
+        if args and args[0] == "run" and fake_claude:
             args = (*args, "--claude-bin", FAKE_CLAUDE)
         return [CORRAL, "tasks", *args]
 
-    def corral(self, *args: str, timeout: float = COMMAND_TIMEOUT_S) -> Result:
+    def corral(
+        self, *args: str, timeout: float = COMMAND_TIMEOUT_S, fake_claude: bool = True
+    ) -> Result:
+        """``corral tasks ARGS``; a ``run`` uses the fake Claude unless told otherwise."""
         proc = subprocess.run(
-            self.argv(*args),
+            self.argv(*args, fake_claude=fake_claude),
             cwd=self.repo,
             env=self.env,
             stdin=subprocess.DEVNULL,

@@ -19,7 +19,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from e2e_support import CORRAL
 from tasks_helpers import COMMAND_TIMEOUT_S, TaskRepo, task, wait_for, write
 
 from corral.cli.plan_progress import first_line
@@ -121,17 +120,10 @@ def test_without_claude_the_run_stops_at_once_and_names_the_flag(tr: TaskRepo) -
     plan = tr.write_plan({"tasks": [task("a"), task("b"), task("c", "a")]})
     assert tr.corral("plan", str(plan)).code == 0
     assert shutil.which("claude", path=tr.env["PATH"]) is None
-    proc = subprocess.run(
-        [CORRAL, "tasks", "run", "--workers", "1"],  # no --claude-bin, and none on PATH
-        cwd=tr.repo,
-        env=tr.env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out
+    # No --claude-bin, and no claude on PATH.
+    result = tr.corral("run", "--workers", "1", timeout=RUN_TIMEOUT_S, fake_claude=False)
+    out = result.out
+    assert result.code == 1, out
     assert "no such program: 'claude'" in out, out
     assert "--claude-bin" in out and "CORRAL_CLAUDE_BIN" in out, out
     # Not retried, and no attempt used up: one run tried, the tasks wait as they were.
