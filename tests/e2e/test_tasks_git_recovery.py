@@ -120,3 +120,34 @@ def test_lock_files_left_by_a_kill_inside_a_ref_update_are_cleared(
         assert tr.show(f"files/{key}.txt") == f"made by {key}\n"
     assert not (tr.repo / debris).exists()
     assert tr.checkout_snapshot() == before
+
+
+@pytest.mark.parametrize("branch_gone", [False, True], ids=["detached", "detached-branch-gone"])
+def test_a_task_worktree_left_on_a_detached_head_is_taken_back(
+    tr: TaskRepo, branch_gone: bool
+) -> None:
+    """Killed after its commit (the merge waits for the lock the test holds); the worktree
+    is then found detached at that commit, its branch maybe gone."""
+    plan = tr.write_plan({"tasks": [task("t"), task("u", "t")]})
+    assert tr.corral("plan", str(plan)).code == 0
+    with contextlib.ExitStack() as held:
+        held.enter_context(tr.merge_lock_held())
+        proc = tr.start("run", "--workers", "1", "--retry-backoff", "0.2")
+        held.callback(tr.kill_group, proc)
+        wait_for(
+            lambda: "merging" in tr.db_steps().get("t", {}), what="task t committed, merging"
+        )
+    worktree = tr.repo / ".corral" / "worktrees" / "t"
+    commit = tr.git("rev-parse", "corral/t").strip()
+    tr.git("checkout", "-q", "--detach", cwd=worktree)
+    if branch_gone:
+        tr.git("update-ref", "-d", "refs/heads/corral/t")
+
+    result = tr.corral("run", "--workers", "2", "--retry-backoff", "0.2", timeout=RUN_TIMEOUT_S)
+    assert result.code == 0, f"{result}\n{tr.tasks()}"
+    tasks = tr.tasks()
+    assert {k: t["status"] for k, t in tasks.items()} == {"t": "completed", "u": "completed"}
+    assert tasks["t"]["commit"] == commit and tasks["t"]["attempts"] == 1
+    assert tr.finished_per_prompt()[task("t")["prompt"]] == 1  # type: ignore[index]
+    for key in "tu":
+        assert tr.show(f"files/{key}.txt") == f"made by {key}\n"

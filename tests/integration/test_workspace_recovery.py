@@ -196,3 +196,67 @@ def test_a_lock_held_by_a_live_git_is_left_alone(
     assert git(repo, "rev-parse", "main") == users_commit
     result = ws.merge("t1", "main", strategy="merge", message="merge t1")
     assert result.status == "merged"
+
+
+# -- a worktree left on a detached HEAD -----------------------------------------------------
+
+
+def test_a_worktree_detached_at_its_branch_tip_is_reattached(repo: Path, ws: Workspace) -> None:
+    sha = do_task(ws, "t1", {"one.txt": "1\n"})
+    wt = ws.worktree_path("t1")
+    git(wt, "checkout", "-q", "--detach")
+    (wt / "edit.txt").write_text("an edit\n")
+
+    assert ws.prepare_worktree("t1", "main") == wt
+    assert git(wt, "symbolic-ref", "HEAD") == "refs/heads/corral/t1"
+    assert git(wt, "rev-parse", "HEAD") == sha
+    assert (wt / "edit.txt").read_text() == "an edit\n"
+
+
+def test_a_worktree_detached_behind_its_branch_moves_to_the_tip(repo: Path, ws: Workspace) -> None:
+    first = do_task(ws, "t1", {"one.txt": "1\n"})
+    second = do_task(ws, "t1", {"two.txt": "2\n"}, message="task t1 again")
+    wt = ws.worktree_path("t1")
+    git(wt, "checkout", "-q", "--detach", first)
+    (wt / "edit.txt").write_text("an edit\n")
+
+    ws.prepare_worktree("t1", "main")
+    assert git(wt, "symbolic-ref", "HEAD") == "refs/heads/corral/t1"
+    assert git(wt, "rev-parse", "HEAD") == second
+    assert (wt / "two.txt").exists() and (wt / "edit.txt").read_text() == "an edit\n"
+
+
+def test_a_detached_worktree_whose_branch_is_gone_is_reattached_at_the_recorded_commit(
+    repo: Path, ws: Workspace
+) -> None:
+    sha = do_task(ws, "t1", {"one.txt": "1\n"})
+    wt = ws.worktree_path("t1")
+    git(wt, "checkout", "-q", "--detach")
+    git(repo, "update-ref", "-d", "refs/heads/corral/t1")
+
+    ws.prepare_worktree("t1", "main", recorded_commit=sha)
+    assert git(wt, "symbolic-ref", "HEAD") == "refs/heads/corral/t1"
+    assert git(repo, "rev-parse", "corral/t1") == sha
+
+
+def test_a_detached_worktree_holding_other_work_is_refused_with_the_command(
+    repo: Path, ws: Workspace
+) -> None:
+    do_task(ws, "t1", {"one.txt": "1\n"})
+    wt = ws.worktree_path("t1")
+    git(wt, "checkout", "-q", "--detach", "main")
+    (wt / "mine.txt").write_text("the user's\n")
+    git(wt, "add", "mine.txt")
+    git(wt, "commit", "-qm", "the user's own commit")
+    users = git(wt, "rev-parse", "HEAD")
+
+    with pytest.raises(WorkspaceError) as caught:
+        ws.prepare_worktree("t1", "main")
+    assert caught.value.code == "worktree_mismatch"
+    command = f"git -C {wt} branch corral-saved/t1 HEAD && git -C {wt} switch corral/t1"
+    assert command in caught.value.message
+    assert git(wt, "rev-parse", "HEAD") == users  # left alone
+
+    subprocess.run(command, shell=True, check=True, capture_output=True)
+    assert ws.prepare_worktree("t1", "main") == wt
+    assert git(repo, "rev-parse", "corral-saved/t1") == users

@@ -204,10 +204,12 @@ def test_the_users_own_missing_worktrees_are_not_pruned(tmp_path: Path, repo: Pa
 
 def test_prepare_refuses_a_worktree_on_another_branch(repo: Path, ws: Workspace):
     wt = ws.prepare_worktree("t1", "main")
-    git(wt, "checkout", "-q", "--detach")
+    git(wt, "checkout", "-q", "-b", "other")
     with pytest.raises(WorkspaceError) as e:
         ws.prepare_worktree("t1", "main")
     assert e.value.code == "worktree_mismatch"
+    assert f"git -C {wt} switch corral/t1" in e.value.message
+    assert git(wt, "symbolic-ref", "HEAD") == "refs/heads/other"
 
 
 def test_bad_names_are_refused(ws: Workspace):

@@ -64,8 +64,13 @@ class TaskAttempt(Attempt):
         if "agent" not in steps and (saved := journal.read(self.run.id)):
             steps["agent"] = saved  # the agent finished but its step never got through
 
+        recorded = (steps.get("committed") or {}).get("commit")
         worktree = await asyncio.to_thread(
-            workspace.prepare_worktree, key, target, setup_command=task.get("setup_command")
+            workspace.prepare_worktree,
+            key,
+            target,
+            setup_command=task.get("setup_command"),
+            recorded_commit=recorded,
         )
         self._step("worktree", {"path": str(worktree)})
 
@@ -100,6 +105,12 @@ class TaskAttempt(Attempt):
 
         message = f"corral: {key} {task['title']}"
         commit = await asyncio.to_thread(workspace.commit_all, worktree, message)
+        if commit is None and recorded:
+            # Made before a kill (and its reflog gone with a deleted branch, so commit_all
+            # cannot tell): still the task's commit while its branch holds it.
+            branch = f"refs/heads/{workspace.branch_name(key)}"
+            if await asyncio.to_thread(workspace.is_ancestor, recorded, branch):
+                commit = recorded
         if commit is None and not await asyncio.to_thread(
             workspace.branch_has_changes, key, target
         ):

@@ -65,6 +65,7 @@ from corral.workspaces.names import (
     check_key,
     sanitize_branch,
 )
+from corral.workspaces.reattach import reattach
 
 READY_MARK = "corral-ready"
 
@@ -154,12 +155,15 @@ class Workspace:
         include_file: str = ".worktreeinclude",
         setup_command: Sequence[str] | None = None,
         setup_timeout: float | None = None,
+        recorded_commit: str | None = None,
     ) -> Path:
         """The task's worktree, on ``corral/<key>``, bootstrapped; created if need be.
 
         New: branched from the tip of ``target_branch``. Reused as is when it is already a
         valid worktree of that branch. A broken directory is removed and recreated; an
-        existing branch without a worktree is checked out again, never reset.
+        existing branch without a worktree is checked out again, never reset. A worktree
+        left on a detached HEAD is put back on its branch when the HEAD is corral's work
+        (see ``reattach``; ``recorded_commit`` is the task's commit as last recorded).
         """
         path, branch = self.worktree_path(key), self.branch_name(key)
         ref = f"refs/heads/{branch}"
@@ -186,10 +190,12 @@ class Workspace:
                 base = self.head(f"refs/heads/{self._checked_branch(target_branch)}")
                 self._git(self.repo, "worktree", "add", "-b", branch, str(path), base)
             (self._private_dir(path) / READY_MARK).touch()
+        elif checked_out == "":
+            reattach(self, path, key, recorded_commit)
         elif checked_out != ref:
             raise WorkspaceError(
-                f"{path} is a worktree on {checked_out or 'a detached HEAD'}, not {branch}; "
-                "corral leaves it alone",
+                f"{path} is a worktree on {checked_out}, not {branch}; corral leaves it alone. "
+                f"To give it back to the task: git -C {path} switch {branch}",
                 code="worktree_mismatch",
             )
         private = self._private_dir(path)
