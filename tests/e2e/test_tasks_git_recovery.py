@@ -134,9 +134,7 @@ def test_a_task_worktree_left_on_a_detached_head_is_taken_back(
         held.enter_context(tr.merge_lock_held())
         proc = tr.start("run", "--workers", "1", "--retry-backoff", "0.2")
         held.callback(tr.kill_group, proc)
-        wait_for(
-            lambda: "merging" in tr.db_steps().get("t", {}), what="task t committed, merging"
-        )
+        wait_for(lambda: "merging" in tr.db_steps().get("t", {}), what="task t committed, merging")
     worktree = tr.repo / ".corral" / "worktrees" / "t"
     commit = tr.git("rev-parse", "corral/t").strip()
     tr.git("checkout", "-q", "--detach", cwd=worktree)
