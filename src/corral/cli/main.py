@@ -7,7 +7,7 @@ import sys
 import click
 
 from corral import __version__
-from corral.cli import runs, servers, tasks
+from corral.cli import gc, runs, servers, tasks
 from corral.errors import CorralError
 
 
@@ -29,6 +29,7 @@ for command in (
     runs.result,
     runs.runners,
     tasks.tasks,
+    gc.gc,
 ):
     cli.add_command(command)
 

@@ -11,6 +11,7 @@ from typing import Any
 import click
 import uvicorn
 
+from corral.cli.gc import DURATION, retention_from, retention_options
 from corral.cli.options import comma_list, option
 from corral.coordinator.app import QuietServer, server_config
 from corral.coordinator.settings import CoordinatorSettings
@@ -86,10 +87,17 @@ def coordinator_options(fn: click.decorators.FC) -> click.decorators.FC:
                 help="Seconds between a WebSocket runner's command acknowledgements "
                 "(also sent at once after every reconnect).",
             ),
+            option(
+                "--gc-interval",
+                env="GC_INTERVAL",
+                default="1h",
+                type=DURATION,
+                help="How often retention deletes what it lets go ('off': only corral gc).",
+            ),
         ]
     ):
         fn = decorate(fn)
-    return fn
+    return retention_options(fn)
 
 
 def _coordinator_settings(
@@ -103,6 +111,10 @@ def _coordinator_settings(
     ping_interval: float,
     runner_lost_threshold: float,
     ack_interval: float,
+    gc_interval: float | None,
+    retain_runs: float | None,
+    retain_runners: float | None,
+    max_log_chars: int,
 ) -> CoordinatorSettings:
     return CoordinatorSettings(
         db_url=db,
@@ -115,6 +127,8 @@ def _coordinator_settings(
         ws_ping_interval_s=ping_interval,
         ws_lost_after_s=runner_lost_threshold,
         ws_ack_interval_s=ack_interval,
+        gc_interval_s=gc_interval,
+        retention=retention_from(retain_runs, retain_runners, max_log_chars),
     )
 
 

@@ -47,14 +47,21 @@ def create_app(
             opened, settings, clock or SystemClock(), load_profiles(settings.config_path)
         )
         app.state.coordinator = coordinator
-        reconciler = asyncio.create_task(coordinator.reconcile_forever()) if reconcile else None
+        jobs = (
+            [
+                asyncio.create_task(coordinator.reconcile_forever()),
+                asyncio.create_task(coordinator.collect_forever()),
+            ]
+            if reconcile
+            else []
+        )
         try:
             yield
         finally:
-            if reconciler is not None:
-                reconciler.cancel()
+            for job in jobs:
+                job.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await reconciler
+                    await job
             if owns_store:
                 opened.close()
 
@@ -75,7 +82,11 @@ def create_app(
     app.add_exception_handler(CorralError, _corral_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        runner_max_bytes=settings.max_runner_body_bytes,
+    )
     return app
 
 
@@ -142,21 +153,23 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 class BodyLimit:
-    """Refuse request bodies over ``max_bytes`` (declared or streamed) with 413."""
+    """Refuse request bodies over the limit (declared or streamed) with 413: ``max_bytes``,
+    or ``runner_max_bytes`` for the runner protocol (its batches of reports carry logs)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, runner_max_bytes: int) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.client_max_bytes = max_bytes
+        self.runner_max_bytes = runner_max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        runner = str(scope.get("path", "")).startswith("/runner/")
+        max_bytes = self.runner_max_bytes if runner else self.client_max_bytes
         for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                response = _error(
-                    413, "payload_too_large", f"request body over {self.max_bytes} bytes"
-                )
+            if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
+                response = _error(413, "payload_too_large", f"request body over {max_bytes} bytes")
                 await response(scope, receive, send)
                 return
         received = 0
@@ -167,8 +180,8 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise HTTPException(413, f"request body over {self.max_bytes} bytes")
+                if received > max_bytes:
+                    raise HTTPException(413, f"request body over {max_bytes} bytes")
             return message
 
         await self.app(scope, limited_receive, send)

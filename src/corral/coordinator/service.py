@@ -37,6 +37,7 @@ from corral.ids import RunId, RunnerId
 from corral.runners import Runner, RunnerState
 from corral.runs import AgentSpec, Run, RunReport
 from corral.store import Held, LogEntry, LogLine, Reconciled, RunnerSync, Store
+from corral.store.retention import Collected
 
 log = logging.getLogger("corral.coordinator")
 T = TypeVar("T")
@@ -247,6 +248,20 @@ class Coordinator:
         if await self._db(self.store.has_claimable, now):
             self.notifier.notify(RUNS_AVAILABLE)
         return done
+
+    async def collect_forever(self) -> None:
+        """Retention: delete what it lets go at start, then every ``gc_interval_s``."""
+        interval = self.settings.gc_interval_s
+        while interval:
+            try:
+                collected = await self._db(
+                    self.store.collect_garbage, self.settings.retention, self.clock.now()
+                )
+                if collected != Collected():
+                    log.info("retention deleted %s", collected)
+            except Exception:  # like reconciliation: a database hiccup must not end it
+                log.exception("garbage collection failed; retrying")
+            await asyncio.sleep(interval)
 
     async def reconcile_forever(self) -> None:
         while True:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from corral.store.retention import Retention
 
 # On shutdown, open long-polls are cut after this long instead of held to their timeout.
 SHUTDOWN_GRACE_S = 2
@@ -26,4 +28,8 @@ class CoordinatorSettings:
     ws_lost_after_s: float = 15.0
     ws_ack_interval_s: float = 300.0
     max_prompt_bytes: int = 256 * 1024
-    max_body_bytes: int = 8 * 1024 * 1024
+    # Request bodies: clients' and runners' (a runner's batch of reports carries logs).
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_runner_body_bytes: int = 8 * 1024 * 1024
+    retention: Retention = field(default_factory=Retention)
+    gc_interval_s: float | None = 3600.0  # None: only ``corral gc`` collects

@@ -18,6 +18,7 @@ from corral.runs import NewRun, Run, RunReport, RunStatus, check_transition
 from corral.sessions import Session
 from corral.store.db import Database, Row, Tx, open_database
 from corral.store.link import LinkStore
+from corral.store.retention import Collected, Retention, collect
 from corral.store.rows import (
     dumps,
     new_run_row,
@@ -90,6 +91,10 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+
+    def collect_garbage(self, retention: Retention, now: float) -> Collected:
+        """Delete finished work older or larger than ``retention`` allows (``retention.py``)."""
+        return collect(self.db, retention, now)
 
     # ---- runs: clients -------------------------------------------------------------------
 

@@ -1,0 +1,178 @@
+"""Retention: what the store deletes once it is old or large enough, and what it never does.
+
+Deleted, oldest first, in batches of one transaction each (so a collection never holds the
+database for long):
+
+* finished runs (completed, failed, cancelled, timed out) whose run ended more than
+  ``runs_s`` ago, with their logs;
+* lost or stopped runners silent for more than ``runners_s``, with the commands they never
+  acknowledged (acknowledged ones are deleted at once, see ``LinkStore.acknowledge``);
+* the middle of a finished run's log over ``log_chars`` characters: its first and last
+  halves stay, with one marker line saying how many lines went.
+
+Never deleted: a run that is not finished; the last run of a session (its result) and the
+current run of a task; a runner a kept run or a session names (resumes go back to it), or
+that is active or draining; the commands of a runner that is kept (they are replayed
+after a reconnect); sessions, projects and tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corral.runs import TERMINAL
+from corral.store.db import Database, Row, Tx
+
+DAY = 86400.0
+MARKER_LINE_NO = -1  # runner lines count from 0: the marker cannot collide with one
+_FINISHED = ", ".join(f"'{status}'" for status in sorted(TERMINAL))
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long finished work is kept (seconds); ``None`` keeps it forever."""
+
+    runs_s: float | None = 30 * DAY
+    runners_s: float | None = 7 * DAY
+    log_chars: int | None = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Collected:
+    runs: int = 0
+    log_lines: int = 0
+    runners: int = 0
+    commands: int = 0
+
+
+def collect(db: Database, retention: Retention, now: float, *, batch: int = 500) -> Collected:
+    """Delete what ``retention`` lets go (see the module's docstring); returns the counts."""
+    r = retention
+    trimmed = _trim_logs(db, r.log_chars, batch) if r.log_chars else 0
+    runs, run_lines = _runs(db, now - r.runs_s, batch) if r.runs_s is not None else (0, 0)
+    runners, commands = (
+        _runners(db, now - r.runners_s, batch) if r.runners_s is not None else (0, 0)
+    )
+    return Collected(runs, trimmed + run_lines, runners, commands)
+
+
+def _runs(db: Database, cutoff: float, batch: int) -> tuple[int, int]:
+    runs = lines = 0
+    while True:
+        with db.transaction() as tx:
+            ids = [
+                r["id"]
+                for r in tx.execute(
+                    # created_at first: the runs_by_created index finds the oldest at once.
+                    f"SELECT id FROM runs WHERE created_at < ? AND status IN ({_FINISHED}) "
+                    "AND COALESCE(finished_at, updated_at) < ? "
+                    "AND id NOT IN (SELECT last_run_id FROM sessions "
+                    "               WHERE last_run_id IS NOT NULL) "
+                    "AND id NOT IN (SELECT run_id FROM tasks WHERE run_id IS NOT NULL) "
+                    "ORDER BY created_at LIMIT ?",
+                    (cutoff, cutoff, batch),
+                )
+            ]
+            if not ids:
+                return runs, lines
+            marks = ", ".join("?" for _ in ids)
+            lines += _count(
+                tx, f"SELECT COUNT(*) AS n FROM run_logs WHERE run_id IN ({marks})", ids
+            )
+            tx.execute(f"DELETE FROM run_logs WHERE run_id IN ({marks})", ids)
+            tx.execute(f"DELETE FROM runs WHERE id IN ({marks})", ids)
+            runs += len(ids)
+
+
+def _runners(db: Database, cutoff: float, batch: int) -> tuple[int, int]:
+    runners = commands = 0
+    while True:
+        with db.transaction() as tx:
+            ids = [
+                r["id"]
+                for r in tx.execute(
+                    "SELECT id FROM runners WHERE state IN ('lost', 'stopped') "
+                    "AND last_heartbeat_at < ? "
+                    "AND id NOT IN (SELECT runner_id FROM runs WHERE runner_id IS NOT NULL) "
+                    "AND id NOT IN (SELECT runner_id FROM sessions WHERE runner_id IS NOT NULL) "
+                    "ORDER BY last_heartbeat_at LIMIT ?",
+                    (cutoff, batch),
+                )
+            ]
+            if not ids:
+                return runners, commands
+            marks = ", ".join("?" for _ in ids)
+            commands += _count(
+                tx, f"SELECT COUNT(*) AS n FROM runner_commands WHERE runner_id IN ({marks})", ids
+            )
+            tx.execute(f"DELETE FROM runner_commands WHERE runner_id IN ({marks})", ids)
+            tx.execute(f"DELETE FROM runners WHERE id IN ({marks})", ids)
+            runners += len(ids)
+
+
+def _trim_logs(db: Database, max_chars: int, batch: int) -> int:
+    with db.transaction(write=False) as tx:
+        over = [
+            r["run_id"]
+            for r in tx.execute(
+                "SELECT l.run_id FROM run_logs l JOIN runs r ON r.id = l.run_id "
+                f"WHERE r.status IN ({_FINISHED}) GROUP BY l.run_id "
+                "HAVING SUM(LENGTH(l.text)) > ? LIMIT ?",
+                (max_chars, batch),
+            )
+        ]
+    return sum(_trim_log(db, run_id, max_chars) for run_id in over)
+
+
+def _trim_log(db: Database, run_id: str, max_chars: int) -> int:
+    """Keep the first and the last ``max_chars / 2`` characters of lines; delete the rest
+    and put a marker line where they were."""
+    with db.transaction() as tx:
+        tx.execute(
+            "DELETE FROM run_logs WHERE run_id = ? AND line_no = ?", (run_id, MARKER_LINE_NO)
+        )
+        rows = tx.execute(
+            "SELECT id, attempt, ts, LENGTH(text) AS n FROM run_logs WHERE run_id = ? ORDER BY id",
+            (run_id,),
+        )
+        head = _within(rows, max_chars // 2)
+        tail = len(rows) - _within(rows[::-1], max_chars // 2)
+        if head >= tail:
+            return 0
+        first, last = rows[head], rows[tail - 1]
+        gone = tail - head
+        chars = sum(int(r["n"]) for r in rows[head:tail])
+        tx.execute(
+            "DELETE FROM run_logs WHERE run_id = ? AND id >= ? AND id <= ?",
+            (run_id, first["id"], last["id"]),
+        )
+        tx.execute(
+            "INSERT INTO run_logs (id, run_id, attempt, line_no, stream, text, ts) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                first["id"],  # where the removed lines were, in the log's order
+                run_id,
+                first["attempt"],
+                MARKER_LINE_NO,
+                "stderr",
+                f"[corral: {gone} lines ({chars} characters) removed: the log was over "
+                f"{max_chars} characters]",
+                first["ts"],
+            ),
+        )
+    return gone
+
+
+def _within(rows: list[Row], budget: int) -> int:
+    """How many of ``rows``, from the first, fit in ``budget`` characters."""
+    used = 0
+    for i, row in enumerate(rows):
+        used += int(row["n"])
+        if used > budget:
+            return i
+    return len(rows)
+
+
+def _count(tx: Tx, sql: str, params: list[object]) -> int:
+    row = tx.one(sql, params)
+    return int(row["n"]) if row else 0
