@@ -10,12 +10,16 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from corral.coordinator import compat_ao, seed_wire
-from corral.coordinator.compat_ao_schemas import AoCompleted, AoRegister
+from corral.coordinator.compat_ao_schemas import (
+    AoCompleted,
+    AoRegister,
+    CompletedBody,
+    RegisterBody,
+)
 from corral.coordinator.schemas import (
     EventsBody,
     LeaseRef,
     LogsBody,
-    RegisterRunner,
     ReportBody,
     RunnerHeartbeat,
     RunnerRef,
@@ -58,9 +62,7 @@ def _sync_json(sync: RunnerSync) -> dict[str, Any]:
 
 
 @router.post("/register", response_model=None)
-async def register(
-    body: RegisterRunner | AoRegister, request: Request
-) -> dict[str, Any] | Response:
+async def register(body: RegisterBody, request: Request) -> dict[str, Any] | Response:
     """corral's runner, or (its body tells) the seed system's (``compat_ao``)."""
     if isinstance(body, AoRegister):
         return await compat_ao.register(body, request)
@@ -150,9 +152,7 @@ async def logs(run_id: str, body: LogsBody, request: Request) -> dict[str, Any]:
 
 
 @router.post("/runs/{run_id}/completed")
-async def completed(
-    run_id: str, body: ReportBody | AoCompleted, request: Request
-) -> dict[str, Any]:
+async def completed(run_id: str, body: CompletedBody, request: Request) -> dict[str, Any]:
     if isinstance(body, AoCompleted):
         return await compat_ao.completed(run_id, body, request)
     if body.status not in (None, "completed"):

@@ -3,10 +3,11 @@ as it sends them; ``compat_ao`` translates them into corral's operations."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Discriminator, Field, Tag
 
+from corral.coordinator.schemas import RegisterRunner, ReportBody
 from corral.wire import WireModel
 
 
@@ -72,3 +73,25 @@ class AoMetadata(WireModel):
     executor_session_id: str | None = Field(None, min_length=1, max_length=200)
     executor_profile: str | None = None
     hostname: str | None = None
+
+
+# One endpoint, two wires: the body says which (corral's register has a ``name``; that
+# system's completion a ``status: "success"``), so a bad body is told about its own fields.
+def _register_wire(body: Any) -> str:
+    if isinstance(body, dict) and "name" not in body and "executor_profile" in body:
+        return "ao"
+    return "corral"
+
+
+def _completed_wire(body: Any) -> str:
+    return "ao" if isinstance(body, dict) and body.get("status") == "success" else "corral"
+
+
+RegisterBody = Annotated[
+    Annotated[RegisterRunner, Tag("corral")] | Annotated[AoRegister, Tag("ao")],
+    Discriminator(_register_wire),
+]
+CompletedBody = Annotated[
+    Annotated[ReportBody, Tag("corral")] | Annotated[AoCompleted, Tag("ao")],
+    Discriminator(_completed_wire),
+]

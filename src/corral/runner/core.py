@@ -9,6 +9,7 @@ grace, gives back what is left (another runner takes it) and says goodbye.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -30,6 +31,8 @@ from corral.runs import AgentSpec, Run, RunStatus, RunType
 from corral.store import Held
 
 log = logging.getLogger("corral.runner")
+# How long a runner stopped while still registering may spend closing its link.
+CLOSE_BEFORE_OPEN_S = 5.0
 
 
 class Runner:
@@ -70,7 +73,8 @@ class Runner:
 
     async def run(self) -> None:
         """Serve until ``drain()``; then let work finish (up to the grace) and leave."""
-        await self.transport.open()
+        if not await self._open():
+            return
         serving = asyncio.create_task(self.transport.serve(), name="transport")
         draining = asyncio.create_task(self._draining.wait())
         await asyncio.wait({serving, draining}, return_when=asyncio.FIRST_COMPLETED)
@@ -81,6 +85,29 @@ class Runner:
         await asyncio.gather(serving, draining, return_exceptions=True)
         await self.transport.close()
         log.info("runner %s stopped", self.runner_id)
+
+    async def _open(self) -> bool:
+        """Register (long-poll) or connect (WebSocket), retried through outages; False
+        when ``drain()`` (a signal) comes first: nothing is held yet, so leave at once.
+        A refusal (4xx) is raised: it ends the runner."""
+        opening = asyncio.create_task(self.transport.open(), name="open")
+        draining = asyncio.create_task(self._draining.wait())
+        await asyncio.wait({opening, draining}, return_when=asyncio.FIRST_COMPLETED)
+        draining.cancel()
+        if opening.done():
+            opening.result()
+            return True
+        opening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await opening
+        # Bounded: an unreachable coordinator must not hold a stopping runner.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.transport.close(), CLOSE_BEFORE_OPEN_S)
+        log.info(
+            "runner stopped before it %s",
+            "connected" if self.transport.kind == "websocket" else "registered",
+        )
+        return False
 
     def drain(self, grace_s: float | None = None) -> None:
         """Stop claiming; running work may finish within the drain grace period (or within

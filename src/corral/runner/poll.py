@@ -101,6 +101,7 @@ class PollTransport:
                     runner_id=self.runner_id,
                     held=self.host.held(),
                 ),
+                refusal_is_final=True,
             )
             if self.runner_id and registration.runner_id != self.runner_id:
                 log.warning(
@@ -128,9 +129,13 @@ class PollTransport:
         for run_id in cancel:
             self.host.cancel(run_id)
 
-    async def _retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _retry(
+        self, what: str, call: Callable[[], Awaitable[T]], *, refusal_is_final: bool = False
+    ) -> T:
         """Call until it answers. ``NotFound``/``LeaseLost`` (register again) are raised;
-        any other refusal is logged and retried like an outage, never dropped silently."""
+        any other refusal is logged and retried like an outage, never dropped silently —
+        but with ``refusal_is_final`` (a registration: trying again cannot change the
+        answer) it is raised too, and ends the runner."""
         failures = 0
         while True:
             try:
@@ -138,6 +143,8 @@ class PollTransport:
             except (NotFound, LeaseLost):
                 raise
             except (LinkDown, CorralError) as exc:
+                if refusal_is_final and isinstance(exc, CorralError):
+                    raise
                 delay = backoff_delay(failures, cap=self.settings.max_backoff_s)
                 why = "coordinator unreachable" if isinstance(exc, LinkDown) else "refused"
                 log.warning("%s: %s (%s); retry in %.1fs", what, why, exc, delay)

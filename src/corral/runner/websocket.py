@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import socket
@@ -20,7 +21,7 @@ from typing import Any
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from corral import __version__
+from corral import __version__, errors
 from corral.errors import CorralError, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.protocol import messages as wire
@@ -190,6 +191,8 @@ class WebSocketTransport:
                     await self._converse(ws)
                     lost = self.conn.socket_closed(time.time())
             except (OSError, TimeoutError, websockets.WebSocketException) as exc:
+                if refusal := _refusal(exc):
+                    raise refusal from exc  # asking again cannot change the answer
                 log.warning("coordinator socket %s: %s", self.url, exc)
                 lost = (
                     self.conn.socket_closed(time.time())
@@ -332,3 +335,18 @@ class WebSocketTransport:
             self.host.abandon(RunId(str(body["run_id"])))
         else:
             log.warning("unknown command %r ignored", kind)
+
+
+def _refusal(exc: Exception) -> CorralError | None:
+    """The coordinator refused the socket itself (HTTP 4xx: a bad token, a bad request):
+    the error it answered; None for an outage (5xx, network) that a retry may outlast."""
+    if not isinstance(exc, websockets.InvalidStatus):
+        return None
+    status = exc.response.status_code
+    if not 400 <= status < 500:
+        return None
+    try:
+        body = json.loads(exc.response.body or b"null")
+    except ValueError:
+        body = None
+    return errors.from_wire(status, body)
