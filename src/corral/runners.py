@@ -7,6 +7,7 @@ active ──drain──▶ draining ──(exits)──▶ stopped
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from corral.ids import RunnerId
@@ -32,3 +33,29 @@ class Runner:
     registered_at: float
     last_heartbeat_at: float
     slots_used: int = 0
+
+
+# What a runner may say about itself, the same through ``POST /runner/register`` and a
+# WebSocket Init: it is stored, listed by ``GET /runners`` and written into logs.
+NAME_MAX_CHARS = 200
+HOSTNAME_MAX_CHARS = 255
+VERSION_MAX_CHARS = 64
+LABEL_MAX_CHARS = 200
+MAX_LABELS = 64
+MAX_SLOTS = 1024
+RUNNER_ID_MAX_CHARS = 64
+METADATA_MAX_BYTES = 4096
+# One line of text: no control characters (newlines above all), no line separators, no
+# lone surrogates (they cannot be read back as UTF-8).
+_NOT_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def text_problem(value: str, max_chars: int, *, required: bool = False) -> str | None:
+    """Why ``value`` is not a runner's name, hostname, label … (None if it is)."""
+    if required and not value:
+        return "must not be empty"
+    if len(value) > max_chars:
+        return f"is {len(value)} characters; at most {max_chars}"
+    if _NOT_ONE_LINE.search(value):
+        return "must be one line of printable text"
+    return None

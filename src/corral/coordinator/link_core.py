@@ -39,7 +39,7 @@ from corral.coordinator.schemas import (
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import CorralError, Unavailable
 from corral.ids import RunId, RunnerId
-from corral.protocol.messages import Indexed, ToServerInit
+from corral.protocol.messages import MALFORMED_EVENT, Indexed, ProtocolError, ToServerInit
 from corral.runners import RunnerState
 from corral.runs import Run, RunStatus
 from corral.store import LogLine, Store
@@ -101,9 +101,14 @@ class LinkCore:
 
     def apply(self, runner_id: RunnerId, events: Sequence[Indexed], now: float) -> Applied:
         """Commit the effect of new events in order and record them as applied, in one
-        transaction (``apply_reports``)."""
-        parsed = parse_events(events)
-        last = events[-1].idx
+        transaction (``apply_reports``). Raises ``ProtocolError`` (``malformed_event``),
+        applying none of them, if one is not an event the runner protocol defines."""
+        return self.apply_parsed(runner_id, events[-1].idx, parse_events(events), now)
+
+    def apply_parsed(
+        self, runner_id: RunnerId, last: int, parsed: Sequence[RunnerEvent], now: float
+    ) -> Applied:
+        """``apply`` of events already parsed (``parse_events``), the last one ``last``."""
         return apply_reports(
             self.store,
             runner_id,
@@ -226,14 +231,19 @@ def finishes(events: Sequence[Indexed]) -> list[tuple[str, int]]:
 
 
 def parse_events(events: Sequence[Indexed]) -> list[RunnerEvent]:
-    """Event bodies as the runner protocol defines them; a malformed one is dropped (and
-    acknowledged with the rest: sending it again would not make it valid)."""
+    """Event bodies as the runner protocol defines them. One that is not (a ``logs`` event
+    of more than ``MAX_LOG_LINES`` lines, a missing field …) raises ``ProtocolError``
+    (``malformed_event``): the socket is closed and nothing of it is acknowledged, since
+    an event is never acknowledged unless it was stored."""
     parsed = []
     for event in events:
         try:
             parsed.append(_EVENTS.validate_python(event.body))
         except ValidationError as exc:
-            log.warning("dropping malformed event %d: %s", event.idx, exc)
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:3]
+            )
+            raise ProtocolError(MALFORMED_EVENT, f"event {event.idx}: {problems}") from exc
     return parsed
 
 

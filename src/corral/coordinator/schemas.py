@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
+from corral import runners
+from corral.protocol.limits import MAX_LOG_LINES
 from corral.runners import Runner
 from corral.runs import Run, RunReport, RunStatus
 from corral.sessions import Session
@@ -68,15 +70,29 @@ class Held(WireModel):
 
 
 class RegisterRunner(WireModel):
-    name: str = Field(min_length=1, max_length=200)
-    hostname: str = Field("", max_length=255)
-    labels: list[str] = Field(default_factory=list, max_length=64)
-    slots: int = Field(1, ge=1, le=1024)
-    version: str = Field("", max_length=64)
+    """The limits of ``corral.runners``, as a WebSocket Init has them (``init_problem``)."""
+
+    name: str = Field(min_length=1, max_length=runners.NAME_MAX_CHARS)
+    hostname: str = Field("", max_length=runners.HOSTNAME_MAX_CHARS)
+    labels: list[Annotated[str, Field(max_length=runners.LABEL_MAX_CHARS)]] = Field(
+        default_factory=list, max_length=runners.MAX_LABELS
+    )
+    slots: int = Field(1, ge=1, le=runners.MAX_SLOTS)
+    version: str = Field("", max_length=runners.VERSION_MAX_CHARS)
     transport: Literal["poll", "websocket"] = "poll"
-    runner_id: str | None = Field(None, description="the id this process had before")
+    runner_id: str | None = Field(
+        None, max_length=runners.RUNNER_ID_MAX_CHARS, description="the id this process had before"
+    )
     # Absent: not reported (the runs are left as they are); ``[]``: holds nothing.
     held: list[Held] | None = None
+
+    @field_validator("name", "hostname", "labels", "version", "runner_id")
+    @classmethod
+    def _one_line(cls, value: str | list[str] | None) -> str | list[str] | None:
+        for text in [value] if isinstance(value, str) else value or []:
+            if runners.text_problem(text, len(text)):
+                raise ValueError("must be one line of printable text")
+        return value
 
 
 class RunnerHeartbeat(WireModel):
@@ -107,7 +123,7 @@ class LogLineBody(WireModel):
 
 
 class LogsBody(LeaseRef):
-    lines: list[LogLineBody] = Field(max_length=5000)
+    lines: list[LogLineBody] = Field(max_length=MAX_LOG_LINES)
 
 
 class Outcome(WireModel):
@@ -159,7 +175,7 @@ class LogsEvent(WireModel):
     type: Literal["logs"]
     run_id: str
     attempt: Int32
-    lines: list[LogLineBody] = Field(max_length=5000)
+    lines: list[LogLineBody] = Field(max_length=MAX_LOG_LINES)
 
 
 class FinishedEvent(Outcome):

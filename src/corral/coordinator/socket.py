@@ -30,6 +30,7 @@ import itertools
 import logging
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from typing import Any
 
 from fastapi import APIRouter
@@ -94,9 +95,9 @@ class SocketLink:
     async def run(self) -> None:
         await self.ws.accept()
         self._tasks = [
-            asyncio.create_task(self._read()),
-            asyncio.create_task(self._tick()),
-            asyncio.create_task(self._store_work()),
+            self._start(self._read(), "reading"),
+            self._start(self._tick(), "timing"),
+            self._start(self._store_work(), "storing"),
         ]
         try:
             await self.closed.wait()
@@ -106,28 +107,43 @@ class SocketLink:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self._forget()
 
+    def _start(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
+        """One of the socket's loops. If it fails, the socket is closed (1011): ``run`` then
+        ends its other loops and frees what it held — a socket never outlives its loops."""
+
+        async def guarded() -> None:
+            try:
+                await work
+            except Exception:
+                log.exception("runner %s: %s failed; closing its socket", self.runner_id, what)
+                await self._close(m.CLOSE_INTERNAL_ERROR, m.REASON_INTERNAL_ERROR)
+            finally:
+                self.closed.set()  # whichever loop ends, the socket is done
+
+        return asyncio.create_task(guarded())
+
     # ---- reading and timing --------------------------------------------------------------
 
     async def _read(self) -> None:
-        try:
-            while not self.closed.is_set():
+        while not self.closed.is_set():
+            try:
                 frame = await self.ws.receive()
-                if frame["type"] == "websocket.disconnect":
-                    raise WebSocketDisconnect(frame.get("code", 1000), frame.get("reason"))
-                try:
-                    text = frame.get("text")
-                    if text is None:
-                        raise m.ProtocolError(m.MALFORMED_FRAME, "frames are JSON text, not binary")
-                    message = m.decode(text, side="server")
-                except m.ProtocolError as exc:
-                    await self._handle(self.session.receive_error(exc))
-                    continue
-                await self._handle(self.session.receive(message, time.time()))
-        except WebSocketDisconnect as exc:
-            self.left = exc.code == m.CLOSE_NORMAL and exc.reason == m.REASON_RUNNER_SHUTDOWN
-            self.closed.set()
-        except RuntimeError:  # receive() after the socket was closed from our side
-            self.closed.set()
+            except RuntimeError:  # receive() after the socket was closed from our side
+                return
+            if frame["type"] == "websocket.disconnect":
+                code, reason = frame.get("code", 1000), frame.get("reason")
+                self.left = code == m.CLOSE_NORMAL and reason == m.REASON_RUNNER_SHUTDOWN
+                return
+            try:
+                text = frame.get("text")
+                if text is None:
+                    raise m.ProtocolError(m.MALFORMED_FRAME, "frames are JSON text, not binary")
+                message = m.decode(text, side="server")
+            except m.ProtocolError as exc:
+                log.warning("runner socket %s: %s", self.runner_id, exc.reason[:200])
+                await self._handle(self.session.receive_error(exc))
+                continue
+            await self._handle(self.session.receive(message, time.time()))
 
     async def _tick(self) -> None:
         while not self.closed.is_set():
@@ -174,7 +190,12 @@ class SocketLink:
                 out = await self._work.get()
                 assert self.runner_id is not None  # nothing is handed over before registering
                 if isinstance(out, Apply):
-                    await self._apply(out.events)
+                    try:
+                        await self._apply(out.events)
+                    except m.ProtocolError as exc:  # never acknowledged: nothing was stored
+                        log.warning("runner %s: refused: %s", self.runner_id, exc.reason)
+                        await self._handle(self.session.receive_error(exc))
+                        return
                 elif isinstance(out, CommandsAcked):
                     await self.coordinator._db(
                         self.core.acknowledge, self.runner_id, out.last_command_idx
@@ -229,7 +250,7 @@ class SocketLink:
             )
         )
         coordinator.notifier.notify(RUNS_AVAILABLE)
-        self._tasks.append(asyncio.create_task(self._push_work()))
+        self._tasks.append(self._start(self._push_work(), "pushing work"))
         log.info(
             "runner %s connected (%s, %d slots, websocket)", runner_id, init.name, init.total_slots
         )

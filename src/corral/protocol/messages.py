@@ -28,20 +28,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal, NoReturn, TypeVar, overload
 
+from corral import runners
 from corral.errors import CorralError
 from corral.ids import RunnerId
 
 PROTOCOL_VERSION = 1
+INT64_MAX = 2**63 - 1  # every integer on the wire fits the store's columns
 
 # WebSocket close codes and the reasons that travel with them.
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY_VIOLATION = 1008
+CLOSE_INTERNAL_ERROR = 1011
 REASON_RUNNER_SHUTDOWN = "corral.runner_shutdown"  # the runner leaves on purpose (code 1000)
 REASON_EVICTED = "corral.evicted"  # a newer socket of the same runner took over
 REASON_INIT_TIMEOUT = "corral.init_timeout"
 REASON_RUNNER_LOST = "corral.runner_lost"
 REASON_STOPPED = "corral.stopped"  # the coordinator stopped the runner after its drain
+REASON_INTERNAL_ERROR = "corral.internal_error"  # handling a frame failed (code 1011)
 
 # ProtocolError codes.
 MALFORMED_FRAME = "malformed_frame"
@@ -50,6 +54,8 @@ UNSUPPORTED_VERSION = "unsupported_version"
 EXPECTED_INIT = "expected_init"  # anything but Init opened the conversation
 DUPLICATE_INIT = "duplicate_init"
 UNEXPECTED_MESSAGE = "unexpected_message"  # a valid message at a point where it is not allowed
+INVALID_INIT = "invalid_init"  # an Init whose fields break the runner limits (corral.runners)
+MALFORMED_EVENT = "malformed_event"  # an event body the coordinator cannot apply (too big …)
 
 
 def protocol_error_reason(code: str) -> str:
@@ -210,11 +216,11 @@ def _get(frame: _Frame, name: str) -> Any:
     return frame[name]
 
 
-def _int(frame: _Frame, name: str, minimum: int = 0) -> int:
+def _int(frame: _Frame, name: str, minimum: int = 0, maximum: int = INT64_MAX) -> int:
     value = _get(frame, name)
     # ``type(...) is int`` on purpose: JSON true/false decode to bool, a subclass of int.
-    if type(value) is not int or value < minimum:
-        _malformed(f"{name!r} must be an integer >= {minimum}")
+    if type(value) is not int or not minimum <= value <= maximum:
+        _malformed(f"{name!r} must be an integer in {minimum}..{maximum}")
     return value
 
 
@@ -270,7 +276,7 @@ def _init(frame: _Frame) -> ToServerInit:
         raise ProtocolError(
             UNSUPPORTED_VERSION, f"protocol {protocol_version} > {PROTOCOL_VERSION}"
         )
-    return ToServerInit(
+    init = ToServerInit(
         name=_of(frame, "name", str),
         version=_of(frame, "version", str),
         protocol_version=protocol_version,
@@ -280,6 +286,34 @@ def _init(frame: _Frame) -> ToServerInit:
         labels=_strs(frame, "labels"),
         metadata=_of(frame, "metadata", dict),
     )
+    if why := init_problem(init):
+        raise ProtocolError(INVALID_INIT, why)
+    return init
+
+
+def init_problem(init: ToServerInit) -> str | None:
+    """Why the coordinator refuses what ``init`` says of the runner: the limits of
+    ``POST /runner/register`` (``corral.runners``). None if it does not."""
+    if not 1 <= init.total_slots <= runners.MAX_SLOTS:
+        return f"'total_slots' must be in 1..{runners.MAX_SLOTS}"
+    if len(init.labels) > runners.MAX_LABELS:
+        return f"at most {runners.MAX_LABELS} labels"
+    hostname = init.metadata.get("hostname", "")
+    if not isinstance(hostname, str):
+        return "'metadata.hostname' must be a string"
+    if len(json.dumps(init.metadata)) > runners.METADATA_MAX_BYTES:
+        return f"'metadata' is over {runners.METADATA_MAX_BYTES} bytes"
+    texts = [
+        ("name", init.name, runners.NAME_MAX_CHARS, True),
+        ("version", init.version, runners.VERSION_MAX_CHARS, False),
+        ("metadata.hostname", hostname, runners.HOSTNAME_MAX_CHARS, False),
+        ("runner_id", init.runner_id or "", runners.RUNNER_ID_MAX_CHARS, False),
+        *(("labels", label, runners.LABEL_MAX_CHARS, False) for label in init.labels),
+    ]
+    for name, text, most, required in texts:
+        if why := runners.text_problem(text, most, required=required):
+            return f"{name!r} {why}"
+    return None
 
 
 _TO_SERVER: dict[str, Callable[[_Frame], ToServerMessage]] = {

@@ -10,16 +10,23 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from corral.protocol.limits import MAX_BATCH_BYTES, MAX_BATCH_EVENTS, json_size
 from corral.protocol.messages import Indexed, ToServerEvents
+
+_INDEXED_OVERHEAD = 32  # {"idx":…,"body":…}, around each body
 
 
 class ReplayBuffer:
-    def __init__(self, *, max_batch: int = 500) -> None:
+    def __init__(
+        self, *, max_batch: int = MAX_BATCH_EVENTS, max_batch_bytes: int = MAX_BATCH_BYTES
+    ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self._max_batch = max_batch
+        self._max_batch_bytes = max_batch_bytes
         self._next_idx = 1
         self._pending: deque[Indexed] = deque()  # in idx order
+        self._sizes: dict[int, int] = {}  # encoded size of each pending event, by idx
 
     @property
     def pending(self) -> tuple[Indexed, ...]:
@@ -35,11 +42,13 @@ class ReplayBuffer:
         events = [Indexed(self._next_idx + i, body) for i, body in enumerate(bodies)]
         self._next_idx += len(events)
         self._pending.extend(events)
+        for event in events:
+            self._sizes[event.idx] = json_size(event.body) + _INDEXED_OVERHEAD
         return events
 
     def acknowledge(self, last_idx: int) -> None:
         while self._pending and self._pending[0].idx <= last_idx:
-            self._pending.popleft()
+            del self._sizes[self._pending.popleft().idx]
 
     def skip_past(self, applied_idx: int) -> None:
         """Never number a new event at or below what the coordinator has applied: it would
@@ -49,11 +58,25 @@ class ReplayBuffer:
     def reset(self) -> None:
         """A new identity: forget every event and number from 1 again."""
         self._pending.clear()
+        self._sizes.clear()
         self._next_idx = 1
 
     def frames(self, events: Iterable[Indexed] | None = None) -> list[ToServerEvents]:
-        """``events`` (default: all pending) as messages of at most ``max_batch`` events, so a
-        long disconnection does not produce one frame larger than the socket accepts."""
-        items = list(self._pending if events is None else events)
-        step = self._max_batch
-        return [ToServerEvents(tuple(items[i : i + step])) for i in range(0, len(items), step)]
+        """``events`` (default: all pending) as messages of at most ``max_batch`` events and
+        ``max_batch_bytes`` (one event at least), so that neither a long disconnection nor a
+        busy run makes a frame larger than the coordinator accepts."""
+        frames: list[ToServerEvents] = []
+        frame: list[Indexed] = []
+        size = 0
+        for event in self._pending if events is None else events:
+            event_size = self._sizes.get(event.idx, 0)
+            if frame and (
+                len(frame) >= self._max_batch or size + event_size > self._max_batch_bytes
+            ):
+                frames.append(ToServerEvents(tuple(frame)))
+                frame, size = [], 0
+            frame.append(event)
+            size += event_size
+        if frame:
+            frames.append(ToServerEvents(tuple(frame)))
+        return frames

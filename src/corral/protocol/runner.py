@@ -47,6 +47,7 @@ from corral.backoff import backoff_delay
 from corral.errors import IllegalTransition
 from corral.ids import RunnerId
 from corral.protocol import messages as wire
+from corral.protocol.limits import MAX_BATCH_EVENTS
 from corral.protocol.outputs import (
     Closed,
     Connected,
@@ -106,7 +107,7 @@ class RunnerConnection:
         default_lost_threshold_s: float = 15.0,
         default_ping_interval_s: float = 3.0,
         default_ack_interval_s: float = 300.0,
-        max_batch_events: int = 500,
+        max_batch_events: int = MAX_BATCH_EVENTS,
         stop_margin_s: float = 0.0,
     ) -> None:
         self._hello = (name, version, total_slots, tuple(labels), dict(metadata))

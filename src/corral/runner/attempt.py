@@ -16,18 +16,24 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from corral.agents.base import Executor, OutputObserver, ResultSeen, SessionSeen, StopReason
 from corral.errors import CorralError
 from corral.runner.outbox import settle
+from corral.runner.output import Line, LineSplitter, LogLines, stored_text
 from corral.runner.process import Child
 from corral.runner.settings import RunnerSettings
 from corral.runner.transport import ReportSink
 from corral.runs import Run, RunReport, RunStatus
 
 log = logging.getLogger("corral.runner")
-MAX_LINE_CHARS = 1024 * 1024  # longer output lines are cut in the stored log
+READ_CHUNK_BYTES = 256 * 1024
+# Logs reports of one attempt sent and not yet acknowledged before its pipes are read on
+# (each at most MAX_LOG_LINES lines / MAX_EVENT_BYTES): memory stays bounded however
+# fast a process prints.
+MAX_LOGS_IN_FLIGHT = 8
 
 
 class Attempt:
@@ -50,7 +56,8 @@ class Attempt:
         self._stop: StopReason | None = None
         self._stop_requested = asyncio.Event()
         self._abandoned = False
-        self._pending_lines: list[dict[str, Any]] = []
+        self._logs = LogLines()
+        self._logs_in_flight: deque[asyncio.Future[None]] = deque()
         self._line_no = 0
         self._last_output = time.monotonic()
         self._result_at: float | None = None
@@ -192,27 +199,48 @@ class Attempt:
         self, stream: asyncio.StreamReader | None, name: str, observer: OutputObserver | None
     ) -> None:
         assert stream is not None
-        while line_bytes := await stream.readline():
-            self._last_output = time.monotonic()
-            text = line_bytes.decode(errors="replace").rstrip("\n")
-            self._pending_lines.append(
-                {
-                    "line_no": self._line_no,
-                    "stream": name,
-                    "text": text[:MAX_LINE_CHARS],
-                    "ts": time.time(),
-                }
-            )
-            self._line_no += 1
-            if observer is None:
-                continue
-            for seen in observer.feed(text):
-                if isinstance(seen, SessionSeen):
-                    self._post({"type": "session", "session_id": seen.session_id})
-                elif isinstance(seen, ResultSeen) and self._result_at is None:
-                    self._result_at = time.monotonic()
-                    self._result_seen.set()
-                    self.on_result(observer)
+        lines = LineSplitter(self.settings.max_line_bytes)
+        while data := await stream.read(READ_CHUNK_BYTES):
+            for line in lines.feed(data):
+                self._line(line, name, observer)
+            await self._keep_up()
+        for line in lines.end():
+            self._line(line, name, observer)
+
+    def _line(self, line: Line, stream: str, observer: OutputObserver | None) -> None:
+        self._last_output = time.monotonic()
+        text = line.data.decode(errors="replace")
+        self._logs.add(self._line_no, stream, stored_text(text, line.cut), time.time())
+        self._line_no += 1
+        if self._logs.full:
+            self._flush_logs()
+        if observer is None:
+            return
+        for seen in observer.feed(text):
+            if isinstance(seen, SessionSeen):
+                self._post({"type": "session", "session_id": seen.session_id})
+            elif isinstance(seen, ResultSeen) and self._result_at is None:
+                self._result_at = time.monotonic()
+                self._result_seen.set()
+                self.on_result(observer)
+
+    async def _keep_up(self) -> None:
+        """Read no faster than the coordinator stores: while too many of this attempt's
+        ``logs`` reports are unacknowledged, wait (the process blocks on its full pipe),
+        unless the attempt is being stopped."""
+        in_flight = self._logs_in_flight
+        while in_flight:
+            if in_flight[0].done():
+                in_flight.popleft()
+            elif len(in_flight) < MAX_LOGS_IN_FLIGHT or self._stop is not None:
+                return
+            else:
+                stopping = asyncio.ensure_future(self._stop_requested.wait())
+                oldest: asyncio.Future[Any] = in_flight[0]
+                try:
+                    await asyncio.wait({oldest, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stopping.cancel()
 
     # ---- logs ----------------------------------------------------------------------------
 
@@ -222,9 +250,11 @@ class Attempt:
             self._flush_logs()
 
     def _flush_logs(self) -> None:
-        if self._pending_lines and not self._abandoned:
-            lines, self._pending_lines = self._pending_lines, []
-            self._post({"type": "logs", "lines": lines})
+        chunks = self._logs.take()
+        if self._abandoned:
+            return
+        for lines in chunks:
+            self._logs_in_flight.append(self._post({"type": "logs", "lines": lines}))
 
 
 def _report_fields(report: RunReport) -> dict[str, Any]:

@@ -1,25 +1,33 @@
 """Reports to the coordinator: sent in order, batched, and retried until answered.
 
 Every attempt drops its reports (started, session, logs, finished) here. One sender
-takes whatever has piled up into a single ``POST /runner/events``, so a busy runner makes
-one request for many runs; while the coordinator is away, reports wait and keep their
-order. Each report gets a future: the coordinator's refusal (a lost lease) lands there.
+takes whatever has piled up into one ``POST /runner/events`` (within the batch limits of
+``corral.protocol.limits``), so a busy runner makes one request for many runs; while the
+coordinator is away, reports wait and keep their order. Each report gets a future: the
+coordinator's refusal (a lost lease, an invalid report) lands there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from corral.backoff import backoff_delay
-from corral.errors import CorralError
+from corral.errors import CorralError, InvalidRequest
 from corral.ids import RunnerId
+from corral.protocol.limits import MAX_BATCH_BYTES, MAX_BATCH_EVENTS, json_size
 from corral.runner.link import HttpLink, LinkDown
 
 log = logging.getLogger("corral.runner")
-MAX_BATCH = 500
+
+
+class _Report(NamedTuple):
+    event: dict[str, Any]
+    size: int  # encoded
+    future: asyncio.Future[None]
 
 
 class Outbox:
@@ -29,12 +37,12 @@ class Outbox:
         self._link = link
         self._runner_id = runner_id
         self._max_backoff_s = max_backoff_s
-        self._queue: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
+        self._queue: deque[_Report] = deque()
         self._wake = asyncio.Event()
 
     def send(self, event: dict[str, Any]) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((event, future))
+        self._queue.append(_Report(event, json_size(event), future))
         self._wake.set()
         return future
 
@@ -43,39 +51,86 @@ class Outbox:
         return len(self._queue)
 
     async def run(self) -> None:
+        """Send until cancelled. A batch the coordinator refuses as invalid is sent again
+        in halves, down to the one report it refuses: that one is dropped — logged, and its
+        future fails — and the others go on. Nothing else ends this loop: any other failure
+        is logged and retried with backoff."""
         failures = 0
+        most = MAX_BATCH_EVENTS
         while True:
             await self._wake.wait()
             self._wake.clear()
             while self._queue:
-                batch = self._queue[:MAX_BATCH]
+                batch = self._batch(most)
                 try:
-                    results = await self._link.events(self._runner_id(), [e for e, _ in batch])
-                except LinkDown as exc:
+                    results = await self._link.events(self._runner_id(), [r.event for r in batch])
+                    if len(results) != len(batch):
+                        raise ValueError(f"{len(results)} answers to {len(batch)} reports")
+                except InvalidRequest as exc:
+                    if len(batch) > 1:
+                        most = len(batch) // 2
+                        log.warning("reports: a batch of %d refused (%s); halving", len(batch), exc)
+                    else:
+                        self._drop(exc)
+                    continue
+                except Exception as exc:
                     delay = backoff_delay(failures, cap=self._max_backoff_s)
-                    log.warning("reports: coordinator unreachable (%s); retry in %.1fs", exc, delay)
+                    why = "unreachable" if isinstance(exc, LinkDown) else "failed"
+                    log.warning("reports: coordinator %s (%s); retry in %.1fs", why, exc, delay)
                     failures += 1
                     await asyncio.sleep(delay)
                     continue
                 failures = 0
-                del self._queue[: len(batch)]
-                for (_, future), error in zip(batch, results, strict=True):
-                    if future.done():
-                        continue
-                    if error is None:
-                        future.set_result(None)
-                    else:
-                        future.set_exception(error)
+                most = MAX_BATCH_EVENTS
+                for _ in batch:
+                    self._queue.popleft()
+                for report, error in zip(batch, results, strict=True):
+                    _settle(report.future, error)
+
+    def _batch(self, most: int) -> list[_Report]:
+        """The oldest reports, at most ``most`` of them and ``MAX_BATCH_BYTES`` (one at
+        least, whatever its size)."""
+        batch: list[_Report] = []
+        size = 0
+        for report in self._queue:
+            if batch and (len(batch) >= most or size + report.size > MAX_BATCH_BYTES):
+                break
+            batch.append(report)
+            size += report.size
+        return batch
+
+    def _drop(self, error: CorralError) -> None:
+        report = self._queue.popleft()
+        event = report.event
+        log.error(
+            "reports: the coordinator refused a %r report of run %s (%d bytes); dropped: %s",
+            event.get("type"),
+            event.get("run_id"),
+            report.size,
+            error,
+        )
+        _settle(report.future, error)
+
+
+def _settle(future: asyncio.Future[None], error: CorralError | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def settle(future: asyncio.Future[None], on_refused: Callable[[CorralError], None]) -> None:
-    """Call ``on_refused`` if the coordinator refuses this report (and mark it handled)."""
+    """Call ``on_refused`` if the coordinator refuses this report because the run is not
+    the runner's any more (and mark it handled). A report refused as invalid was logged
+    and dropped (``Outbox``): the run is still ours, so it goes on."""
 
     def done(f: asyncio.Future[None]) -> None:
         if f.cancelled():
             return
         error = f.exception()
-        if isinstance(error, CorralError):
+        if isinstance(error, CorralError) and not isinstance(error, InvalidRequest):
             on_refused(error)
 
     future.add_done_callback(done)

@@ -57,12 +57,12 @@ class PollTransport:
         await self._register()
 
     async def serve(self) -> None:
-        self._poller = asyncio.create_task(self._poll_loop(), name="poller")
+        self._poller = asyncio.create_task(self._unending("poller", self._poll_loop))
         loops = [
             self._poller,
-            asyncio.create_task(self._control_loop(), name="control"),
-            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
-            asyncio.create_task(self.reports.run(), name="outbox"),
+            asyncio.create_task(self._unending("control", self._control_loop)),
+            asyncio.create_task(self._unending("heartbeat", self._heartbeat_loop)),
+            asyncio.create_task(self._unending("outbox", self.reports.run)),
         ]
         try:
             # Not gather: the poller is cancelled on purpose when the runner drains, and
@@ -75,6 +75,21 @@ class PollTransport:
             for task in loops:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
+
+    async def _unending(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
+        """Run ``loop`` until cancelled: whatever it raises is logged, and it starts again
+        after a backoff. A runner whose outbox, heartbeat or poller died would hold its
+        runs without reporting them."""
+        failures = 0
+        while True:
+            try:
+                await loop()
+                return
+            except Exception:
+                delay = backoff_delay(failures, cap=self.settings.max_backoff_s)
+                log.exception("%s failed; starting it again in %.1fs", name, delay)
+                failures += 1
+                await asyncio.sleep(delay)
 
     def stop_claiming(self) -> None:
         if self._poller is not None:

@@ -20,8 +20,6 @@ from collections.abc import Callable
 
 from corral.agents.base import ProcessSpec
 
-# Lines longer than this (a huge tool result in stream-json) are still read whole.
-LINE_LIMIT = 64 * 1024 * 1024
 _SETPRIV = shutil.which("setpriv") if sys.platform == "linux" else None
 
 
@@ -85,7 +83,6 @@ class Child:
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group: signals reach its children
             preexec_fn=preexec,
-            limit=LINE_LIMIT,
         )
         return cls(proc)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
+from corral.runner.output import MAX_LINE_BYTES
+
 
 @dataclass(frozen=True)
 class RunnerSettings:
@@ -24,3 +26,5 @@ class RunnerSettings:
     drain_grace_s: float = 120.0  # on SIGTERM, how long running work may go on
     log_flush_s: float = 0.1
     max_backoff_s: float = 30.0
+    # Longer output lines are cut (with a marker) as they are read; reading goes on.
+    max_line_bytes: int = MAX_LINE_BYTES

@@ -50,7 +50,7 @@ TO_SERVER: list[Message] = [
         labels=("gpu", "linux"),
         metadata={"hostname": "host-a", "nested": {"x": [1, 2]}},
     ),
-    ToServerInit("host-b", "0.1.0", 1, 0, 0, None, (), {}),
+    ToServerInit("host-b", "0.1.0", 1, 1, 0, None, (), {}),
     ToServerEvents((STARTED, Indexed(8, {"type": "logs", "run_id": "r", "data": "é\n"}))),
     ToServerEvents(()),
     ToServerAckCommands(12),

@@ -1,0 +1,82 @@
+"""The long-poll runner's outbox against the real coordinator app (in process, SQLite and
+PostgreSQL): a report the coordinator refuses is a failure of that report only.
+
+A batch holding one report the coordinator refuses (422: a ``logs`` event over the line
+limit) is sent again in halves until that report is alone; it is dropped — its future
+fails with the refusal, and it is logged — while every other report is applied, and the
+outbox goes on sending. (It used to raise out of ``Outbox.run``: the runner's outbox task
+died, the run stayed ``running`` and every later report waited for ever.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import pytest
+from api_fixtures import running_api
+
+from corral.coordinator.settings import CoordinatorSettings
+from corral.errors import InvalidRequest
+from corral.ids import RunnerId
+from corral.protocol.limits import MAX_LOG_LINES
+from corral.runner.link import HttpLink
+from corral.runner.outbox import Outbox
+
+pytestmark = pytest.mark.anyio
+STEP_S = 20.0  # a bound on each wait, for correctness, not speed
+
+
+def _logs(run_id: str, first: int, count: int) -> dict[str, Any]:
+    lines = [
+        {"line_no": n, "stream": "stdout", "text": f"line {n}", "ts": time.time()}
+        for n in range(first, first + count)
+    ]
+    return {"type": "logs", "run_id": run_id, "attempt": 1, "lines": lines}
+
+
+async def test_a_refused_report_is_dropped_and_the_outbox_goes_on(db_url: str) -> None:
+    settings = CoordinatorSettings(db_url=db_url, poll_timeout_s=5.0)
+    async with running_api(settings) as api:
+        runner_id = RunnerId(await api.register())
+        run_id = await api.create_command("seq", "3")
+        await api.claim_one(runner_id)
+        outbox = Outbox(HttpLink("http://corral.test", client=api.client), lambda: runner_id)
+        sending = asyncio.create_task(outbox.run())
+        try:
+            reports = [
+                {"type": "started", "run_id": run_id, "attempt": 1},
+                _logs(run_id, 0, 2),
+                _logs(run_id, 2, MAX_LOG_LINES + 1),  # more than one event may hold
+                _logs(run_id, 2, 1),
+                {"type": "finished", "run_id": run_id, "attempt": 1, "status": "completed"},
+            ]
+            futures = [outbox.send(report) for report in reports]
+            done, _ = await asyncio.wait(futures, timeout=STEP_S)
+            assert len(done) == len(futures), f"the outbox stopped: {sending}"
+            refusals = [type(f.exception()).__name__ for f in futures]
+            assert refusals == [
+                "NoneType",
+                "NoneType",
+                InvalidRequest.__name__,
+                "NoneType",
+                "NoneType",
+            ]
+            assert not sending.done()
+
+            run = await api.run(run_id)
+            assert run["status"] == "completed", run
+            page = (await api.client.get(f"/runs/{run_id}/logs")).json()
+            assert [line["text"] for line in page["lines"]] == ["line 0", "line 1", "line 2"]
+
+            # Still sending: a later report goes through.
+            await asyncio.wait_for(outbox.send(_logs(run_id, 3, 1)), STEP_S)
+            page = (await api.client.get(f"/runs/{run_id}/logs")).json()
+            assert len(page["lines"]) == 4
+            assert not sending.done()
+        finally:
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
