@@ -71,3 +71,13 @@ def test_a_refused_socket_ends_the_runner(cluster: Cluster) -> None:
     log = runner.log()
     assert log.count("error: coordinator answered HTTP 403") == 1
     assert "coordinator socket" not in log  # not taken for an outage and retried
+
+
+def test_a_refused_init_ends_the_runner(cluster: Cluster) -> None:
+    cluster.start_coordinator()
+    # Accepted by the CLI, refused by the coordinator's runner limits (one line of text).
+    runner = runner_at(cluster, cluster.url, "websocket", "--name", "two\nlines")
+    assert runner.wait(EXIT_DEADLINE_S) == 2, runner.log()  # invalid_request's exit status
+    log = runner.log()
+    assert log.count("refused this runner's Init") == 1
+    assert cluster.client.runners() == []

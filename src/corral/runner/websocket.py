@@ -22,7 +22,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from corral import __version__, errors
-from corral.errors import CorralError, LeaseLost
+from corral.errors import CorralError, InvalidRequest, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.protocol import messages as wire
 from corral.protocol.outputs import (
@@ -189,6 +189,9 @@ class WebSocketTransport:
                     self._ws = ws
                     await self._carry_out(outputs)
                     await self._converse(ws)
+                    if ws.close_reason == wire.protocol_error_reason(wire.INVALID_INIT):
+                        # What this runner says of itself breaks the coordinator's limits.
+                        raise InvalidRequest("the coordinator refused this runner's Init")
                     lost = self.conn.socket_closed(time.time())
             except (OSError, TimeoutError, websockets.WebSocketException) as exc:
                 if refusal := _refusal(exc):
