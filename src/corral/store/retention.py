@@ -19,6 +19,7 @@ after a reconnect); sessions, projects and tasks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from corral.runs import TERMINAL
 from corral.store.db import Database, Row, Tx
@@ -57,57 +58,52 @@ def collect(db: Database, retention: Retention, now: float, *, batch: int = 500)
 
 
 def _runs(db: Database, cutoff: float, batch: int) -> tuple[int, int]:
-    runs = lines = 0
-    while True:
-        with db.transaction() as tx:
-            ids = [
-                r["id"]
-                for r in tx.execute(
-                    # created_at first: the runs_by_created index finds the oldest at once.
-                    f"SELECT id FROM runs WHERE created_at < ? AND status IN ({_FINISHED}) "
-                    "AND COALESCE(finished_at, updated_at) < ? "
-                    "AND id NOT IN (SELECT last_run_id FROM sessions "
-                    "               WHERE last_run_id IS NOT NULL) "
-                    "AND id NOT IN (SELECT run_id FROM tasks WHERE run_id IS NOT NULL) "
-                    "ORDER BY created_at LIMIT ?",
-                    (cutoff, cutoff, batch),
-                )
-            ]
-            if not ids:
-                return runs, lines
-            marks = ", ".join("?" for _ in ids)
-            lines += _count(
-                tx, f"SELECT COUNT(*) AS n FROM run_logs WHERE run_id IN ({marks})", ids
-            )
-            tx.execute(f"DELETE FROM run_logs WHERE run_id IN ({marks})", ids)
-            tx.execute(f"DELETE FROM runs WHERE id IN ({marks})", ids)
-            runs += len(ids)
+    return _delete_batches(
+        db,
+        # created_at first: the runs_by_created index finds the oldest at once.
+        f"SELECT id FROM runs WHERE created_at < ? AND status IN ({_FINISHED}) "
+        "AND COALESCE(finished_at, updated_at) < ? "
+        "AND id NOT IN (SELECT last_run_id FROM sessions WHERE last_run_id IS NOT NULL) "
+        "AND id NOT IN (SELECT run_id FROM tasks WHERE run_id IS NOT NULL) "
+        "ORDER BY created_at LIMIT ?",
+        (cutoff, cutoff, batch),
+        table="runs",
+        children=("run_logs", "run_id"),
+    )
 
 
 def _runners(db: Database, cutoff: float, batch: int) -> tuple[int, int]:
-    runners = commands = 0
+    return _delete_batches(
+        db,
+        "SELECT id FROM runners WHERE state IN ('lost', 'stopped') AND last_heartbeat_at < ? "
+        "AND id NOT IN (SELECT runner_id FROM runs WHERE runner_id IS NOT NULL) "
+        "AND id NOT IN (SELECT runner_id FROM sessions WHERE runner_id IS NOT NULL) "
+        "ORDER BY last_heartbeat_at LIMIT ?",
+        (cutoff, batch),
+        table="runners",
+        children=("runner_commands", "runner_id"),
+    )
+
+
+def _delete_batches(
+    db: Database, select: str, params: tuple[Any, ...], *, table: str, children: tuple[str, str]
+) -> tuple[int, int]:
+    """Delete the rows of ``table`` that ``select`` finds, and the rows of ``children``
+    (table, column) that name them, a batch a transaction until it finds no more; how many
+    rows of each went."""
+    child, column = children
+    deleted = deleted_children = 0
     while True:
         with db.transaction() as tx:
-            ids = [
-                r["id"]
-                for r in tx.execute(
-                    "SELECT id FROM runners WHERE state IN ('lost', 'stopped') "
-                    "AND last_heartbeat_at < ? "
-                    "AND id NOT IN (SELECT runner_id FROM runs WHERE runner_id IS NOT NULL) "
-                    "AND id NOT IN (SELECT runner_id FROM sessions WHERE runner_id IS NOT NULL) "
-                    "ORDER BY last_heartbeat_at LIMIT ?",
-                    (cutoff, batch),
-                )
-            ]
+            ids = [row["id"] for row in tx.execute(select, params)]
             if not ids:
-                return runners, commands
+                return deleted, deleted_children
             marks = ", ".join("?" for _ in ids)
-            commands += _count(
-                tx, f"SELECT COUNT(*) AS n FROM runner_commands WHERE runner_id IN ({marks})", ids
-            )
-            tx.execute(f"DELETE FROM runner_commands WHERE runner_id IN ({marks})", ids)
-            tx.execute(f"DELETE FROM runners WHERE id IN ({marks})", ids)
-            runners += len(ids)
+            named = f"FROM {child} WHERE {column} IN ({marks})"
+            deleted_children += _count(tx, f"SELECT COUNT(*) AS n {named}", ids)
+            tx.execute(f"DELETE {named}", ids)
+            tx.execute(f"DELETE FROM {table} WHERE id IN ({marks})", ids)
+            deleted += len(ids)
 
 
 def _trim_logs(db: Database, max_chars: int, batch: int) -> int:
