@@ -425,17 +425,20 @@ def main(argv: list[str] | None = None) -> int:
     while figures.kills < args.kills:
         with tempfile.TemporaryDirectory(prefix="corral-kill-") as tmp:
             before = len(figures.violations)
-            run_plan(
-                Path(tmp),
-                rng,
-                figures,
-                max_kills=args.kills_per_plan,
-                max_delay=args.max_delay,
-                slowness=Slowness(),
-                workers=args.workers,
-                concurrent=figures.plans % 3 == 1,
-                maintenance=figures.plans % 3 == 2,
-            )
+            try:
+                run_plan(
+                    Path(tmp),
+                    rng,
+                    figures,
+                    max_kills=args.kills_per_plan,
+                    max_delay=args.max_delay,
+                    slowness=Slowness(),
+                    workers=args.workers,
+                    concurrent=figures.plans % 3 == 1,
+                    maintenance=figures.plans % 3 == 2,
+                )
+            except AssertionError as exc:  # a git command of the checks failed
+                figures.violations.append(f"cannot check the plan: {exc}")
             for violation in figures.violations[before:]:
                 print(f"VIOLATION (plan {figures.plans}): {violation}", flush=True)
             if args.keep or len(figures.violations) > before:

@@ -89,6 +89,21 @@ def locks_in(git_dir: Path) -> list[Path]:
     return sorted(git_dir.glob("*.lock"))
 
 
+def linked_git_dir(worktree: Path) -> Path | None:
+    """The private git directory of the linked worktree at ``worktree``, read without
+    running git; None unless its ``.git`` file and the directory point at each other."""
+    try:
+        text = (worktree / ".git").read_text()
+        # Relative paths (worktree.useRelativePaths) are relative to the file's directory.
+        private = (worktree / text.removeprefix("gitdir:").strip()).resolve()
+        back = private / (private / "gitdir").read_text().strip()
+    except (OSError, ValueError):
+        return None
+    if not text.startswith("gitdir:") or back.resolve() != (worktree / ".git").resolve():
+        return None
+    return private
+
+
 def _age(path: Path) -> float | None:
     try:
         return time.time() - path.stat().st_mtime

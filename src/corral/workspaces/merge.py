@@ -134,12 +134,13 @@ def _clear_debris(ws: Workspace, target_ref: str) -> None:
     """Under the target's merge lock: the lock files a killed merge left (see ``locks``)."""
     common = ws.git_common_dir
     found = [locks.ref_lock(common, target_ref), common / "packed-refs.lock"]
-    wt = ws.integration_path(target_ref.removeprefix("refs/heads/"))
-    if ws._checkout_at(wt) is not None:
-        found += locks.locks_in(ws._private_dir(wt))
-    corral_worktrees = ws.repo / WORKTREES_DIR
-    scope = locks.Scope((ws.repo, common, *ws._user_worktrees()), (corral_worktrees,))
-    locks.clear_debris(found, scope)
+    private = locks.linked_git_dir(ws.integration_path(target_ref.removeprefix("refs/heads/")))
+    if private is not None:
+        found += locks.locks_in(private)
+    if any(lock.exists() for lock in found):  # rare: spare the common case the git calls
+        corral_worktrees = ws.repo / WORKTREES_DIR
+        scope = locks.Scope((ws.repo, common, *ws._user_worktrees()), (corral_worktrees,))
+        locks.clear_debris(found, scope)
 
 
 def _clean(ws: Workspace, path: Path) -> None:
