@@ -14,6 +14,7 @@ class Connections:
     def __init__(self) -> None:
         self.by_runner: dict[str, SocketLink] = {}
         self.pinged: set[str] = set()  # runners that pinged since the last heartbeat write
+        self.open = 0  # sockets being served, registered or not (none may outlive its peer)
 
     def take_pinged(self) -> list[str]:
         pinged, self.pinged = list(self.pinged), set()

@@ -93,6 +93,13 @@ class SocketLink:
         return self.coordinator.connections
 
     async def run(self) -> None:
+        self.connections.open += 1
+        try:
+            await self._serve()
+        finally:
+            self.connections.open -= 1
+
+    async def _serve(self) -> None:
         await self.ws.accept()
         self._tasks = [
             self._start(self._read(), "reading"),
