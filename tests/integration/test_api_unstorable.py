@@ -192,3 +192,19 @@ async def test_the_values_next_to_the_limits_are_kept(settings: CoordinatorSetti
         logs = (await api.client.get(f"/runs/{s.running}/logs")).json()["lines"]
         assert [entry["text"] for entry in logs] == [text]
         await assert_reads_answer(api, s)
+
+
+async def test_a_row_stored_before_the_checks_still_reads(settings: CoordinatorSettings) -> None:
+    """A database written before values were checked may hold a lone surrogate in a JSON
+    column (as an escape): listings still answer, with U+FFFD in its place."""
+    async with running_api(settings) as api:
+        s = await seed(api)
+        with api.coordinator.store.db.transaction() as tx:
+            tx.execute(
+                "UPDATE runs SET command = ?, labels = ?, usage = ? WHERE id = ?",
+                ('["echo","\\ud800","\\ud83d\\udc0d"]', '["\\udfff"]', '{"\\ud800":1}', s.done),
+            )
+        await assert_reads_answer(api, s)
+        run = await api.run(s.done)
+        assert run["command"] == ["echo", "\ufffd", "🐍"]
+        assert (run["labels"], run["usage"]) == (["\ufffd"], {"\ufffd": 1})

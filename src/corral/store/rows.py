@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from corral.errors import NotFound
@@ -26,19 +27,40 @@ def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+def loads(text: str) -> Any:
+    """A JSON column's value. A row written before corral refused lone surrogates may hold
+    one (as a ``\\udXXX`` escape; no UTF-8 answer can carry it): it reads as U+FFFD, so no
+    listing that includes the row fails. Valid pairs decode to their character first."""
+    value = json.loads(text)
+    return _no_lone_surrogates(value) if "\\ud" in text.lower() else value
+
+
+def _no_lone_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_no_lone_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_no_lone_surrogates(k): _no_lone_surrogates(v) for k, v in value.items()}
+    return value
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def run_from_row(row: Row) -> Run:
-    agent = json.loads(row["agent"]) if row["agent"] else None
+    agent = loads(row["agent"]) if row["agent"] else None
     return Run(
         id=RunId(row["id"]),
         type=RunType(row["type"]),
         status=RunStatus(row["status"]),
         prompt=row["prompt"],
-        command=tuple(json.loads(row["command"])),
+        command=tuple(loads(row["command"])),
         session_name=row["session_name"],
         session_id=row["session_id"],
         agent=AgentSpec.from_dict(agent) if agent else None,
         project_dir=row["project_dir"],
-        labels=tuple(json.loads(row["labels"])),
+        labels=tuple(loads(row["labels"])),
         timeout_s=row["timeout_s"],
         idle_timeout_s=row["idle_timeout_s"],
         max_attempts=row["max_attempts"],
@@ -46,12 +68,12 @@ def run_from_row(row: Row) -> Run:
         priority=row["priority"],
         required_runner=row["required_runner"],
         runner_id=RunnerId(row["runner_id"]) if row["runner_id"] else None,
-        env=json.loads(row["env"]),
+        env=loads(row["env"]),
         exit_code=row["exit_code"],
         error=row["error"],
         result=row["result"],
         cost_usd=row["cost_usd"],
-        usage=json.loads(row["usage"]) if row["usage"] else None,
+        usage=loads(row["usage"]) if row["usage"] else None,
         num_turns=row["num_turns"],
         cancel_requested=bool(row["cancel_requested"]),
         rate_limited=row["rate_limited"],
@@ -69,7 +91,7 @@ def runner_from_row(row: Row) -> Runner:
         id=RunnerId(row["id"]),
         name=row["name"],
         hostname=row["hostname"],
-        labels=tuple(json.loads(row["labels"])),
+        labels=tuple(loads(row["labels"])),
         slots=row["slots"],
         version=row["version"],
         transport=row["transport"],
