@@ -6,14 +6,18 @@ and every read endpoint still answers afterwards (on SQLite and PostgreSQL).
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from api_fixtures import Api, error_code, running_api
+from pydantic import BaseModel
 
 from corral.coordinator.settings import CoordinatorSettings
+from corral.wire import WireModel
 
 pytestmark = pytest.mark.anyio
 
@@ -208,3 +212,23 @@ async def test_a_row_stored_before_the_checks_still_reads(settings: CoordinatorS
         run = await api.run(s.done)
         assert run["command"] == ["echo", "\ufffd", "🐍"]
         assert (run["labels"], run["usage"]) == (["\ufffd"], {"\ufffd": 1})
+
+
+def test_every_request_model_checks_its_values() -> None:
+    """New request bodies inherit the one check: every pydantic model of the coordinator
+    (but the error answer's) is a ``WireModel``."""
+    answers = {"ErrorBody", "ErrorDetail"}
+    package = importlib.import_module("corral.coordinator")
+    models = []
+    for info in pkgutil.iter_modules(package.__path__, "corral.coordinator."):
+        module = importlib.import_module(info.name)
+        models += [
+            value
+            for value in vars(module).values()
+            if isinstance(value, type)
+            and issubclass(value, BaseModel)
+            and value.__module__ == info.name
+            and value.__name__ not in answers
+        ]
+    assert len(models) > 20
+    assert [m.__name__ for m in models if not issubclass(m, WireModel)] == []
