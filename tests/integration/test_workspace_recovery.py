@@ -59,6 +59,18 @@ def test_a_finished_worktree_without_the_mark_keeps_its_edits(ws: Workspace) -> 
     assert (private_dir(wt) / "corral-ready").exists()
 
 
+def test_a_worktree_git_left_unlocked_without_an_index_is_rebuilt(ws: Workspace) -> None:
+    """Killed while cleaning up after a failed checkout: ``locked`` gone, the files not."""
+    wt = ws.prepare_worktree("t1", "main")
+    private = private_dir(wt)
+    (private / "corral-ready").unlink(missing_ok=True)
+    (private / "index").unlink()
+    (wt / "app.txt").unlink()
+    assert ws.prepare_worktree("t1", "main") == wt
+    assert (wt / "app.txt").read_text() == APP
+    assert git(wt, "status", "--porcelain") == ""
+
+
 def test_a_locked_registration_whose_directory_is_gone_is_forgotten(ws: Workspace) -> None:
     wt = ws.prepare_worktree("t1", "main")
     (private_dir(wt) / "locked").write_text("initializing")

@@ -343,14 +343,18 @@ class Workspace:
         """Is the worktree known to be fully checked out?
 
         ``git worktree add`` writes ``locked`` ("initializing") in the worktree's private
-        directory before checking files out and removes it once done; corral writes its
-        mark right after. No mark but no ``locked`` either: git finished and the kill came
-        before the mark (or corral predates the mark), so the worktree is complete.
+        directory before checking files out and removes it once done (or once its checkout
+        failed, before it deletes what it made); corral writes its mark right after. No mark
+        and no ``locked``: complete if the index matches ``HEAD`` (git wrote the index last;
+        the kill came before the mark, or corral predates the mark), else not.
         """
         private = self._private_dir(worktree)
         if (private / READY_MARK).exists():
             return True
         if (private / "locked").exists():
+            return False
+        index = self._git(worktree, "diff-index", "--cached", "--quiet", "HEAD", ok=(0, 1))
+        if index.returncode != 0:
             return False
         (private / READY_MARK).touch()
         return True
