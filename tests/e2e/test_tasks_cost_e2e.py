@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tasks_helpers import TaskRepo, file_directive, task, write
+from tasks_helpers import TaskRepo, file_directive, task, wait_for, write
 
 RUN_TIMEOUT_S = 90.0
 
@@ -44,3 +44,29 @@ def test_a_cost_counts_for_the_budget_when_git_fails_after_the_agent(tr: TaskRep
         run = store.get_run(tasks["spender"]["run_id"])
         assert run.cost_usd == pytest.approx(0.5)
         assert run.session_id and store.get_session(run.session_id).cost_usd == pytest.approx(0.5)
+
+
+def test_a_journaled_agents_cost_counts_when_the_rerun_fails_in_git(tr: TaskRepo) -> None:
+    """Killed after the agent printed its result (journaled) but before its step was
+    reported: the rerun reads the journal instead of running the agent again, then fails
+    in git; the agent's cost still counts."""
+    tr.install_broken_filter()
+    lingers = "Lingers [fake:hang_after] [fake:cost=0.3] " + write("out.bad", "x\n")
+    plan = tr.write_plan({"tasks": [task("t", prompt=lingers, max_attempts=1)]})
+    assert tr.corral("plan", str(plan)).code == 0
+    journal = tr.repo / ".corral" / "journal" / "t.json"
+    proc = tr.start("run", "--workers", "1")
+    try:
+        # The agent printed its result and lingers: journaled, its step not reported yet.
+        wait_for(journal.exists, what="the agent's result in the journal")
+        assert "agent" not in tr.db_steps()["t"]
+    finally:
+        tr.kill_group(proc)
+
+    result = tr.corral("run", "--workers", "1", timeout=RUN_TIMEOUT_S)
+    assert result.code == 1, str(result)
+    t = tr.tasks()["t"]
+    assert t["status"] == "failed" and "external filter" in (t["last_error"] or ""), t
+    assert tr.finished_per_prompt()[lingers] == 1  # not run again
+    assert t["cost_usd"] == pytest.approx(0.3)
+    assert tr.status()["project"]["cost_usd"] == pytest.approx(0.3)

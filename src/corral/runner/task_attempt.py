@@ -75,6 +75,10 @@ class TaskAttempt(Attempt):
         self._step("worktree", {"path": str(worktree)})
 
         agent = steps.get("agent")
+        if agent is not None and "agent" not in (task.get("steps") or {}):
+            # Read back from the journal: report it now, so that its cost counts (on this
+            # run) even if a later step fails.
+            self._step("agent", agent)
         conflicted: list[str] = []
         if agent is None:
             await asyncio.to_thread(workspace.record_baseline, worktree)
