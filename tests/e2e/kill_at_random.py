@@ -211,10 +211,11 @@ class PlanUnderFire:
                 self.tr.kill_group(p)
             return False
         refused, other = done[0], next(p for p in procs if p is not done[0])
-        if refused.returncode != 4 or REFUSED.encode() not in log.read_bytes()[log_at:]:
+        said = log.read_bytes()[log_at:]
+        if refused.returncode != 4 or REFUSED.encode() not in said or b"Traceback" in said:
             figures.violations.append(
                 f"of two concurrent tasks run, the first to end exited {refused.returncode} "
-                "without refusing (plan_running)"
+                "without refusing cleanly (plan_running, no traceback)"
             )
         else:
             figures.concurrent_refusals += 1
