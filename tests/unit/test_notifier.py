@@ -38,10 +38,8 @@ async def test_a_waiter_holding_the_event_is_woken_by_notify() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter)
         await waiting.wait()
-        started = time.monotonic()
         notifier.notify(RUNS_AVAILABLE)
-    assert woken == [True]
-    assert time.monotonic() - started < 2.0
+    assert woken == [True]  # set by the notify, not the 30 s timeout
 
 
 async def test_a_notify_between_look_and_wait_is_not_missed() -> None:

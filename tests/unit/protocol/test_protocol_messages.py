@@ -4,7 +4,6 @@ and every malformed frame is refused with its stable ``ProtocolError`` code."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any, Literal
 
 import pytest
@@ -227,12 +226,7 @@ def test_protocol_errors_carry_a_stable_code() -> None:
     assert protocol_error_reason("expected_init") == "corral.protocol_error:expected_init"
 
 
-def test_a_50_event_batch_encodes_and_decodes_well_under_a_millisecond() -> None:
+def test_a_50_event_batch_round_trips() -> None:
     body = {"type": "logs", "run_id": "run_0123456789ab", "attempt": 1, "data": "x" * 200}
     batch = ToServerEvents(tuple(Indexed(i, dict(body, seq=i)) for i in range(1, 51)))
-    best = float("inf")
-    for _ in range(20):  # best of 20: the machine's noise is not the codec's cost
-        started = time.perf_counter()
-        assert decode(encode(batch), side="server") == batch
-        best = min(best, time.perf_counter() - started)
-    assert best < 0.002  # typically ~0.3 ms; loose so that a slow CI machine passes
+    assert decode(encode(batch), side="server") == batch
