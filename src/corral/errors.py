@@ -112,4 +112,17 @@ def from_wire(status: int, body: Any) -> CorralError:
         return LeaseLost(message, code=code)
     if code.endswith("_not_found"):
         return NotFound(message, code=code)
-    return CorralError(message, code=code)
+    # A code of its own (invalid_branch, budget_exceeded, …): the status says which kind,
+    # so the CLI still exits with that kind's status.
+    kind = _KIND_OF_STATUS.get(status, CorralError)
+    return kind(message, code=code)
+
+
+_KIND_OF_STATUS: dict[int, type[CorralError]] = {
+    400: InvalidRequest,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+    422: InvalidRequest,
+    503: Unavailable,
+}
