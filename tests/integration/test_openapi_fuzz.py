@@ -2,7 +2,7 @@
 generated requests each (valid and invalid ones), on SQLite and PostgreSQL. No answer is
 a server error, every status is one the document declares, and every body matches it.
 
-``AUTH_HEADERS`` is the one place a credential goes once endpoints require one.
+Every request carries ``api_fixtures.AUTH_HEADERS`` (where a token goes, once there is one).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import requests
 import schemathesis
-from api_fixtures import live_server
+from api_fixtures import AUTH_HEADERS, live_server
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation import GenerationMode
@@ -25,7 +25,6 @@ from schemathesis.specs.openapi.checks import (
 from corral.coordinator.app import create_app
 from corral.coordinator.settings import CoordinatorSettings
 
-AUTH_HEADERS: dict[str, str] = {}
 EXAMPLES_PER_OPERATION = 12  # for each generation mode: CI's run stays in tens of seconds
 CHECKS = [
     not_a_server_error,
