@@ -233,17 +233,17 @@ async def test_waiting_long_poll_returns_at_once_when_a_run_is_created(
     async with running_api(settings) as api:
         runner_id = await api.register()
         store = api.coordinator.store
-        claim_runs = store.claim_runs
-        empty_claims = 0
+        claimable = store.claimable
+        empty_reads = 0
 
-        def counting_claim(*args: Any, **kwargs: Any) -> Any:
-            nonlocal empty_claims
-            runs = claim_runs(*args, **kwargs)
-            if not runs:
-                empty_claims += 1
-            return runs
+        def counting_read(*args: Any, **kwargs: Any) -> Any:
+            nonlocal empty_reads
+            found = claimable(*args, **kwargs)
+            if not found:
+                empty_reads += 1
+            return found
 
-        monkeypatch.setattr(store, "claim_runs", counting_claim)
+        monkeypatch.setattr(store, "claimable", counting_read)
 
         result: dict[str, Any] = {}
 
@@ -253,9 +253,9 @@ async def test_waiting_long_poll_returns_at_once_when_a_run_is_created(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(poll)
-            # The poller found nothing and holds the wake-up event: it is waiting now.
+            # The poller found nothing claimable and holds the wake-up event: it waits now.
             await wait_until(
-                lambda: empty_claims >= 1 and RUNS_AVAILABLE in api.coordinator.notifier._events,
+                lambda: empty_reads >= 1 and RUNS_AVAILABLE in api.coordinator.notifier._events,
                 what="the long-poll to wait",
             )
             assert "response" not in result

@@ -16,6 +16,7 @@ from typing import TypeVar
 import anyio.to_thread
 
 from corral.clock import Clock
+from corral.coordinator.claims import ClaimBoard
 from corral.coordinator.connections import Connections
 from corral.coordinator.link_core import apply_reports, wakeups
 from corral.coordinator.notifier import (
@@ -32,7 +33,7 @@ from corral.coordinator.schemas import (
     RunnerEvent,
 )
 from corral.coordinator.settings import CoordinatorSettings
-from corral.errors import CorralError
+from corral.errors import CorralError, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.runners import Runner, RunnerState
 from corral.runs import AgentSpec, Run, RunReport
@@ -40,6 +41,7 @@ from corral.store import Held, LogEntry, LogLine, Reconciled, RunnerSync, Store
 from corral.store.retention import Collected
 
 log = logging.getLogger("corral.coordinator")
+CLOCK_SKEW_S = 5.0
 T = TypeVar("T")
 
 
@@ -56,8 +58,10 @@ class Coordinator:
         self.clock = clock
         self.profiles = profiles
         self.notifier = Notifier()
+        self.claims = ClaimBoard(lambda limit: self._db(store.claimable, clock.now(), limit))
         self.connections = Connections()
         self.started_at = clock.now()  # runners' silence counts from here (reconcile_once)
+        self._claimable_seen_at = 0.0  # the reconciler's last look for claimable runs
 
     async def _db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         return await anyio.to_thread.run_sync(partial(fn, *args, **kwargs))
@@ -134,20 +138,51 @@ class Coordinator:
     ) -> list[Run]:
         """Claim up to ``max_runs``; if none is there, wait until one is created or timeout.
 
-        ``gone`` says whether the runner hung up (it drains, or gave up waiting): its runs
-        would be claimed for nobody, so the wait ends without claiming.
+        Waiting writes nothing: a claim is tried only for runs the claim board reserved
+        for this runner (``ClaimBoard``). ``gone`` says whether the runner hung up (it
+        drains, or gave up waiting): its runs would be claimed for nobody, so the wait
+        ends without claiming.
         """
+        runner = await self._runner_to_claim(runner_id)
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             event = self.notifier.event(RUNS_AVAILABLE)
             if gone is not None and gone.done():
                 return []
-            runs = await self._db(self.store.claim_runs, runner_id, max_runs, self.clock.now())
-            if runs:
-                return [await self._with_task(run) for run in runs]
+            # A draining runner claims nothing: it waits, as it always did.
+            active = runner.state is RunnerState.ACTIVE
+            wanted = await self.claims.reserve(runner, max_runs, event) if active else []
+            if wanted is None or wanted:
+                try:
+                    runs = await self._db(
+                        self.store.claim_runs, runner_id, max_runs, self.clock.now()
+                    )
+                except BaseException:
+                    self.notifier.notify(RUNS_AVAILABLE)  # what we reserved, others may take
+                    raise
+                if wanted is not None and {r.id for r in runs} != set(wanted):
+                    # Not what was reserved: what the claim left, others may take — let every
+                    # poll look again. Nothing at all: our runner may have changed (labels, a
+                    # drain, lost): read it again.
+                    if not runs:
+                        runner = await self._runner_to_claim(runner_id)
+                    if runner.state is RunnerState.ACTIVE:
+                        self.notifier.notify(RUNS_AVAILABLE)
+                if runs:
+                    return [await self._with_task(run) for run in runs]
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0 or not await wait_for(event, remaining, gone):
                 return []
+
+    async def _runner_to_claim(self, runner_id: RunnerId) -> Runner:
+        """The runner of a poll; NotFound if unknown, ``runner_lost`` (as a claim says it)
+        if it was declared lost or stopped: it must register again."""
+        runner = await self._db(self.store.get_runner, runner_id)
+        if runner.state in (RunnerState.LOST, RunnerState.STOPPED):
+            raise LeaseLost(
+                f"runner {runner_id} is {runner.state}; register again", code="runner_lost"
+            )
+        return runner
 
     async def _with_task(self, run: Run) -> Run:
         """A task run goes out with its task, project and the steps already done."""
@@ -244,8 +279,12 @@ class Coordinator:
         await self._db(self.store.tasks.schedule_all, now)
         # Also wakes pollers for runs whose rate-limit backoff ended, and for runs that
         # another process (a second coordinator, a CLI) wrote to the same database — only
-        # when there is something to claim: waking 1,000 idle sockets each second is not free.
-        if await self._db(self.store.has_claimable, now):
+        # when such runs came since the last look: waking 2,000 waiting polls or 1,000 idle
+        # sockets each second for a run none of them can take is not free. (Clocks of
+        # other processes may lag: the look reaches back a little further.)
+        since = self._claimable_seen_at - CLOCK_SKEW_S
+        self._claimable_seen_at = now
+        if await self._db(self.store.has_claimable, now, since=since):
             self.notifier.notify(RUNS_AVAILABLE)
         return done
 

@@ -60,6 +60,20 @@ class Held:
 
 
 @dataclass(frozen=True)
+class Claimable:
+    """A pending run ready to be claimed, and what it requires of a runner."""
+
+    run_id: RunId
+    required_runner: str | None  # a runner name
+    labels: frozenset[str]
+
+    def fits(self, runner: Runner) -> bool:
+        """Could ``runner`` claim it? (The claim's own conditions, in memory.)"""
+        named = self.required_runner is None or self.required_runner == runner.name
+        return named and self.labels <= set(runner.labels)
+
+
+@dataclass(frozen=True)
 class RunnerSync:
     """What a runner must do after telling the store what it holds."""
 
@@ -147,14 +161,33 @@ class Store:
             )
         return [run_from_row(r) for r in rows]
 
-    def has_claimable(self, now: float) -> bool:
-        """Is any pending run ready to be claimed (its backoff over)?"""
+    def has_claimable(self, now: float, *, since: float | None = None) -> bool:
+        """Is any pending run ready to be claimed (its backoff over)? With ``since``: one
+        that became so after ``since`` (written, or its backoff ended)."""
+        sql = "SELECT 1 AS x FROM runs WHERE status = 'pending' AND available_at <= ?"
+        params: tuple[float, ...] = (now,)
+        if since is not None:
+            sql += " AND (available_at > ? OR updated_at > ?)"
+            params += (since, since)
         with self.db.transaction(write=False) as tx:
-            row = tx.one(
-                "SELECT 1 AS x FROM runs WHERE status = 'pending' AND available_at <= ? LIMIT 1",
-                (now,),
-            )
+            row = tx.one(sql + " LIMIT 1", params)
         return row is not None
+
+    def claimable(self, now: float, limit: int) -> list[Claimable]:
+        """Pending runs ready to be claimed, in the order claims take them (at most
+        ``limit``): what each requires of a runner. A read: waiting runners look here
+        before they try a claim (a write)."""
+        with self.db.transaction(write=False) as tx:
+            rows = tx.execute(
+                "SELECT id, required_runner, labels FROM runs "
+                "WHERE status = 'pending' AND available_at <= ? "
+                "ORDER BY priority DESC, created_at, id LIMIT ?",
+                (now, limit),
+            )
+        return [
+            Claimable(RunId(r["id"]), r["required_runner"], frozenset(json.loads(r["labels"])))
+            for r in rows
+        ]
 
     def count_runs(self) -> dict[str, int]:
         """How many runs are in each status."""
