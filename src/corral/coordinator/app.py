@@ -12,6 +12,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -81,6 +82,9 @@ def create_app(
     app.include_router(socket.router)
     app.add_exception_handler(CorralError, _corral_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    # A wire model built inside a route from what the request said (a seed runner's
+    # registration becomes a RegisterRunner) refuses it the same way.
+    app.add_exception_handler(ValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_middleware(
         BodyLimit,
@@ -133,7 +137,7 @@ async def _corral_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
+    assert isinstance(exc, RequestValidationError | ValidationError)
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
         return _error(400, "malformed_json", "request body is not valid JSON")
