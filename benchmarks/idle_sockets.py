@@ -18,29 +18,18 @@ import argparse
 import asyncio
 import os
 import resource
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
+from served import corral_serve
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from corral.protocol import messages as m
 
-CORRAL = str(Path(sys.executable).parent / "corral")
 TICKS = os.sysconf("SC_CLK_TCK")
 PING_S = 3.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -180,41 +169,8 @@ def main() -> None:
     wanted = min(hard, max(soft, 2 * args.sockets + 256))
     resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))  # inherited by the coordinator
 
-    with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-        with open(Path(tmp) / "coordinator.log", "wb") as log:
-            proc = subprocess.Popen(
-                [CORRAL, "serve", "--port", str(port), "--db", str(Path(tmp) / "idle.db")],
-                env=env,
-                stdout=log,
-                stderr=log,
-                cwd=tmp,
-                start_new_session=True,
-            )
-            try:
-                end = time.monotonic() + 20
-                while True:
-                    try:
-                        if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    if time.monotonic() > end or proc.poll() is not None:
-                        raise RuntimeError("the coordinator did not come up")
-                    time.sleep(0.05)
-                asyncio.run(bench(args, url, proc.pid))
-            finally:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-        tail = (Path(tmp) / "coordinator.log").read_text(errors="replace").splitlines()[-5:]
-        if any("Error" in line or "Traceback" in line for line in tail):
-            print("coordinator log (last lines):\n  " + "\n  ".join(tail))
+    with corral_serve("idle.db") as (url, pid):
+        asyncio.run(bench(args, url, pid))
 
 
 if __name__ == "__main__":

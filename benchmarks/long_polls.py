@@ -18,25 +18,13 @@ import argparse
 import asyncio
 import os
 import resource
-import signal
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
+from served import corral_serve
 
-CORRAL = str(Path(sys.executable).parent / "corral")
 TOKEN = "long-polls-benchmark"  # for a coordinator that asks for one (CORRAL_TOKEN)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def latencies(http: httpx.AsyncClient, samples: int) -> list[float]:
@@ -114,35 +102,8 @@ def main() -> None:
     wanted = min(hard, max(soft, 2 * args.polls + 256))
     resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))  # inherited by the coordinator
 
-    with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-        env["CORRAL_TOKEN"] = TOKEN
-        with open(Path(tmp) / "coordinator.log", "wb") as log:
-            proc = subprocess.Popen(
-                [CORRAL, "serve", "--port", str(port), "--db", str(Path(tmp) / "polls.db")],
-                env=env,
-                stdout=log,
-                stderr=log,
-                cwd=tmp,
-                start_new_session=True,
-            )
-            try:
-                end = time.monotonic() + 20
-                while True:
-                    try:
-                        if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    if time.monotonic() > end or proc.poll() is not None:
-                        raise SystemExit("the coordinator did not start")
-                    time.sleep(0.1)
-                asyncio.run(bench(args, url))
-            finally:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=30)
+    with corral_serve("polls.db", {"CORRAL_TOKEN": TOKEN}) as (url, _):
+        asyncio.run(bench(args, url))
 
 
 if __name__ == "__main__":
