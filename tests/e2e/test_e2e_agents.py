@@ -3,7 +3,6 @@ session, hung and lingering agents, and rate limits that give the attempt back."
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,10 +30,14 @@ def test_agent_session_start_resume_result(cluster: Cluster, tmp_path: Path) -> 
         "start", "--wait", "--session", "feature-x", "--dir", str(project), prompt
     )
     assert started.returncode == 0, started.stderr
-    # --wait streams the run's output (stream-json lines), then prints the result.
+    # --wait shows the agent's stream-json as a transcript, then prints the result.
     *streamed, printed = started.stdout.strip().splitlines()
     assert printed == f"turn 1: {prompt}"
-    assert json.loads(streamed[0])["subtype"] == "init"
+    assert streamed[0].startswith("── session ")
+    assert streamed[1:] == [
+        f"turn 1: {prompt}",
+        "── done · 1 turns · $0.2500 · " + streamed[-1].rsplit(" · ", 1)[1],
+    ]
     run_id = started.stderr.strip().splitlines()[-1].split()[0]
     run = cluster.client.get_run(run_id)
     assert run["status"] == "completed", run

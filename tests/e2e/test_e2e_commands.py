@@ -14,10 +14,10 @@ from corral.errors import IllegalTransition
 
 
 def _run_id_from(stderr: str) -> str:
-    """``corral … --wait`` ends with ``RUN_ID STATUS`` on stderr."""
-    last = stderr.strip().splitlines()[-1]
-    run_id, _status = last.split()
-    assert run_id.startswith("run_"), stderr
+    """``corral … --wait`` starts with ``RUN_ID queued`` on stderr."""
+    first = stderr.strip().splitlines()[0]
+    run_id, queued = first.split()
+    assert run_id.startswith("run_") and queued == "queued", stderr
     return run_id
 
 
@@ -30,7 +30,7 @@ def test_command_run_end_to_end(cluster: Cluster, runner: Runner) -> None:
     run_id = _run_id_from(done.stderr)
     assert done.stderr.strip().endswith(f"{run_id} completed")
 
-    got = cluster.cli("runs", "get", run_id)
+    got = cluster.cli("runs", "get", "--json", run_id)
     assert got.returncode == 0, got.stderr
     run = json.loads(got.stdout)
     assert run["status"] == "completed"
@@ -48,7 +48,7 @@ def test_command_run_end_to_end(cluster: Cluster, runner: Runner) -> None:
     assert logs.stdout.splitlines() == ["hi"]
 
     failing = cluster.cli("run", "--wait", "--", "sh", "-c", "echo oops >&2; exit 7")
-    assert failing.returncode != 0
+    assert failing.returncode == 7
     assert "oops" in failing.stderr
     failed_id = _run_id_from(failing.stderr)
     run = cluster.client.get_run(failed_id)

@@ -1,4 +1,11 @@
-"""The ``corral`` entry point: commands, and errors as one line with a stable exit code."""
+"""The ``corral`` entry point: commands, and errors as one line with a stable exit code.
+
+Exit statuses: ``0`` success; ``1`` a failure (a run that failed, a task that failed);
+``2`` bad input (a usage error, ``invalid_request``); ``3`` not found; ``4`` conflict;
+``5`` the coordinator is unreachable or unavailable; ``130`` Ctrl-C. Following a run
+(``run --wait``, ``logs -f``, ``wait``) ends with the run's own status: see
+``corral.cli.follow``.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +14,33 @@ import sys
 import click
 
 from corral import __version__
-from corral.cli import gc, runs, servers, tasks
+from corral.cli import gc, runners, runs, servers, submit, tasks
 from corral.errors import CorralError
 
+EPILOG = """\b
+Exit status: 0 success; 1 a run or task failed; 2 bad input; 3 not found;
+4 conflict; 5 coordinator unreachable; 130 Ctrl-C. run --wait, logs -f and
+wait exit with the run's: the command's own status, 124 timed out, 125 cancelled.
+Every flag also reads the CORRAL_* variable its --help names; NO_COLOR is honoured.
+Shell completion: eval "$(_CORRAL_COMPLETE=bash_source corral)" (zsh_source, fish_source).
+"""
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+def _no_color(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    ctx.meta["corral.no_color"] = value
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
 @click.version_option(__version__, prog_name="corral")
+@click.option(
+    "--no-color",
+    is_flag=True,
+    envvar="CORRAL_NO_COLOR",
+    show_envvar=True,
+    expose_value=False,
+    callback=_no_color,
+    help="No colour, even on a terminal (so does NO_COLOR).",
+)
 def cli() -> None:
     """corral: a durable control plane for coding agents and commands on runners."""
 
@@ -21,13 +49,14 @@ for command in (
     servers.serve,
     servers.runner_cmd,
     servers.up,
-    runs.start,
-    runs.resume,
-    runs.run_command,
+    submit.start,
+    submit.resume,
+    submit.run_command,
     runs.runs,
     runs.logs,
+    runs.wait,
     runs.result,
-    runs.runners,
+    runners.runners,
     tasks.tasks,
     gc.gc,
 ):
@@ -40,7 +69,7 @@ def main() -> None:
     except CorralError as exc:
         click.echo(f"error: {exc.message} [{exc.code}]", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as exc:

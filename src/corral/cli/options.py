@@ -2,26 +2,55 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 
-from corral.client import DEFAULT_URL
+from corral.client import DEFAULT_URL, CorralClient
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def option(*names: str, env: str, **kwargs: Any) -> Callable[[F], F]:
-    return click.option(
-        *names, envvar=f"CORRAL_{env}", show_envvar=True, show_default=True, **kwargs
-    )
+    kwargs.setdefault("show_default", True)
+    return click.option(*names, envvar=f"CORRAL_{env}", show_envvar=True, **kwargs)
+
+
+class CoordinatorURL(click.ParamType[str, Any]):
+    """An http(s) URL; ``127.0.0.1:8765`` alone is refused with the URL it probably means."""
+
+    name = "url"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value).strip()
+        parts = urlsplit(text)
+        if parts.scheme in ("http", "https") and parts.netloc:
+            return text
+        self.fail(f"{text!r} is not an http(s) URL; did you mean http://{text}?", param, ctx)
+
+
+URL = CoordinatorURL()
 
 
 def coordinator_url(fn: F) -> F:
-    return option("--url", env="URL", default=DEFAULT_URL, help="Coordinator URL.")(fn)
+    return option("--url", env="URL", type=URL, default=DEFAULT_URL, help="The coordinator's URL.")(
+        fn
+    )
+
+
+def connect(url: str) -> CorralClient:
+    """A client of the coordinator at ``url``."""
+    return CorralClient(url)
 
 
 def comma_list(text: str) -> tuple[str, ...]:
     """``"a, b,,c"`` → ``("a", "b", "c")``: a flag's comma-separated values."""
     return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def labels_from(values: Iterable[str]) -> tuple[str, ...]:
+    """The one rule for labels, a run's (``--label``, repeatable) and a runner's
+    (``--labels``): comma-separated, blanks dropped, each once, sorted."""
+    return tuple(sorted({label for value in values for label in comma_list(value)}))

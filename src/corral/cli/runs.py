@@ -1,270 +1,248 @@
-"""Client commands: start and resume sessions, run commands, inspect runs, logs, results."""
+"""``corral runs``, ``logs``, ``wait`` and ``result``: what happened to runs."""
 
 from __future__ import annotations
 
-import json
-import os
-import sys
+import shlex
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from corral.cli.options import coordinator_url
+from corral.cli.follow import TERMINAL, Follower, line_printer
+from corral.cli.options import connect, coordinator_url, option
+from corral.cli.output import current, local_time, money, print_json
 from corral.client import CorralClient
+from corral.errors import InvalidRequest, NotFound
 
-TERMINAL = {"completed", "failed", "cancelled", "timed_out"}
-console = Console(width=160) if not sys.stdout.isatty() else Console()
-
-
-def _print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2))
-
-
-def _created(client: CorralClient, created: dict[str, Any], wait: bool) -> None:
-    run_id = created["run_id"]
-    if not wait:
-        click.echo(run_id)
-        return
-    for item in client.follow_logs(run_id):
-        if item["event"] == "line":
-            stream = sys.stderr if item["stream"] == "stderr" else sys.stdout
-            print(item["text"], file=stream, flush=True)
-        else:
-            run = item["run"]
-            click.echo(f"{run_id} {run['status']}", err=True)
-            if run.get("result"):
-                click.echo(run["result"])
-            if run["status"] != "completed":
-                raise SystemExit(1)
-
-
-def _run_options(fn: Any) -> Any:
-    for decorate in reversed(
-        [
-            click.option(
-                "--dir",
-                "project_dir",
-                default=None,
-                help="Directory to run in (default: the runner's).",
-            ),
-            click.option("--label", "labels", multiple=True, help="Required runner label."),
-            click.option("--timeout", "timeout_s", type=float, default=None, help="Seconds."),
-            click.option(
-                "--idle-timeout",
-                "idle_timeout_s",
-                type=float,
-                default=None,
-                help="Stop after this many seconds without output.",
-            ),
-            click.option("--priority", type=int, default=0, show_default=True),
-            click.option("--max-attempts", type=int, default=3, show_default=True),
-            click.option("--wait", is_flag=True, help="Stream the logs and wait for the end."),
-            coordinator_url,
-        ]
-    ):
-        fn = decorate(fn)
-    return fn
-
-
-@click.command()
-@click.option("--session", "session_name", default=None, help="A name for the session.")
-@click.option("--agent", "agent_name", default=None, help="Agent profile (default: claude).")
-@_run_options
-@click.argument("prompt")
-def start(url: str, wait: bool, **fields: Any) -> None:
-    """Start an agent session with PROMPT; prints the run id."""
-    with CorralClient(url) as client:
-        _created(client, client.create_run(type="start_session", **_clean(fields)), wait)
-
-
-@click.command()
-@click.option("--agent", "agent_name", default=None, help="Agent profile (default: the session's).")
-@_run_options
-@click.argument("session")
-@click.argument("prompt")
-def resume(url: str, wait: bool, session: str, **fields: Any) -> None:
-    """Resume SESSION (its id or name) with PROMPT, on the runner that holds it."""
-    fields.pop("project_dir", None)  # a resume runs where the session lives
-    with CorralClient(url) as client:
-        created = client.create_run(type="resume_session", session_id=session, **_clean(fields))
-        _created(client, created, wait)
-
-
-@click.command("run")
-@_run_options
-@click.argument("command", nargs=-1, required=True)
-def run_command(url: str, wait: bool, command: tuple[str, ...], **fields: Any) -> None:
-    """Run COMMAND (an argv: put it after --) on a runner; prints the run id."""
-    with CorralClient(url) as client:
-        created = client.create_run(type="command", command=list(command), **_clean(fields))
-        _created(client, created, wait)
-
-
-def _clean(fields: dict[str, Any]) -> dict[str, Any]:
-    fields = {k: v for k, v in fields.items() if v not in (None, ())}
-    if "labels" in fields:
-        fields["labels"] = list(fields["labels"])
-    if fields.get("project_dir"):
-        fields["project_dir"] = os.path.abspath(fields["project_dir"])
-    return fields
+JSON_OPTION = option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON.")
 
 
 @click.group()
 def runs() -> None:
-    """List, inspect and cancel runs."""
+    """List, inspect, cancel and retry runs."""
 
 
 @runs.command("list")
 @coordinator_url
-@click.option("--status", default=None, help="Comma-separated statuses.")
-@click.option("--session", default=None, help="Session id or name.")
-@click.option("--limit", default=20, show_default=True, type=int)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--status", default=None, help="Only these statuses, comma-separated.")
+@click.option("--session", default=None, help="Only the runs of this session (id or name).")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
+@JSON_OPTION
 def runs_list(url: str, status: str | None, session: str | None, limit: int, as_json: bool) -> None:
     """The newest runs first."""
-    with CorralClient(url) as client:
+    with connect(url) as client:
         page = client.list_runs(status=status, session=session, limit=limit)
     if as_json:
-        _print_json(page)
+        print_json(page)
         return
-    table = Table("run", "type", "status", "runner", "attempts", "created", "error")
-    for run in page["runs"]:
-        table.add_row(
+    rows = [
+        [
             run["run_id"],
             run["type"],
-            _status(run["status"]),
+            run["status"],
             run["runner_id"] or "",
             str(run["attempts"]),
-            run["created_at"][:19],
-            (run["error"] or "")[:60],
-        )
-    console.print(table)
+            local_time(run["created_at"]),
+            money(run["cost_usd"]),
+            first_line(run["error"]),
+        ]
+        for run in page["runs"]
+    ]
+    headers = ["run", "type", "status", "runner", "attempts", "created", "cost", "error"]
+    current().table(headers, rows)
 
 
-def _status(status: str) -> str:
-    color = {
-        "completed": "green",
-        "failed": "red",
-        "timed_out": "red",
-        "running": "cyan",
-        "cancelled": "yellow",
-    }.get(status)
-    return f"[{color}]{status}[/]" if color else status
+def first_line(text: str | None) -> str:
+    return (text or "").splitlines()[0] if text else ""
 
 
 @runs.command("get")
 @coordinator_url
+@JSON_OPTION
 @click.argument("run_id")
-def runs_get(url: str, run_id: str) -> None:
-    """One run, as JSON."""
-    with CorralClient(url) as client:
-        _print_json(client.get_run(run_id))
+def runs_get(url: str, as_json: bool, run_id: str) -> None:
+    """One run: what it is, where and how it ran, and how it ended."""
+    with connect(url) as client:
+        run = client.get_run(run_id)
+    if as_json:
+        print_json(run)
+        return
+    for name, value in describe(run):
+        click.echo(f"{name + ':':<12}{value}")
+
+
+def describe(run: dict[str, Any]) -> list[tuple[str, str]]:
+    """The fields of a run worth reading, in reading order, the empty ones left out."""
+    status = run["status"]
+    if run["exit_code"] is not None and status != "completed":
+        status += f" (exit {run['exit_code']})"
+    if run["cancel_requested"] and run["status"] not in TERMINAL:
+        status += " (cancel requested)"
+    fields = [
+        ("run", run["run_id"]),
+        ("type", run["type"]),
+        ("status", status),
+        ("command", shlex.join(run["command"]) if run["command"] else ""),
+        ("session", run["session_name"] or run["session_id"] or ""),
+        ("agent", run["agent_name"] or ""),
+        ("prompt", first_line(run["prompt"])),
+        ("task", run["task_id"] or ""),
+        ("labels", ", ".join(run["labels"])),
+        ("directory", run["project_dir"] or ""),
+        ("runner", run["runner_id"] or ""),
+        ("attempts", f"{run['attempts']} of {run['max_attempts']}"),
+        ("created", local_time(run["created_at"])),
+        ("started", local_time(run["started_at"])),
+        ("finished", local_time(run["finished_at"])),
+        ("cost", money(run["cost_usd"])),
+        ("turns", str(run["num_turns"]) if run["num_turns"] is not None else ""),
+        ("error", run["error"] or ""),
+        ("result", first_line(run["result"])),
+    ]
+    return [(name, value) for name, value in fields if value]
 
 
 @runs.command("cancel")
 @coordinator_url
+@JSON_OPTION
 @click.argument("run_id")
-def runs_cancel(url: str, run_id: str) -> None:
+def runs_cancel(url: str, as_json: bool, run_id: str) -> None:
     """Cancel a run (a running one is stopped: SIGTERM, then SIGKILL)."""
-    with CorralClient(url) as client:
+    with connect(url) as client:
         run = client.cancel_run(run_id)
+    if as_json:
+        print_json(run)
+        return
     state = "cancel requested" if run["status"] not in TERMINAL else run["status"]
     click.echo(f"{run_id} {state}")
+
+
+# What a retry copies from the run it retries.
+_RETRIED = (
+    "type",
+    "command",
+    "prompt",
+    "agent_name",
+    "project_dir",
+    "labels",
+    "priority",
+    "timeout_s",
+    "idle_timeout_s",
+    "max_attempts",
+)
+
+
+@runs.command("retry")
+@coordinator_url
+@JSON_OPTION
+@click.argument("run_id")
+def runs_retry(url: str, as_json: bool, run_id: str) -> None:
+    """Run a finished run again, as a new run with the same spec; prints the new id."""
+    with connect(url) as client:
+        run = client.get_run(run_id)
+        if run["status"] not in TERMINAL:
+            raise InvalidRequest(f"{run_id} is {run['status']}: only a finished run is retried")
+        if run["type"] == "task":
+            raise InvalidRequest(f"{run_id} is a task's run: retry it with `corral tasks retry`")
+        spec = {key: run[key] for key in _RETRIED if run[key] not in (None, [])}
+        if run["type"] == "resume_session":
+            spec["session_id"] = run["session_id"]
+        elif run["session_name"]:
+            spec["session_name"] = run["session_name"]
+        created = client.create_run(**spec)
+    if as_json:
+        print_json(created)
+    else:
+        click.echo(created["run_id"])
 
 
 @click.command()
 @coordinator_url
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming until the run ends.")
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="An agent run's output as the agent printed it (stream-json), not as a transcript.",
+)
+@JSON_OPTION
 @click.argument("run_id")
-def logs(url: str, follow: bool, run_id: str) -> None:
-    """Print a run's output."""
-    with CorralClient(url) as client:
+def logs(url: str, follow: bool, raw: bool, as_json: bool, run_id: str) -> None:
+    """Print a run's output; an agent run's as a readable transcript.
+
+    With -f, say why a pending run waits, reconnect across a coordinator restart, and
+    exit with the run's status as `run --wait` does.
+    """
+    with connect(url) as client:
+        run = client.get_run(run_id)
+        show = line_printer(run["type"], raw=raw, as_json=as_json, split_streams=False)
         if follow:
-            for item in client.follow_logs(run_id):
-                if item["event"] == "line":
-                    print(item["text"], flush=True)
-                else:
-                    click.echo(f"-- {run_id} {item['run']['status']}", err=True)
+            follower = Follower(client, run_id, stream=True, split_streams=False, show=show)
+            code = follower.report_end(follower.run())
+            if code:
+                raise SystemExit(code)
             return
-        after = 0
-        while True:
-            page = client.logs(run_id, after)
-            for line in page["lines"]:
-                print(line["text"])
-            if not page["lines"]:
-                return
-            after = page["next_after"]
+        for item in _all_lines(client, run_id):
+            show(item)
+
+
+def _all_lines(client: CorralClient, run_id: str) -> Any:
+    after = 0
+    while True:
+        page = client.logs(run_id, after)
+        yield from page["lines"]
+        if not page["lines"]:
+            return
+        after = page["next_after"]
+
+
+@click.command("wait")
+@coordinator_url
+@JSON_OPTION
+@click.argument("run_ids", nargs=-1, required=True)
+def wait(url: str, as_json: bool, run_ids: tuple[str, ...]) -> None:
+    """Wait until every RUN has ended, saying why one waits; exit 0 when all completed,
+    else with the status of the first that did not (see `run --wait`)."""
+    finished = []
+    code = 0
+    with connect(url) as client:
+        for run_id in run_ids:
+            follower = Follower(client, run_id, stream=False)
+            run = follower.run()
+            finished.append(run)
+            status = follower.report_end(run)
+            code = code or status
+    if as_json:
+        print_json(finished)
+    if code:
+        raise SystemExit(code)
 
 
 @click.command()
 @coordinator_url
-@click.option("--json", "as_json", is_flag=True)
+@JSON_OPTION
 @click.argument("session")
 def result(url: str, as_json: bool, session: str) -> None:
     """The latest result of SESSION (its id or name)."""
-    with CorralClient(url) as client:
-        found = client.session_result(session)
+    with connect(url) as client:
+        try:
+            found = client.session_result(session)
+        except NotFound:
+            raise NotFound(_why_no_result(client, session), code="session_not_found") from None
     if as_json:
-        _print_json(found)
+        print_json(found)
         return
     click.echo(found["result"] or "")
     if found["is_error"]:
         raise SystemExit(1)
 
 
-@click.group()
-def runners() -> None:
-    """The runners known to the coordinator."""
-
-
-@runners.command("list")
-@coordinator_url
-@click.option("--json", "as_json", is_flag=True)
-def runners_list(url: str, as_json: bool) -> None:
-    with CorralClient(url) as client:
-        found = client.runners()
-    if as_json:
-        _print_json(found)
-        return
-    table = Table("runner", "name", "state", "transport", "slots", "version", "last heartbeat")
-    for r in found:
-        table.add_row(
-            r["runner_id"],
-            r["name"],
-            r["state"],
-            r["transport"],
-            f"{r['slots_used']}/{r['slots_total']}",
-            r["version"],
-            (r["last_heartbeat_at"] or "")[:19],
-        )
-    console.print(table)
-
-
-@runners.command("drain")
-@coordinator_url
-@click.option(
-    "--grace",
-    "grace_s",
-    type=float,
-    default=120.0,
-    show_default=True,
-    help="Seconds its running work may go on.",
-)
-@click.argument("runner_id")
-def runners_drain(url: str, grace_s: float, runner_id: str) -> None:
-    """Take no new work on RUNNER_ID; it finishes what it has and leaves."""
-    with CorralClient(url) as client:
-        runner = client.call("POST", f"/runners/{runner_id}/drain", json={"grace_s": grace_s})
-    click.echo(f"{runner_id} {runner['state']}")
-
-
-@runners.command("stop")
-@coordinator_url
-@click.argument("runner_id")
-def runners_stop(url: str, runner_id: str) -> None:
-    """Stop RUNNER_ID now; its runs go back to pending for other runners."""
-    with CorralClient(url) as client:
-        runner = client.call("POST", f"/runners/{runner_id}/stop")
-    click.echo(f"{runner_id} {runner['state']}")
+def _why_no_result(client: CorralClient, session: str) -> str:
+    """A session is recorded once its agent has started: say what became of its runs."""
+    runs = client.list_runs(session=session, limit=1)["runs"]
+    if not runs:
+        return f"no session {session!r}: no run was ever started with that name or id"
+    run = runs[0]
+    status = run["status"]
+    if status in ("pending", "claimed", "running"):
+        return f"session {session!r} has no result yet: its run {run['run_id']} is {status}"
+    why = f": {first_line(run['error'])}" if run["error"] else ""
+    return f"session {session!r} has no result: its run {run['run_id']} {status}{why}"

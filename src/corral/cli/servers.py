@@ -12,7 +12,7 @@ import click
 import uvicorn
 
 from corral.cli.gc import DURATION, retention_from, retention_options
-from corral.cli.options import comma_list, option
+from corral.cli.options import URL, comma_list, labels_from, option
 from corral.coordinator.app import QuietServer, server_config
 from corral.coordinator.settings import CoordinatorSettings
 from corral.runner.core import Runner
@@ -199,7 +199,7 @@ def _runner_settings(
         claude_bin=claude_bin,
         drain_grace_s=drain_grace,
         transport=transport,
-        labels=tuple(sorted(set(comma_list(labels)))),
+        labels=labels_from([labels]),
         pass_env=comma_list(pass_env),
     )
     return settings if name is None else RunnerSettings(**{**settings.__dict__, "name": name})
@@ -220,7 +220,15 @@ def serve(**kwargs: object) -> None:
 
 
 @click.command("runner")
-@option("--coordinator", "url", env="URL", default="http://127.0.0.1:8765", help="Coordinator URL.")
+@option(
+    "--url",
+    "--coordinator",
+    "url",
+    env="URL",
+    type=URL,
+    default="http://127.0.0.1:8765",
+    help="The coordinator's URL (--coordinator: the same).",
+)
 @runner_options
 def runner_cmd(url: str, **kwargs: object) -> None:
     """Run a runner: claim runs from the coordinator and execute them."""

@@ -1,0 +1,198 @@
+"""Waiting for a run from the CLI: say why it waits, stream its output, survive a
+coordinator restart, and end with an exit status that tells what happened.
+
+Exit statuses of ``run --wait``, ``start --wait``, ``logs -f`` and ``wait``:
+``0`` completed; the command's own exit status when it failed with one; ``1`` failed
+without one (no such program, attempts used up); ``124`` timed out (as ``timeout(1)``);
+``125`` cancelled; ``130`` Ctrl-C (the run goes on).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from corral.cli.transcript import Transcript
+from corral.client import CorralClient
+from corral.errors import Unavailable
+
+TERMINAL = frozenset({"completed", "failed", "cancelled", "timed_out"})
+EXIT_TIMED_OUT = 124
+EXIT_CANCELLED = 125
+EXIT_INTERRUPTED = 130
+PENDING_POLL_S = 1.0
+REPEAT_WAITING_S = 30.0  # a long wait says again why, so the last line never goes stale
+RECONNECT_MAX_S = 5.0
+TAIL_LINES = 5
+TAIL_AFTER = 20  # more lines than this streamed: the last ones are shown again at a failure
+
+
+def exit_status(run: dict[str, Any]) -> int:
+    status = run["status"]
+    if status == "completed":
+        return 0
+    if status == "timed_out":
+        return EXIT_TIMED_OUT
+    if status == "cancelled":
+        return EXIT_CANCELLED
+    code = run.get("exit_code")
+    return code if isinstance(code, int) and 0 < code < 256 else 1
+
+
+def label_text(labels: list[str]) -> str:
+    return f"[{', '.join(labels)}]"
+
+
+def waiting_reason(run: dict[str, Any], runners: list[dict[str, Any]]) -> str:
+    """Why a pending run is not running yet, from what the coordinator knows of runners."""
+    labels = sorted(run.get("labels") or [])
+    live = [r for r in runners if r["state"] == "active"]
+    wanted = f"a runner with labels {label_text(labels)}" if labels else "a runner"
+    matching = [r for r in live if set(labels) <= set(r["labels"])]
+    if not live:
+        return f"waiting for {wanted}: no runner is connected"
+    if not matching:
+        return f"waiting for {wanted}: no live runner has them"
+    if all(r["slots_used"] >= r["slots_total"] for r in matching):
+        return f"waiting for {wanted}: every slot of the {len(matching)} that match is busy"
+    return f"waiting for {wanted} to claim it"
+
+
+def no_match_warning(client: CorralClient, labels: list[str]) -> str | None:
+    """At submit time: a warning when no live runner could take a run with ``labels``."""
+    live = [r for r in client.runners() if r["state"] == "active"]
+    if not live:
+        return "no runner is connected: the run waits until one is"
+    if labels and not any(set(labels) <= set(r["labels"]) for r in live):
+        return f"no live runner has labels {label_text(labels)}: the run waits until one does"
+    return None
+
+
+def line_printer(
+    run_type: str, *, raw: bool = False, as_json: bool = False, split_streams: bool = True
+) -> Callable[[dict[str, Any]], None]:
+    """How a run's output lines are shown: as they are (a command's; ``--raw``), as JSON
+    objects (``--json``), or an agent's stream-json as a readable transcript."""
+    transcript = None if raw or as_json or run_type == "command" else Transcript()
+
+    def show(item: dict[str, Any]) -> None:
+        if as_json:
+            click.echo(json.dumps(item))
+            return
+        to_stderr = split_streams and item["stream"] == "stderr"
+        texts = [item["text"]] if transcript is None else transcript.render(item["text"])
+        for text in texts:
+            print(text, file=sys.stderr if to_stderr else sys.stdout, flush=True)
+
+    return show
+
+
+class Follower:
+    """Follows one run to its end; ``stream`` prints its output as it comes."""
+
+    def __init__(
+        self,
+        client: CorralClient,
+        run_id: str,
+        *,
+        stream: bool,
+        split_streams: bool = True,
+        say: Callable[[str], None] | None = None,
+        show: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.stream = stream
+        self.split_streams = split_streams  # stderr lines to stderr (--wait) or all to stdout
+        self.say = say or (lambda text: click.echo(text, err=True))
+        self.show = show or line_printer("command", split_streams=split_streams)
+        self.connected = False
+        self.after = 0
+        self.printed = 0
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._said: tuple[str, float] | None = None
+
+    def run(self) -> dict[str, Any]:
+        """The finished run; Ctrl-C says how to cancel it and exits 130."""
+        try:
+            return self._follow()
+        except KeyboardInterrupt:
+            self.say(
+                f"{self.run_id} is still running; cancel it with `corral runs cancel {self.run_id}`"
+            )
+            raise SystemExit(EXIT_INTERRUPTED) from None
+
+    def _follow(self) -> dict[str, Any]:
+        while True:
+            try:
+                run = self.client.get_run(self.run_id)
+                self.connected = True
+                if run["status"] == "pending":
+                    self._waiting(run)
+                    time.sleep(PENDING_POLL_S)
+                    continue
+                if not self.stream and run["status"] not in TERMINAL:
+                    time.sleep(PENDING_POLL_S)
+                    continue
+                ended = self._stream() if self.stream else run
+            except Unavailable as exc:
+                if not self.connected:  # never reached: a wrong URL, not a restart
+                    raise
+                self._reconnect(exc)
+                continue
+            if ended is not None:
+                return ended
+
+    def _stream(self) -> dict[str, Any] | None:
+        """Print lines until the end (returned); None if the stream stopped short."""
+        for item in self.client.follow_logs(self.run_id, self.after):
+            if item["event"] == "end":
+                run: dict[str, Any] = item["run"]
+                return run
+            self.after = item["id"]
+            self.printed += 1
+            self.tail.append(item["text"])
+            self.show(item)
+        return None  # the coordinator closed the stream (shutting down): follow again
+
+    def _waiting(self, run: dict[str, Any]) -> None:
+        reason = waiting_reason(run, self.client.runners())
+        now = time.monotonic()
+        if self._said and self._said[0] == reason and now - self._said[1] < REPEAT_WAITING_S:
+            return
+        self._said = (reason, now)
+        self.say(f"{self.run_id} {reason}")
+
+    def _reconnect(self, exc: Unavailable) -> None:
+        self.say(f"{exc.message}; reconnecting (Ctrl-C to stop waiting)")
+        delay = 0.2
+        while True:
+            time.sleep(delay)
+            try:
+                self.client.call("GET", "/health")
+            except Unavailable:
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            self.say(f"reconnected to {self.client.url}")
+            self._said = None
+            return
+
+    def report_end(self, run: dict[str, Any]) -> int:
+        """The closing line (and a failure's reason); returns the exit status."""
+        status = run["status"]
+        if status == "completed":
+            self.say(f"{self.run_id} completed")
+            return 0
+        if self.printed > TAIL_AFTER and self.tail:
+            self.say("last lines:")
+            for line in self.tail:
+                self.say(f"  {line}")
+        reason = run.get("error") or ""
+        self.say(f"{self.run_id} {status}" + (f": {reason}" if reason else ""))
+        return exit_status(run)
