@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import inspect
 import logging
+import signal
+import socket
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
@@ -15,6 +21,7 @@ from corral.cli.gc import DURATION, retention_from, retention_options
 from corral.cli.options import URL, comma_list, labels_from, option
 from corral.coordinator.app import QuietServer, server_config
 from corral.coordinator.settings import CoordinatorSettings
+from corral.errors import Conflict, InvalidRequest, Unavailable
 from corral.runner.core import Runner
 from corral.runner.process import watch_children_with_pidfds
 from corral.runner.settings import RunnerSettings
@@ -208,6 +215,34 @@ def _runner_settings(
 def _logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+    logging.getLogger("uvicorn.error").addFilter(_not_cancelled_at_shutdown)
+
+
+def _not_cancelled_at_shutdown(record: logging.LogRecord) -> bool:
+    """A shutdown cancels the requests still open after its grace (runners' long-polls,
+    followed logs): expected, not an error to print a traceback for."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, asyncio.CancelledError):
+        return False
+    return "timeout graceful shutdown exceeded" not in record.getMessage()
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse at once, in one line, a port another process listens on (a second ``corral
+    up``), rather than let the server fail with a traceback."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise Conflict(
+                    f"port {port} is in use — is another corral running? "
+                    f"(or choose another with --port)",
+                    code="port_in_use",
+                ) from None
+            raise InvalidRequest(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
 @click.command()
@@ -216,7 +251,33 @@ def serve(**kwargs: object) -> None:
     """Run the coordinator (REST API, runner endpoints, reconciler)."""
     _logging()
     settings = _coordinator_settings(**kwargs)  # type: ignore[arg-type]
-    uvicorn.Server(server_config(settings, host=settings.host, port=settings.port)).run()
+    _check_port_free(settings.host, settings.port)
+    server = _StoppingServer(server_config(settings, host=settings.host, port=settings.port))
+    server.run()
+    click.echo("corral serve stopped", err=True)
+    if server.stopped_by == signal.SIGINT:
+        raise SystemExit(130)  # Ctrl-C, as every command that it stops
+
+
+class _StoppingServer(uvicorn.Server):
+    """uvicorn's server, stopped by SIGINT or SIGTERM after its graceful shutdown, which
+    remembers the signal instead of raising it again once stopped (a KeyboardInterrupt's
+    traceback, or death by SIGTERM with no word said)."""
+
+    stopped_by: int | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        def stop(sig: int, frame: FrameType | None) -> None:
+            self.stopped_by = self.stopped_by or sig
+            self.handle_exit(sig, frame)
+
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 @click.command("runner")
@@ -253,6 +314,7 @@ def up(**kwargs: Any) -> None:
     mine = inspect.signature(_coordinator_settings).parameters
     settings = _coordinator_settings(**{k: kwargs.pop(k) for k in list(kwargs) if k in mine})
     host, port, db = settings.host, settings.port, settings.db_url
+    _check_port_free(host, port)
     url = f"http://{host}:{port}"
     runner_settings = _runner_settings(url, **kwargs)
 
@@ -260,9 +322,10 @@ def up(**kwargs: Any) -> None:
         server = QuietServer(server_config(settings, host=host, port=port))
         serving = asyncio.create_task(server.serve())
         while not server.started:
-            if serving.done():
-                await serving
-                raise click.ClickException(f"could not start the coordinator on {url}")
+            if serving.done():  # it could not listen (the port taken since the check)
+                with contextlib.suppress(SystemExit):
+                    await serving
+                raise Unavailable(f"could not start the coordinator on {url}")
             await asyncio.sleep(0.05)
         runner = Runner(runner_settings)
         runner.install_signal_handlers()

@@ -62,8 +62,16 @@ class Context:
 def _git(repo: Path, *args: str) -> str:
     try:
         out = subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise InvalidRequest(f"{repo} is not a git repository with a commit ({exc})") from exc
+    except OSError as exc:
+        raise InvalidRequest(f"cannot run git: {exc.strerror}", code="no_git") from None
+    except subprocess.CalledProcessError as exc:
+        # git's own first line says which ("not a git repository", "ambiguous argument").
+        said = first_line(exc.stderr.strip().removeprefix("fatal: "))
+        raise InvalidRequest(
+            f"{repo.resolve()} is not a git repository with a commit ({said}); run corral "
+            "tasks inside one, or name it with --repo",
+            code="not_a_repository",
+        ) from None
     return out.stdout.strip()
 
 
