@@ -36,9 +36,7 @@ def test_serve_stops_on_ctrl_c_and_sigterm_without_a_traceback(cluster: Cluster)
     serve = Terminal(argv, cluster.env, cluster.root)
     try:
         wait_until(lambda: _healthy(cluster, url), 30, what="serve to answer")
-        runner = cluster.start_runner(
-            "poller", url=url, extra=["--transport", "poll"], wait=False
-        )
+        runner = cluster.start_runner("poller", url=url, extra=["--transport", "poll"], wait=False)
         wait_until(lambda: "poll" in _runner_transports(cluster, url), what="the poller")
         serve.ctrl_c()
         assert serve.wait(30) == 130
