@@ -25,6 +25,7 @@ from corral.coordinator.schemas import error_responses
 from corral.coordinator.service import Coordinator
 from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
 from corral.errors import CorralError, InvalidRequest
+from corral.protocol.limits import MAX_FRAME_BYTES
 from corral.store import Store
 from corral.wire import problem_with
 
@@ -105,6 +106,8 @@ def server_config(settings: CoordinatorSettings, *, host: str, port: int) -> uvi
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         # Runner frames are small JSON: compressing each costs more CPU than it saves.
         ws_per_message_deflate=False,
+        # A larger frame closes the socket with 1009 (the runner cuts its frames far below).
+        ws_max_size=MAX_FRAME_BYTES,
     )
 
 
