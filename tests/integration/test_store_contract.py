@@ -609,6 +609,17 @@ def test_get_session_by_name_is_the_most_recent(store: Store) -> None:
     assert err.value.code == "session_not_found"
 
 
+def test_list_sessions_most_recent_first(store: Store) -> None:
+    runner = register(store)
+    assert store.list_sessions() == []
+    for n, name in enumerate(("first", "second", "third")):
+        run = running(store, runner, agent_run(session_name=name), now=NOW + 10 * n)
+        finish(store, run, now=NOW + 10 * n + 1, cost_usd=0.5, session_id=f"sess-{name}")
+    assert [s.name for s in store.list_sessions()] == ["third", "second", "first"]
+    assert [s.name for s in store.list_sessions(limit=2)] == ["third", "second"]
+    assert store.list_sessions()[0].cost_usd == pytest.approx(0.5)
+
+
 # ---- runners and heartbeats ------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ import sys
 import click
 
 from corral import __version__
-from corral.cli import gc, runners, runs, servers, submit, tasks
+from corral.cli import gc, runners, runs, servers, sessions, submit, tasks
 from corral.errors import CorralError
 
 EPILOG = """\b
@@ -57,6 +57,7 @@ for command in (
     runs.wait,
     runs.result,
     runners.runners,
+    sessions.sessions,
     tasks.tasks,
     gc.gc,
 ):

@@ -123,6 +123,16 @@ async def run_logs(
     return StreamingResponse(stream(), media_type="application/x-ndjson")
 
 
+@router.get("/sessions", tags=["sessions"])
+async def list_sessions(
+    request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 50
+) -> dict[str, Any]:
+    """The most recently updated sessions first: runs, latest result, total cost."""
+    coordinator = _coordinator(request)
+    found = await coordinator._db(coordinator.store.list_sessions, limit)
+    return {"sessions": [session_json(s) for s in found]}
+
+
 @router.get("/sessions/{session}", tags=["sessions"])
 async def get_session(session: str, request: Request) -> dict[str, Any]:
     """A session by id or name (the most recent with that name)."""

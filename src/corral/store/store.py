@@ -597,6 +597,14 @@ class Store:
             raise NotFound.of("session", key)
         return session_from_row(row)
 
+    def list_sessions(self, limit: int = 50) -> list[Session]:
+        """The most recently updated sessions first."""
+        with self.db.transaction(write=False) as tx:
+            rows = tx.execute(
+                "SELECT * FROM sessions ORDER BY updated_at DESC, id DESC LIMIT ?", (limit,)
+            )
+        return [session_from_row(r) for r in rows]
+
 
 # ---- helpers (each runs inside the caller's transaction) -----------------------------------
 
