@@ -40,7 +40,7 @@ class Output:
         self.color = self.terminal and not no_color and not os.environ.get("NO_COLOR")
         self.console = Console(
             highlight=False,  # rich's highlighter colours stray numbers and words
-            no_color=not self.color,
+            color_system="auto" if self.color else None,  # None: no escape codes at all
             soft_wrap=not self.terminal,
             width=None if self.terminal else 10_000,
         )

@@ -1,0 +1,41 @@
+"""Labels and runners from the CLI (issue 15): one rule for a run's ``--label a,b`` and a
+runner's ``--labels a,b``; labels shown by ``runners list``; runners drained or stopped by
+name as well as by id."""
+
+from __future__ import annotations
+
+from e2e_support import Cluster
+
+
+def test_one_label_rule_and_runners_by_name(cluster: Cluster) -> None:
+    cluster.start_coordinator()
+    ws = ["--transport", "websocket"]
+    box = cluster.start_runner("gpu-box", slots=1, extra=[*ws, "--labels", "linux, gpu"])
+    plain = cluster.start_runner("plain", slots=1, extra=ws)
+    box_id = cluster.wait_runner("gpu-box")
+
+    listed = cluster.cli("runners", "list")
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if " gpu-box " in line]
+    assert "gpu,linux" in row.split()
+
+    for labels in (["--label", "gpu,linux"], ["--label", "linux", "--label", " gpu"]):
+        done = cluster.cli("run", "--wait", *labels, "--", "echo", "on the box")
+        assert done.returncode == 0, done.stderr
+        run = cluster.client.get_run(done.stderr.split()[0])
+        assert run["labels"] == ["gpu", "linux"]
+        assert run["runner_id"] == box_id
+
+    drained = cluster.cli("runners", "drain", "gpu-box", "--grace", "60")
+    assert drained.returncode == 0, drained.stderr
+    assert drained.stdout.split() == [box_id, "draining"]
+    assert box.wait(30) == 0  # nothing to finish: it leaves at once
+    stopped = cluster.cli("runners", "stop", "plain")
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.split()[1] == "stopped"
+    assert cluster.runner_by_id(stopped.stdout.split()[0])["name"] == "plain"
+    plain.kill()
+
+    unknown = cluster.cli("runners", "stop", "nobody")
+    assert unknown.returncode == 3
+    assert "no runner has the id or name 'nobody'" in unknown.stderr
