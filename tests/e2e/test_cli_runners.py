@@ -4,6 +4,8 @@ name as well as by id."""
 
 from __future__ import annotations
 
+import json
+
 from e2e_support import Cluster
 
 
@@ -39,3 +41,38 @@ def test_one_label_rule_and_runners_by_name(cluster: Cluster) -> None:
     unknown = cluster.cli("runners", "stop", "nobody")
     assert unknown.returncode == 3
     assert "no runner has the id or name 'nobody'" in unknown.stderr
+
+
+def test_run_flags_read_their_variables_and_print_json(cluster: Cluster) -> None:
+    cluster.start_coordinator()
+    env = {
+        "CORRAL_LABEL": "gpu,linux",
+        "CORRAL_PRIORITY": "5",
+        "CORRAL_MAX_ATTEMPTS": "2",
+        "CORRAL_TIMEOUT": "30",
+        "CORRAL_IDLE_TIMEOUT": "20",
+        "CORRAL_JSON": "1",
+    }
+    cluster.env.update(env)
+    created = cluster.cli("run", "--", "echo", "hi")
+    assert created.returncode == 0, created.stderr
+    run_id = json.loads(created.stdout)["run_id"]
+    run = cluster.client.get_run(run_id)
+    assert run["labels"] == ["gpu", "linux"]
+    assert (run["priority"], run["max_attempts"]) == (5, 2)
+    assert (run["timeout_s"], run["idle_timeout_s"]) == (30, 20)
+    for name in env:
+        del cluster.env[name]
+
+    cluster.env["CORRAL_SESSION"] = "from-env"
+    started = cluster.cli("start", "--json", "hello")
+    del cluster.env["CORRAL_SESSION"]
+    assert cluster.client.get_run(json.loads(started.stdout)["run_id"])["session_name"] == (
+        "from-env"
+    )
+
+    cancelled = cluster.cli("runs", "cancel", "--json", run_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["status"] == "cancelled"
+    logs = cluster.cli("logs", "--json", run_id)
+    assert (logs.returncode, logs.stdout) == (0, "")  # it never ran: no lines

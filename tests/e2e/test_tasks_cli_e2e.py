@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -43,6 +44,11 @@ def test_a_plan_may_list_a_task_before_its_blockers(tr: TaskRepo) -> None:
         "a": "ready",
     }
     assert tasks["c"]["after"] == ["a", "b"]
+    graph = tr.corral("graph", "--json")
+    assert graph.code == 0, str(graph)
+    nodes = {n["id"]: n for n in json.loads(graph.out)["tasks"]}
+    assert sorted(nodes["a"]["children"]) == ["b", "c"]
+    assert (nodes["c"]["after"], nodes["c"]["status"]) == (["a", "b"], "blocked")
 
 
 def test_piped_progress_comes_as_it_happens_and_the_summary_on_its_own_line(

@@ -25,7 +25,13 @@ def runs() -> None:
 @coordinator_url
 @click.option("--status", default=None, help="Only these statuses, comma-separated.")
 @click.option("--session", default=None, help="Only the runs of this session (id or name).")
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
+@click.option(
+    "--limit",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1, 500),
+    help="At most this many.",
+)
 @JSON_OPTION
 def runs_list(url: str, status: str | None, session: str | None, limit: int, as_json: bool) -> None:
     """The newest runs first."""

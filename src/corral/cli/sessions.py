@@ -20,7 +20,13 @@ def sessions() -> None:
 
 @sessions.command("list")
 @coordinator_url
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
+@click.option(
+    "--limit",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1, 500),
+    help="At most this many.",
+)
 @JSON_OPTION
 def sessions_list(url: str, limit: int, as_json: bool) -> None:
     """The most recently used sessions first."""

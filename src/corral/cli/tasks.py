@@ -114,9 +114,15 @@ def tasks(
 @click.option("--id", "key", default=None, help="Task id (default: made from the title).")
 @click.option("--prompt", default=None, help="What the agent is asked (default: the title).")
 @click.option("--after", default="", help="Comma-separated ids this task waits for.")
-@click.option("--priority", type=int, default=0)
-@click.option("--agent", default=None)
-@click.option("--max-attempts", type=int, default=3)
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher is claimed first.")
+@click.option("--agent", default=None, help="Agent profile (default: claude).")
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Attempts in all: a failed task is retried (with backoff) until they are used up.",
+)
 @click.pass_obj
 def add(
     obj: Context,
@@ -193,7 +199,13 @@ def plan(obj: Context, path: Path) -> None:
 
 
 @tasks.command("run")
-@click.option("--workers", type=click.IntRange(1, 256), default=4, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 256),
+    default=4,
+    show_default=True,
+    help="Tasks run at once (agents side by side, each in its own worktree).",
+)
 @option("--claude-bin", env="CLAUDE_BIN", default="claude", help="The Claude Code executable.")
 @option(
     "--pass-env",
@@ -330,7 +342,7 @@ def _plan_state(obj: Context) -> dict[str, Any]:
 
 
 @tasks.command("status")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def status(obj: Context, as_json: bool) -> None:
     """Every task with its state; the first line of its last error, whole."""
@@ -357,10 +369,24 @@ def status(obj: Context, as_json: bool) -> None:
 
 
 @tasks.command("graph")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON: each task with its dependencies."
+)
 @click.pass_obj
-def graph(obj: Context) -> None:
+def graph(obj: Context, as_json: bool) -> None:
     """The plan's dependency graph with each task's state."""
     state = _plan_state(obj)
+    if as_json:
+        nodes = [
+            {"id": t["id"], "status": t["status"], "after": t["after"], "children": []}
+            for t in state["tasks"]
+        ]
+        by_id = {node["id"]: node for node in nodes}
+        for node in nodes:
+            for blocker in node["after"]:
+                by_id[blocker]["children"].append(node["id"])
+        click.echo(json.dumps({"tasks": nodes}, indent=2))
+        return
     children: dict[str, list[str]] = {}
     by_key = {t["id"]: t for t in state["tasks"]}
     for task in state["tasks"]:
