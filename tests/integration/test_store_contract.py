@@ -609,6 +609,10 @@ def test_get_session_by_name_is_the_most_recent(store: Store) -> None:
     assert err.value.code == "session_not_found"
 
 
+def test_schema_version_is_the_latest_migration(store: Store) -> None:
+    assert store.schema_version() == LATEST_VERSION
+
+
 def test_list_sessions_most_recent_first(store: Store) -> None:
     runner = register(store)
     assert store.list_sessions() == []

@@ -14,7 +14,7 @@ import sys
 import click
 
 from corral import __version__
-from corral.cli import gc, runners, runs, servers, sessions, submit, tasks
+from corral.cli import doctor, gc, runners, runs, servers, sessions, status, submit, tasks
 from corral.errors import CorralError
 
 EPILOG = """\b
@@ -60,6 +60,8 @@ for command in (
     sessions.sessions,
     tasks.tasks,
     gc.gc,
+    status.status,
+    doctor.doctor,
 ):
     cli.add_command(command)
 

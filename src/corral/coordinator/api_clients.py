@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
+from corral import __version__
 from corral.coordinator import socket
 from corral.coordinator.schemas import (
     CreateRun,
@@ -185,14 +186,21 @@ async def stop_runner(runner_id: str, request: Request) -> dict[str, Any]:
 
 @router.get("/stats", tags=["meta"])
 async def stats(request: Request) -> dict[str, Any]:
-    """Runs per status and runners per state: the numbers a glance needs."""
+    """Runs per status and runners per state: the numbers a glance needs; the
+    coordinator's version and its database's schema version."""
     coordinator = _coordinator(request)
     counts = await coordinator._db(coordinator.store.count_runs)
     runners = await coordinator._db(coordinator.store.list_runners)
     by_state: dict[str, int] = {}
     for runner in runners:
         by_state[runner.state] = by_state.get(runner.state, 0) + 1
-    return {"runs": counts, "runners": by_state}
+    schema = await coordinator._db(coordinator.store.schema_version)
+    return {
+        "runs": counts,
+        "runners": by_state,
+        "version": __version__,
+        "schema_version": schema,
+    }
 
 
 @router.get("/health", tags=["meta"])

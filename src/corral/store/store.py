@@ -189,6 +189,12 @@ class Store:
             for r in rows
         ]
 
+    def schema_version(self) -> int:
+        """The newest migration applied to this database."""
+        with self.db.transaction(write=False) as tx:
+            row = tx.one("SELECT MAX(version) AS v FROM schema_migrations")
+        return int(row["v"]) if row and row["v"] is not None else 0
+
     def count_runs(self) -> dict[str, int]:
         """How many runs are in each status."""
         with self.db.transaction(write=False) as tx:

@@ -1,0 +1,80 @@
+"""``corral doctor``: is everything in place to run work — the coordinator, its database,
+live runners, and the agent CLI."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+
+import click
+
+from corral import __version__
+from corral.cli.options import connect, coordinator_url, option
+from corral.errors import CorralError
+from corral.store.schema import LATEST_VERSION
+
+
+@click.command()
+@coordinator_url
+@option(
+    "--claude-bin",
+    env="CLAUDE_BIN",
+    default="claude",
+    help="The Claude Code executable to look for here (runners use their own --claude-bin).",
+)
+def doctor(url: str, claude_bin: str) -> None:
+    """Check the coordinator, its database's migrations, live runners and `claude` here;
+    one line each, exit 1 when something is wrong."""
+    problems = 0
+
+    def check(ok: bool, text: str, fix: str) -> None:
+        nonlocal problems
+        problems += not ok
+        click.echo(f"{'ok  ' if ok else 'FAIL'}  {text}" + (f" — {fix}" if fix and not ok else ""))
+
+    with connect(url) as client:
+        try:
+            stats = client.call("GET", "/stats")
+            runners = client.runners()
+        except CorralError as exc:
+            check(False, f"coordinator at {url}: {exc.message}", "start it: corral up")
+            raise SystemExit(1) from None
+    check(True, f"coordinator at {url} answers (corral {stats['version']}, here {__version__})", "")
+    schema = stats["schema_version"]
+    check(
+        schema >= LATEST_VERSION,
+        f"database schema version {schema} (this corral's newest: {LATEST_VERSION})",
+        "restart the coordinator with this version: it migrates at start",
+    )
+    live = [r for r in runners if r["state"] == "active"]
+    names = ", ".join(f"{r['name']} ({r['slots_total']} slots)" for r in live)
+    check(
+        bool(live),
+        f"{len(live)} live runner(s){': ' + names if names else ''}",
+        "start one: corral runner --url URL",
+    )
+    check_claude(claude_bin, check)
+    if problems:
+        raise SystemExit(1)
+
+
+Check = Callable[[bool, str, str], None]
+
+
+def check_claude(claude_bin: str, check: Check) -> None:
+    """The agent CLI here, and its version (runners on this host use the same one)."""
+    found = shutil.which(claude_bin)
+    if found is None:
+        check(False, f"no {claude_bin!r} on PATH here", "install Claude Code, or name it")
+        return
+    try:
+        done = subprocess.run(
+            [found, "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        check(False, f"{found} does not run", "reinstall Claude Code")
+        return
+    said = (done.stdout or done.stderr).strip().splitlines()
+    version = said[0] if said and done.returncode == 0 else ""
+    check(bool(version), f"{found}: {version or 'does not answer --version'}", "")
