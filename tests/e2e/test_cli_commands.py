@@ -46,6 +46,8 @@ def test_doctor(cluster: Cluster) -> None:
     missing = cluster.cli("doctor", "--claude-bin", "no-such-claude")
     assert missing.returncode == 1
     assert "FAIL  no 'no-such-claude' on PATH here" in missing.stdout
+    checks = json.loads(cluster.cli("doctor", "--json", "--claude-bin", "no-such-claude").stdout)
+    assert [c["ok"] for c in checks] == [True, True, True, False]
 
 
 def test_wait_and_retry(cluster: Cluster, runner: Runner) -> None:

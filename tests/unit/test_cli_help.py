@@ -27,6 +27,8 @@ PRINTING = [
     "sessions show",
     "tasks status",
     "tasks graph",
+    "status",
+    "doctor",
 ]
 
 

@@ -11,8 +11,11 @@ import click
 
 from corral import __version__
 from corral.cli.options import connect, coordinator_url, option
+from corral.cli.output import print_json
 from corral.errors import CorralError
 from corral.store.schema import LATEST_VERSION
+
+Check = Callable[[bool, str, str], None]
 
 
 @click.command()
@@ -23,23 +26,36 @@ from corral.store.schema import LATEST_VERSION
     default="claude",
     help="The Claude Code executable to look for here (runners use their own --claude-bin).",
 )
-def doctor(url: str, claude_bin: str) -> None:
+@option("--json", "as_json", env="JSON", is_flag=True, help="Print the checks as JSON.")
+def doctor(url: str, claude_bin: str, as_json: bool) -> None:
     """Check the coordinator, its database's migrations, live runners and `claude` here;
     one line each, exit 1 when something is wrong."""
-    problems = 0
+    checks: list[dict[str, object]] = []
 
     def check(ok: bool, text: str, fix: str) -> None:
-        nonlocal problems
-        problems += not ok
-        click.echo(f"{'ok  ' if ok else 'FAIL'}  {text}" + (f" — {fix}" if fix and not ok else ""))
+        checks.append({"ok": ok, "check": text, "fix": fix if not ok else ""})
+        if not as_json:
+            click.echo(
+                f"{'ok  ' if ok else 'FAIL'}  {text}" + (f" — {fix}" if fix and not ok else "")
+            )
 
+    try:
+        _run_checks(url, claude_bin, check)
+    finally:
+        if as_json:
+            print_json(checks)
+    if not all(c["ok"] for c in checks):
+        raise SystemExit(1)
+
+
+def _run_checks(url: str, claude_bin: str, check: Check) -> None:
     with connect(url) as client:
         try:
             stats = client.call("GET", "/stats")
             runners = client.runners()
         except CorralError as exc:
             check(False, f"coordinator at {url}: {exc.message}", "start it: corral up")
-            raise SystemExit(1) from None
+            return
     check(True, f"coordinator at {url} answers (corral {stats['version']}, here {__version__})", "")
     schema = stats["schema_version"]
     check(
@@ -55,11 +71,6 @@ def doctor(url: str, claude_bin: str) -> None:
         "start one: corral runner --url URL",
     )
     check_claude(claude_bin, check)
-    if problems:
-        raise SystemExit(1)
-
-
-Check = Callable[[bool, str, str], None]
 
 
 def check_claude(claude_bin: str, check: Check) -> None:
