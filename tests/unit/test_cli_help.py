@@ -29,6 +29,7 @@ PRINTING = [
     "tasks graph",
     "status",
     "doctor",
+    "agents list",
 ]
 
 

@@ -14,7 +14,7 @@ import sys
 import click
 
 from corral import __version__
-from corral.cli import doctor, gc, runners, runs, servers, sessions, status, submit, tasks
+from corral.cli import agents, doctor, gc, runners, runs, servers, sessions, status, submit, tasks
 from corral.errors import CorralError
 
 EPILOG = """\b
@@ -61,6 +61,7 @@ for command in (
     tasks.tasks,
     gc.gc,
     status.status,
+    agents.agents,
     doctor.doctor,
 ):
     cli.add_command(command)

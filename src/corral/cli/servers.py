@@ -17,17 +17,19 @@ from typing import Any
 import click
 import uvicorn
 
+from corral.agents.profiles import load_profiles
 from corral.cli.gc import DURATION, retention_from, retention_options
 from corral.cli.options import URL, comma_list, labels_from, option
 from corral.coordinator.app import QuietServer, server_config
 from corral.coordinator.settings import CoordinatorSettings
-from corral.errors import Conflict, InvalidRequest, Unavailable
+from corral.errors import Conflict, CorralError, InvalidRequest, Unavailable
 from corral.runner.core import Runner
 from corral.runner.process import watch_children_with_pidfds
 from corral.runner.settings import RunnerSettings
 from corral.store.db import redact_url
 
 DEFAULT_DB = ".corral/corral.db"
+log = logging.getLogger("corral.coordinator")
 
 
 POSITIVE = click.FloatRange(min=0, min_open=True)  # seconds: 0 or less makes no sense
@@ -252,11 +254,27 @@ def serve(**kwargs: object) -> None:
     _logging()
     settings = _coordinator_settings(**kwargs)  # type: ignore[arg-type]
     _check_port_free(settings.host, settings.port)
-    server = _StoppingServer(server_config(settings, host=settings.host, port=settings.port))
+    server = _StoppingServer(
+        server_config(settings, host=settings.host, port=settings.port), settings
+    )
     server.run()
     click.echo("corral serve stopped", err=True)
     if server.stopped_by == signal.SIGINT:
         raise SystemExit(130)  # Ctrl-C, as every command that it stops
+
+
+def reload_agents(app: Any, config: Path | None) -> None:
+    """SIGHUP: read the agent profiles again; a config that does not load keeps the old."""
+    coordinator = getattr(app.state, "coordinator", None)
+    if coordinator is None:  # not started yet
+        return
+    try:
+        profiles = load_profiles(config)
+    except CorralError as exc:
+        log.error("agent profiles not reloaded (the loaded ones stay): %s", exc.message)
+        return
+    coordinator.profiles = profiles
+    log.info("agent profiles reloaded from %s: %s", config, ", ".join(sorted(profiles)))
 
 
 class _StoppingServer(uvicorn.Server):
@@ -266,13 +284,21 @@ class _StoppingServer(uvicorn.Server):
 
     stopped_by: int | None = None
 
+    def __init__(self, config: uvicorn.Config, settings: CoordinatorSettings) -> None:
+        super().__init__(config)
+        self.settings = settings
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         def stop(sig: int, frame: FrameType | None) -> None:
             self.stopped_by = self.stopped_by or sig
             self.handle_exit(sig, frame)
 
+        def reload(sig: int, frame: FrameType | None) -> None:
+            reload_agents(self.config.app, self.settings.config_path)
+
         previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, reload)
         try:
             yield
         finally:
@@ -329,6 +355,9 @@ def up(**kwargs: Any) -> None:
             await asyncio.sleep(0.05)
         runner = Runner(runner_settings)
         runner.install_signal_handlers()
+        asyncio.get_running_loop().add_signal_handler(
+            signal.SIGHUP, reload_agents, server.config.app, settings.config_path
+        )
         click.echo(
             f"corral is up: {url}  (docs {url}/docs, database {redact_url(db)}); Ctrl-C stops it"
         )

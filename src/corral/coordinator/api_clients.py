@@ -184,6 +184,28 @@ async def stop_runner(runner_id: str, request: Request) -> dict[str, Any]:
     return runner_json(await coordinator._db(coordinator.store.get_runner, runner_id))
 
 
+@router.get("/agents", tags=["meta"])
+async def list_agents(request: Request) -> dict[str, Any]:
+    """The agent profiles loaded now (``corral.toml``; SIGHUP reloads them). Only the names
+    of their environment variables: their values may be secrets."""
+    coordinator = _coordinator(request)
+    return {
+        "config": str(coordinator.settings.config_path or ""),
+        "agents": [
+            {
+                "name": spec.name,
+                "executor": spec.executor,
+                "model": spec.model,
+                "allowed_tools": list(spec.allowed_tools),
+                "max_turns": spec.max_turns,
+                "budget_usd": spec.budget_usd,
+                "env": sorted(spec.env),
+            }
+            for spec in coordinator.profiles.values()
+        ],
+    }
+
+
 @router.get("/stats", tags=["meta"])
 async def stats(request: Request) -> dict[str, Any]:
     """Runs per status and runners per state: the numbers a glance needs; the
