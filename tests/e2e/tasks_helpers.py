@@ -309,3 +309,15 @@ def file_directive(key: str) -> str:
 def wait_for(predicate: Any, timeout: float = 30.0, what: str = "") -> Any:
     """``wait_until`` with a finer interval, for catching a run at a given step."""
     return wait_until(predicate, timeout, interval=0.01, what=what or None)
+
+
+def kill_when_journaled(tr: TaskRepo, key: str) -> None:
+    """``tasks run`` until task ``key``'s agent (one that lingers after its result) has its
+    result in the journal but its step not yet reported; then kill -9 the run."""
+    journal = tr.repo / ".corral" / "journal" / f"{key}.json"
+    proc = tr.start("run", "--workers", "1")
+    try:
+        wait_for(journal.exists, what="the agent's result in the journal")
+        assert "agent" not in tr.db_steps()[key]
+    finally:
+        tr.kill_group(proc)

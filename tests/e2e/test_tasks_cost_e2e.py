@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tasks_helpers import TaskRepo, file_directive, task, wait_for, write
+from tasks_helpers import TaskRepo, file_directive, kill_when_journaled, task, write
 
 RUN_TIMEOUT_S = 90.0
 
@@ -54,14 +54,7 @@ def test_a_journaled_agents_cost_counts_when_the_rerun_fails_in_git(tr: TaskRepo
     lingers = "Lingers [fake:hang_after] [fake:cost=0.3] " + write("out.bad", "x\n")
     plan = tr.write_plan({"tasks": [task("t", prompt=lingers, max_attempts=1)]})
     assert tr.corral("plan", str(plan)).code == 0
-    journal = tr.repo / ".corral" / "journal" / "t.json"
-    proc = tr.start("run", "--workers", "1")
-    try:
-        # The agent printed its result and lingers: journaled, its step not reported yet.
-        wait_for(journal.exists, what="the agent's result in the journal")
-        assert "agent" not in tr.db_steps()["t"]
-    finally:
-        tr.kill_group(proc)
+    kill_when_journaled(tr, "t")
 
     result = tr.corral("run", "--workers", "1", timeout=RUN_TIMEOUT_S)
     assert result.code == 1, str(result)

@@ -61,8 +61,12 @@ class TaskAttempt(Attempt):
         steps: dict[str, Any] = dict(task.get("steps") or {})
         journal = _Journal(Path(task["repo_path"]) / ".corral" / "journal" / f"{key}.json")
         self._journal = None if task.get("conflict") else journal
-        if "agent" not in steps and (saved := journal.read(self.run.id)):
-            steps["agent"] = saved  # the agent finished but its step never got through
+        if not steps:  # a fresh attempt, or the task started over (retry, conflict handed
+            journal.clear_unless(self.run.id)  # back): a result of an earlier run is stale
+        if "agent" not in steps and (saved := journal.read()):
+            # The agent finished but its step never got through (killed in between; its
+            # run perhaps given up since, the task going on in a new run).
+            steps["agent"] = saved
 
         recorded = (steps.get("committed") or {}).get("commit")
         worktree = await asyncio.to_thread(
@@ -226,13 +230,20 @@ class _Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def read(self, run_id: str) -> dict[str, Any] | None:
+    def _load(self) -> dict[str, Any]:
         try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError):
-            return None
-        agent = data.get("agent") if data.get("run_id") == run_id else None
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def read(self) -> dict[str, Any] | None:
+        agent = self._load().get("agent")
         return agent if isinstance(agent, dict) else None
+
+    def clear_unless(self, run_id: str) -> None:
+        if self.path.exists() and self._load().get("run_id") != run_id:
+            self.clear()
 
     def write(self, run_id: str, agent: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
