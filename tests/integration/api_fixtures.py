@@ -38,9 +38,15 @@ from corral.coordinator.settings import CoordinatorSettings
 
 PG_URL = os.environ.get("CORRAL_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/test"
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-# The credential the fuzz tests (test_openapi_fuzz, test_socket_fuzz) send with every request
-# and WebSocket upgrade: the one place to put a token once endpoints require one.
-AUTH_HEADERS: dict[str, str] = {}
+
+
+def auth_headers() -> dict[str, str]:
+    """The credential the fuzz tests (test_openapi_fuzz, test_socket_fuzz) send with every
+    request and WebSocket upgrade: the one place to put a token once endpoints require one.
+    A new dict each call: schemathesis adds its own headers to the one it is given."""
+    return {}
+
+
 RUN_ID = r"run_[0-9a-f]{12}"
 
 

@@ -2,7 +2,7 @@
 generated requests each (valid and invalid ones), on SQLite and PostgreSQL. No answer is
 a server error, every status is one the document declares, and every body matches it.
 
-Every request carries ``api_fixtures.AUTH_HEADERS`` (where a token goes, once there is one).
+Every request carries ``api_fixtures.auth_headers()`` (where a token goes, once there is one).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import requests
 import schemathesis
-from api_fixtures import AUTH_HEADERS, live_server
+from api_fixtures import auth_headers, live_server
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation import GenerationMode
@@ -45,12 +45,12 @@ def can_be_invalid(operation: dict[str, Any]) -> bool:
 
 def test_the_api_keeps_its_openapi_promises(db_url: str) -> None:
     app = create_app(CoordinatorSettings(db_url=db_url, poll_timeout_s=0.05), reconcile=False)
-    with live_server(app) as url:
-        schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=AUTH_HEADERS)
+    # One connection for all, as a client would.
+    with live_server(app) as url, requests.Session() as session:
+        schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=auth_headers())
         cases = 0
         failures: list[str] = []
         operations = [result.ok() for result in schema.get_all_operations()]
-        session = requests.Session()  # one connection for all, as a client would
         for operation in operations:
             modes = [GenerationMode.POSITIVE]
             if can_be_invalid(operation.definition.raw):
@@ -70,7 +70,7 @@ def test_the_api_keeps_its_openapi_promises(db_url: str) -> None:
                     nonlocal cases
                     cases += 1
                     case.call_and_validate(
-                        base_url=url, session=session, headers=AUTH_HEADERS, checks=CHECKS
+                        base_url=url, session=session, headers=auth_headers(), checks=CHECKS
                     )
 
                 try:

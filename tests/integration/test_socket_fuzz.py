@@ -8,7 +8,7 @@ runs that are and are not the runner's). Whatever a peer sends:
 * every REST read still answers 200 (nothing stored breaks a listing), and it answers at
   once (the coordinator stays responsive).
 
-Requests and upgrades carry ``api_fixtures.AUTH_HEADERS``.
+Requests and upgrades carry ``api_fixtures.auth_headers()``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-from api_fixtures import AUTH_HEADERS, live_server
+from api_fixtures import auth_headers, live_server
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from test_socket_frames import _init_frame
@@ -176,7 +176,7 @@ def served(db_url: str) -> Iterator[tuple[Coordinator, httpx.Client, str]]:
     )
     with (
         live_server(app, ws="websockets-sansio", graceful_shutdown_s=2) as url,
-        httpx.Client(base_url=url, timeout=STEP_S, headers=AUTH_HEADERS) as http,
+        httpx.Client(base_url=url, timeout=STEP_S, headers=auth_headers()) as http,
     ):
         yield app.state.coordinator, http, "ws://" + url.removeprefix("http://")
 
@@ -240,7 +240,7 @@ def test_whatever_a_peer_sends_the_coordinator_holds(db_url: str) -> None:
                     f"{ws_url}/runner/socket",
                     open_timeout=STEP_S,
                     max_size=None,
-                    additional_headers=AUTH_HEADERS,
+                    additional_headers=auth_headers(),
                 )
             except InvalidStatus as exc:  # pragma: no cover - the upgrade itself refused
                 raise AssertionError(f"the upgrade was refused: {exc}") from exc
