@@ -29,6 +29,19 @@ def _terminal(cluster: Cluster, terminals: list[Terminal], *args: str) -> Termin
     return terminal
 
 
+def _follow_logs(cluster: Cluster, run_id: str) -> Proc:
+    """``corral logs -f RUN_ID`` in the background, its output in its log."""
+    following = Proc(
+        "follow",
+        [CORRAL, "logs", "-f", run_id],
+        {**cluster.env, "CORRAL_URL": cluster.url},
+        cluster.root,
+    )
+    cluster.procs.append(following)  # killed at the end whatever happens
+    following.start()
+    return following
+
+
 def test_a_label_no_runner_has_is_named_at_submit_and_while_waiting(
     cluster: Cluster, runner: Runner, terminals: list[Terminal]
 ) -> None:
@@ -43,14 +56,7 @@ def test_a_label_no_runner_has_is_named_at_submit_and_while_waiting(
     text = waiting.expect("waiting for a runner with labels [gpu]")
     assert text.splitlines()[0].split() == [text.split()[0], "queued"]  # the id comes first
 
-    following = Proc(
-        "follow",
-        [CORRAL, "logs", "-f", run_id],
-        {**cluster.env, "CORRAL_URL": cluster.url},
-        cluster.root,
-    )
-    cluster.procs.append(following)
-    following.start()
+    following = _follow_logs(cluster, run_id)
     wait_until(
         lambda: f"{run_id} waiting for a runner with labels [gpu]" in following.log(),
         what="logs -f to say why the run waits",
@@ -113,14 +119,7 @@ def test_logs_follow_reconnects_across_a_coordinator_restart(
     gate = tmp_path / "gate"
     script = f'echo before; while [ ! -e "{gate}" ]; do sleep 0.05; done; echo after'
     run_id = cluster.client.create_run(type="command", command=["sh", "-c", script])["run_id"]
-    following = Proc(
-        "follow",
-        [CORRAL, "logs", "-f", run_id],
-        {**cluster.env, "CORRAL_URL": cluster.url},
-        cluster.root,
-    )
-    cluster.procs.append(following)
-    following.start()
+    following = _follow_logs(cluster, run_id)
     wait_until(lambda: "before" in following.log(), what="the first line")
 
     assert cluster.coordinator is not None

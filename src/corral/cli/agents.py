@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from corral.cli.options import connect, coordinator_url, option
+from corral.cli.options import connect, coordinator_url, json_option
 from corral.cli.output import current, money, print_json
 
 
@@ -15,7 +15,7 @@ def agents() -> None:
 
 @agents.command("list")
 @coordinator_url
-@option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON.")
+@json_option
 def agents_list(url: str, as_json: bool) -> None:
     """The profiles loaded now; after editing corral.toml, `kill -HUP` the coordinator."""
     with connect(url) as client:

@@ -40,6 +40,20 @@ def coordinator_url(fn: F) -> F:
     )
 
 
+def json_option(fn: F) -> F:
+    return option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON.")(fn)
+
+
+def limit_option(fn: F) -> F:
+    return click.option(
+        "--limit",
+        default=20,
+        show_default=True,
+        type=click.IntRange(1, 500),
+        help="At most this many, newest first.",
+    )(fn)
+
+
 def connect(url: str) -> CorralClient:
     """A client of the coordinator at ``url``."""
     return CorralClient(url)

@@ -6,12 +6,11 @@ from typing import Any
 
 import click
 
-from corral.cli.options import connect, coordinator_url, option
+from corral.cli.options import connect, coordinator_url, json_option
 from corral.cli.output import current, local_time, print_json
 from corral.client import CorralClient
 from corral.errors import InvalidRequest, NotFound
 
-JSON_OPTION = option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON.")
 LIVE = ("active", "draining")
 
 
@@ -22,7 +21,7 @@ def runners() -> None:
 
 @runners.command("list")
 @coordinator_url
-@JSON_OPTION
+@json_option
 def runners_list(url: str, as_json: bool) -> None:
     """Every runner: state, transport, slots in use, labels, last heartbeat."""
     with connect(url) as client:
@@ -85,7 +84,7 @@ def _act(url: str, key: str, path: str, body: dict[str, Any] | None, as_json: bo
     show_default=True,
     help="Seconds its running work may go on.",
 )
-@JSON_OPTION
+@json_option
 @click.argument("runner")
 def runners_drain(url: str, grace_s: float, as_json: bool, runner: str) -> None:
     """Take no new work on RUNNER (id or name); it finishes what it has and leaves."""
@@ -94,7 +93,7 @@ def runners_drain(url: str, grace_s: float, as_json: bool, runner: str) -> None:
 
 @runners.command("stop")
 @coordinator_url
-@JSON_OPTION
+@json_option
 @click.argument("runner")
 def runners_stop(url: str, as_json: bool, runner: str) -> None:
     """Stop RUNNER (id or name) now; its runs go back to pending for other runners."""

@@ -8,12 +8,11 @@ from typing import Any
 import click
 
 from corral.cli.follow import TERMINAL, Follower, line_printer
-from corral.cli.options import connect, coordinator_url, option
+from corral.cli.options import connect, coordinator_url, json_option, limit_option
 from corral.cli.output import current, local_time, money, print_json
+from corral.cli.plan_progress import first_line
 from corral.client import CorralClient
 from corral.errors import InvalidRequest, NotFound
-
-JSON_OPTION = option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON.")
 
 
 @click.group()
@@ -25,14 +24,8 @@ def runs() -> None:
 @coordinator_url
 @click.option("--status", default=None, help="Only these statuses, comma-separated.")
 @click.option("--session", default=None, help="Only the runs of this session (id or name).")
-@click.option(
-    "--limit",
-    default=20,
-    show_default=True,
-    type=click.IntRange(1, 500),
-    help="At most this many.",
-)
-@JSON_OPTION
+@limit_option
+@json_option
 def runs_list(url: str, status: str | None, session: str | None, limit: int, as_json: bool) -> None:
     """The newest runs first."""
     with connect(url) as client:
@@ -57,13 +50,9 @@ def runs_list(url: str, status: str | None, session: str | None, limit: int, as_
     current().table(headers, rows)
 
 
-def first_line(text: str | None) -> str:
-    return (text or "").splitlines()[0] if text else ""
-
-
 @runs.command("get")
 @coordinator_url
-@JSON_OPTION
+@json_option
 @click.argument("run_id")
 def runs_get(url: str, as_json: bool, run_id: str) -> None:
     """One run: what it is, where and how it ran, and how it ended."""
@@ -109,7 +98,7 @@ def describe(run: dict[str, Any]) -> list[tuple[str, str]]:
 
 @runs.command("cancel")
 @coordinator_url
-@JSON_OPTION
+@json_option
 @click.argument("run_id")
 def runs_cancel(url: str, as_json: bool, run_id: str) -> None:
     """Cancel a run (a running one is stopped: SIGTERM, then SIGKILL)."""
@@ -139,7 +128,7 @@ _RETRIED = (
 
 @runs.command("retry")
 @coordinator_url
-@JSON_OPTION
+@json_option
 @click.argument("run_id")
 def runs_retry(url: str, as_json: bool, run_id: str) -> None:
     """Run a finished run again, as a new run with the same spec; prints the new id."""
@@ -169,7 +158,7 @@ def runs_retry(url: str, as_json: bool, run_id: str) -> None:
     is_flag=True,
     help="An agent run's output as the agent printed it (stream-json), not as a transcript.",
 )
-@JSON_OPTION
+@json_option
 @click.argument("run_id")
 def logs(url: str, follow: bool, raw: bool, as_json: bool, run_id: str) -> None:
     """Print a run's output; an agent run's as a readable transcript.
@@ -202,7 +191,7 @@ def _all_lines(client: CorralClient, run_id: str) -> Any:
 
 @click.command("wait")
 @coordinator_url
-@JSON_OPTION
+@json_option
 @click.argument("run_ids", nargs=-1, required=True)
 def wait(url: str, as_json: bool, run_ids: tuple[str, ...]) -> None:
     """Wait until every RUN has ended, saying why one waits; exit 0 when all completed,
@@ -224,7 +213,7 @@ def wait(url: str, as_json: bool, run_ids: tuple[str, ...]) -> None:
 
 @click.command()
 @coordinator_url
-@JSON_OPTION
+@json_option
 @click.argument("session")
 def result(url: str, as_json: bool, session: str) -> None:
     """The latest result of SESSION (its id or name)."""

@@ -6,11 +6,9 @@ from typing import Any
 
 import click
 
-from corral.cli.options import connect, coordinator_url, option
+from corral.cli.options import connect, coordinator_url, json_option, limit_option
 from corral.cli.output import current, local_time, money, print_json
-from corral.cli.runs import first_line
-
-JSON_OPTION = option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON.")
+from corral.cli.plan_progress import first_line
 
 
 @click.group()
@@ -20,14 +18,8 @@ def sessions() -> None:
 
 @sessions.command("list")
 @coordinator_url
-@click.option(
-    "--limit",
-    default=20,
-    show_default=True,
-    type=click.IntRange(1, 500),
-    help="At most this many.",
-)
-@JSON_OPTION
+@limit_option
+@json_option
 def sessions_list(url: str, limit: int, as_json: bool) -> None:
     """The most recently used sessions first."""
     with connect(url) as client:
@@ -53,7 +45,7 @@ def sessions_list(url: str, limit: int, as_json: bool) -> None:
 
 @sessions.command("show")
 @coordinator_url
-@JSON_OPTION
+@json_option
 @click.argument("session")
 def sessions_show(url: str, as_json: bool, session: str) -> None:
     """SESSION (its id or name): where it lives, its latest result, total cost, its runs."""

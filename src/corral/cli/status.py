@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from corral.cli.options import connect, coordinator_url, option
+from corral.cli.options import connect, coordinator_url, json_option
 from corral.cli.output import current, local_time, money, print_json
-from corral.cli.runs import first_line
+from corral.cli.plan_progress import first_line
 from corral.client import CorralClient
 
 STATE_ORDER = ("pending", "claimed", "running", "completed", "failed", "timed_out", "cancelled")
@@ -20,7 +20,7 @@ PAGE = 500
 
 @click.command()
 @coordinator_url
-@option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON.")
+@json_option
 def status(url: str, as_json: bool) -> None:
     """The coordinator, runners (slots, labels), runs by state, recent failures, cost today."""
     with connect(url) as client:
