@@ -171,8 +171,15 @@ def test_a_finished_runs_log_over_the_cap_keeps_its_ends(store: Store) -> None:
     assert marker.text.startswith("[corral: 90 lines (9000 characters) removed")
     assert texts(store, live.id) == lines  # a live run's log is not trimmed
     assert store.collect_garbage(cap, T0) == Collected()  # under the cap now
+    assert store.read_logs(done.id, 0, 10_000) == kept  # the marker too
     # A reader that had reached the middle goes on from its cursor.
     assert [e.text for e in store.read_logs(done.id, kept[5].id, 100)] == lines[-5:]
+    lower = Retention(runs_s=None, runners_s=None, log_chars=400)  # trimmed again: one marker
+    assert store.collect_garbage(lower, T0) == Collected(log_lines=6)
+    again = store.read_logs(done.id, 0, 10_000)
+    assert [e.text for e in again if e.line_no != MARKER_LINE_NO] == lines[:2] + lines[-2:]
+    assert [e.line_no for e in again].count(MARKER_LINE_NO) == 1
+    assert again[2].line_no == MARKER_LINE_NO
 
 
 @pytest.mark.anyio

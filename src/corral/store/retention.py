@@ -113,8 +113,9 @@ def _trim_logs(db: Database, max_chars: int, batch: int) -> int:
             for r in tx.execute(
                 "SELECT l.run_id FROM run_logs l JOIN runs r ON r.id = l.run_id "
                 f"WHERE r.status IN ({_FINISHED}) GROUP BY l.run_id "
-                "HAVING SUM(LENGTH(l.text)) > ? LIMIT ?",
-                (max_chars, batch),
+                "HAVING SUM(CASE WHEN l.line_no = ? THEN 0 ELSE LENGTH(l.text) END) > ? "
+                "LIMIT ?",
+                (MARKER_LINE_NO, max_chars, batch),
             )
         ]
     return sum(_trim_log(db, run_id, max_chars) for run_id in over)
@@ -122,14 +123,14 @@ def _trim_logs(db: Database, max_chars: int, batch: int) -> int:
 
 def _trim_log(db: Database, run_id: str, max_chars: int) -> int:
     """Keep the first and the last ``max_chars / 2`` characters of lines; delete the rest
-    and put a marker line where they were."""
+    and put a marker line where they were (the one marker of the log: a log trimmed again,
+    under a lower limit, has its marker replaced)."""
+    marker = (run_id, MARKER_LINE_NO)
     with db.transaction() as tx:
-        tx.execute(
-            "DELETE FROM run_logs WHERE run_id = ? AND line_no = ?", (run_id, MARKER_LINE_NO)
-        )
         rows = tx.execute(
-            "SELECT id, attempt, ts, LENGTH(text) AS n FROM run_logs WHERE run_id = ? ORDER BY id",
-            (run_id,),
+            "SELECT id, attempt, ts, LENGTH(text) AS n FROM run_logs "
+            "WHERE run_id = ? AND line_no <> ? ORDER BY id",
+            marker,
         )
         head = _within(rows, max_chars // 2)
         tail = len(rows) - _within(rows[::-1], max_chars // 2)
@@ -138,6 +139,7 @@ def _trim_log(db: Database, run_id: str, max_chars: int) -> int:
         first, last = rows[head], rows[tail - 1]
         gone = tail - head
         chars = sum(int(r["n"]) for r in rows[head:tail])
+        tx.execute("DELETE FROM run_logs WHERE run_id = ? AND line_no = ?", marker)
         tx.execute(
             "DELETE FROM run_logs WHERE run_id = ? AND id >= ? AND id <= ?",
             (run_id, first["id"], last["id"]),
