@@ -29,17 +29,24 @@ Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 
 def problem_with(value: Any) -> str | None:
     """Why ``value`` (decoded JSON, or a model's field) cannot be stored; None if it can."""
-    if isinstance(value, str):
+    kind = type(value)
+    if kind is str:
         bad = _UNSTORABLE.search(value)
         if bad is None:
             return None
         return "text contains NUL" if bad.group() == "\x00" else "text contains a lone surrogate"
-    if isinstance(value, bool) or value is None or isinstance(value, BaseModel):
-        return None  # a nested model checked its own fields
-    if isinstance(value, int):
-        return None if INT64_MIN <= value <= INT64_MAX else "integer out of 64-bit range"
-    if isinstance(value, float):
+    if kind is float:
         return None if math.isfinite(value) else "number is not finite"
+    if kind is int:
+        return None if INT64_MIN <= value <= INT64_MAX else "integer out of 64-bit range"
+    if value is None or kind is bool or isinstance(value, BaseModel):
+        return None  # a nested model checked its own fields
+    if isinstance(value, str):
+        return problem_with(str(value))  # an enum's value, a subclass
+    if isinstance(value, int):
+        return problem_with(int(value))
+    if isinstance(value, float):
+        return problem_with(float(value))
     if isinstance(value, Mapping):
         for key, item in value.items():
             why = problem_with(key) or problem_with(item)
@@ -61,8 +68,8 @@ class WireModel(BaseModel):
 
     @model_validator(mode="after")
     def _storable(self) -> WireModel:
-        for name in type(self).model_fields:
-            why = problem_with(getattr(self, name))
+        for name, value in self.__dict__.items():  # the fields, as validated
+            why = problem_with(value)
             if why:
                 raise ValueError(f"{name}: {why}")
         return self
