@@ -102,14 +102,13 @@ class Follower:
         run_id: str,
         *,
         stream: bool,
-        split_streams: bool = True,
+        split_streams: bool = True,  # a command's stderr lines to stderr (--wait)
         say: Callable[[str], None] | None = None,
         show: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.client = client
         self.run_id = run_id
         self.stream = stream
-        self.split_streams = split_streams  # stderr lines to stderr (--wait) or all to stdout
         self.say = say or (lambda text: click.echo(text, err=True))
         self.show = show or line_printer("command", split_streams=split_streams)
         self.connected = False
@@ -174,8 +173,8 @@ class Follower:
         delay = 0.2
         while True:
             time.sleep(delay)
-            try:
-                self.client.call("GET", "/health")
+            try:  # the run itself: a coordinator up but unable to answer (503) is not back
+                self.client.get_run(self.run_id)
             except Unavailable:
                 delay = min(delay * 2, RECONNECT_MAX_S)
                 continue
