@@ -71,6 +71,25 @@ def test_a_worktree_git_left_unlocked_without_an_index_is_rebuilt(ws: Workspace)
     assert git(wt, "status", "--porcelain") == ""
 
 
+def test_an_integration_worktree_killed_before_it_had_a_head_is_rebuilt(
+    repo: Path, ws: Workspace
+) -> None:
+    """As ``git worktree add --detach`` leaves it when killed before setting HEAD: a null
+    HEAD, ``locked``. Every merge used to fail on it ("Could not parse object 'HEAD'")."""
+    do_task(ws, "t1", {"one.txt": "1\n"})
+    assert ws.merge("t1", "main", strategy="merge", message="merge t1").status == "merged"
+    private = private_dir(ws.integration_path("main"))
+    (private / "corral-ready").unlink(missing_ok=True)
+    (private / "locked").write_text("initializing")
+    (private / "HEAD").write_text("0" * 40 + "\n")
+    do_task(ws, "t2", {"two.txt": "2\n"})
+
+    result = ws.merge("t2", "main", strategy="merge", message="merge t2")
+    assert result.status == "merged"
+    assert git(repo, "show", "main:two.txt") == "2"
+    assert not (private_dir(ws.integration_path("main")) / "locked").exists()
+
+
 def test_a_locked_registration_whose_directory_is_gone_is_forgotten(ws: Workspace) -> None:
     wt = ws.prepare_worktree("t1", "main")
     (private_dir(wt) / "locked").write_text("initializing")

@@ -176,11 +176,10 @@ class Workspace:
             locks.Scope((path, self.repo, self.git_common_dir), (self.repo / WORKTREES_DIR,)),
         )
         checked_out = self._checkout_at(path)
-        if checked_out is not None and not self._finished(path):
-            # `git worktree add` was killed while checking files out: the files not yet
-            # written would be committed as deletions. No agent ran here (the mark is
-            # written before any does), so there is nothing to keep: build it again.
-            self._git(self.repo, "worktree", "remove", "--force", "--force", str(path))
+        # `git worktree add` killed while checking files out: the files not yet written
+        # would be committed as deletions. No agent ran here (the mark is written before
+        # any does), so there is nothing to keep: it is built again.
+        if checked_out is not None and self._drop_if_unfinished(path):
             checked_out = None
         if checked_out is None:
             self._discard_broken(path, ref)
@@ -189,7 +188,7 @@ class Workspace:
             else:
                 base = self.head(f"refs/heads/{self._checked_branch(target_branch)}")
                 self._git(self.repo, "worktree", "add", "-b", branch, str(path), base)
-            (self._private_dir(path) / READY_MARK).touch()
+            self._mark_finished(path)
         elif checked_out == "":
             reattach(self, path, key, recorded_commit)
         elif checked_out != ref:
@@ -353,10 +352,20 @@ class Workspace:
             return True
         if (private / "locked").exists():
             return False
-        index = self._git(worktree, "diff-index", "--cached", "--quiet", "HEAD", ok=(0, 1))
-        if index.returncode != 0:
+        index = self._git(worktree, "diff-index", "--cached", "--quiet", "HEAD", ok=range(256))
+        if index.returncode != 0:  # differs, or no HEAD at all
             return False
         (private / READY_MARK).touch()
+        return True
+
+    def _mark_finished(self, worktree: Path) -> None:
+        (self._private_dir(worktree) / READY_MARK).touch()
+
+    def _drop_if_unfinished(self, worktree: Path) -> bool:
+        """Remove the (valid) worktree if its checkout is not known complete; True if so."""
+        if self._finished(worktree):
+            return False
+        self._git(self.repo, "worktree", "remove", "--force", "--force", str(worktree))
         return True
 
     def _private_dir(self, worktree: Path) -> Path:

@@ -122,9 +122,12 @@ def merge_branch(
 def _integration_worktree(ws: Workspace, target: str, at: str) -> Path:
     """The target's integration worktree, valid and clean (created at ``at`` if need be)."""
     path = ws.integration_path(target)
-    if ws._checkout_at(path) is None:
+    # Killed inside `git worktree add`, it may not even have a HEAD yet (git writes a null
+    # one first): every later reset would fail. It holds nothing to keep: build it again.
+    if ws._checkout_at(path) is None or ws._drop_if_unfinished(path):
         ws._discard_broken(path)
         ws._git(ws.repo, "worktree", "add", "--detach", str(path), at)
+        ws._mark_finished(path)
         return path
     _clean(ws, path)
     return path
