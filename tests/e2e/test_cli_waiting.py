@@ -112,6 +112,15 @@ def test_ctrl_c_leaves_the_run_running_and_says_how_to_cancel_it(
     assert "Traceback" not in waiting.text
     assert cluster.client.get_run(run_id)["status"] == "running"
 
+    pending = _terminal(cluster, terminals, "run", "--wait", "--label", "nowhere", "--", "true")
+    pending.expect("waiting for a runner with labels [nowhere]")
+    pending_id = pending.text.split()[0]
+    pending.ctrl_c()
+    assert pending.wait() == 130
+    assert f"{pending_id} is still waiting; cancel it with `corral runs cancel {pending_id}`" in (
+        pending.text
+    )
+
 
 def test_logs_follow_reconnects_across_a_coordinator_restart(
     cluster: Cluster, runner: Runner, tmp_path: Path

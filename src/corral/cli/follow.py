@@ -112,6 +112,7 @@ class Follower:
         self.say = say or (lambda text: click.echo(text, err=True))
         self.show = show or line_printer("command", split_streams=split_streams)
         self.connected = False
+        self.status = "pending"
         self.after = 0
         self.printed = 0
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
@@ -122,8 +123,9 @@ class Follower:
         try:
             return self._follow()
         except KeyboardInterrupt:
+            state = "waiting" if self.status == "pending" else "running"
             self.say(
-                f"{self.run_id} is still running; cancel it with `corral runs cancel {self.run_id}`"
+                f"{self.run_id} is still {state}; cancel it with `corral runs cancel {self.run_id}`"
             )
             raise SystemExit(EXIT_INTERRUPTED) from None
 
@@ -132,6 +134,7 @@ class Follower:
             try:
                 run = self.client.get_run(self.run_id)
                 self.connected = True
+                self.status = run["status"]
                 if run["status"] == "pending":
                     self._waiting(run)
                     time.sleep(PENDING_POLL_S)

@@ -87,9 +87,12 @@ def print_json(data: Any) -> None:
 
 
 def money(usd: float | None) -> str:
-    """``$0.0375``: four decimals below a dollar (agent costs are cents), two above."""
+    """``$0.0375``: four decimals below a dollar (agent costs are cents), two above
+    (and for nothing at all)."""
     if usd is None:
         return ""
+    if usd == 0:
+        return "$0.00"
     if abs(usd) >= 1:
         return f"${usd:,.2f}"
     return f"${usd:.4f}"
