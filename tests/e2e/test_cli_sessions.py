@@ -4,8 +4,9 @@ with no result says why, and ``sessions list|show`` show runs, results and total
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from e2e_support import Cluster, Runner
+from e2e_support import CORRAL, Cluster, Proc, Runner, wait_until
 
 
 def test_session_names_results_and_listing(cluster: Cluster, runner: Runner) -> None:
@@ -59,3 +60,37 @@ def test_result_of_a_session_whose_only_run_failed_says_why(
     never = cluster.cli("result", "nobody")
     assert never.returncode == 3
     assert "no run was ever started with that name" in never.stderr
+
+
+def test_a_waiting_resume_names_the_runner_holding_its_session(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    cluster.start_coordinator()
+    cluster.start_runner("holder", slots=1)
+    started = cluster.cli("start", "--wait", "--session", "held", "first")
+    assert started.returncode == 0, started.stderr
+    gate = tmp_path / "gate"
+    busy = cluster.client.create_run(
+        type="command", command=["sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.05; done']
+    )["run_id"]
+    cluster.wait_run(busy, {"running"})
+    cluster.start_runner("idle", slots=1)  # free, but not where the session lives
+
+    resuming = Proc(
+        "resume",
+        [CORRAL, "resume", "--wait", "held", "second"],
+        {**cluster.env, "CORRAL_URL": cluster.url},
+        cluster.root,
+    )
+    cluster.procs.append(resuming)
+    resuming.start()
+    wait_until(
+        lambda: (
+            "waiting for runner holder, which holds the session: its slots are busy"
+            in resuming.log()
+        ),
+        what="the resume to say what it waits for",
+    )
+    gate.touch()
+    assert resuming.wait(60) == 0, resuming.log()
+    assert "turn 2: second" in resuming.log()

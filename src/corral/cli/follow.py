@@ -20,7 +20,7 @@ import click
 
 from corral.cli.transcript import Transcript
 from corral.client import CorralClient
-from corral.errors import Unavailable
+from corral.errors import NotFound, Unavailable
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "timed_out"})
 EXIT_TIMED_OUT = 124
@@ -49,8 +49,14 @@ def label_text(labels: list[str]) -> str:
     return f"[{', '.join(labels)}]"
 
 
-def waiting_reason(run: dict[str, Any], runners: list[dict[str, Any]]) -> str:
-    """Why a pending run is not running yet, from what the coordinator knows of runners."""
+def waiting_reason(
+    run: dict[str, Any], runners: list[dict[str, Any]], holder: str | None = None
+) -> str:
+    """Why a pending run is not running yet, from what the coordinator knows of runners;
+    ``holder``: the runner id holding a resumed session (only a runner of its name may
+    take the resume)."""
+    if holder is not None:
+        return _holder_reason(runners, holder)
     labels = sorted(run.get("labels") or [])
     live = [r for r in runners if r["state"] == "active"]
     wanted = f"a runner with labels {label_text(labels)}" if labels else "a runner"
@@ -62,6 +68,17 @@ def waiting_reason(run: dict[str, Any], runners: list[dict[str, Any]]) -> str:
     if all(r["slots_used"] >= r["slots_total"] for r in matching):
         return f"waiting for {wanted}: every slot of the {len(matching)} that match is busy"
     return f"waiting for {wanted} to claim it"
+
+
+def _holder_reason(runners: list[dict[str, Any]], holder: str) -> str:
+    name = next((r["name"] for r in runners if r["runner_id"] == holder), holder)
+    live = [r for r in runners if r["name"] == name and r["state"] == "active"]
+    wanted = f"waiting for runner {name}, which holds the session"
+    if not live:
+        return f"{wanted}: it is not connected"
+    if all(r["slots_used"] >= r["slots_total"] for r in live):
+        return f"{wanted}: its slots are busy"
+    return f"{wanted}, to claim it"
 
 
 def no_match_warning(client: CorralClient, labels: list[str]) -> str | None:
@@ -164,12 +181,23 @@ class Follower:
         return None  # the coordinator closed the stream (shutting down): follow again
 
     def _waiting(self, run: dict[str, Any]) -> None:
-        reason = waiting_reason(run, self.client.runners())
+        reason = waiting_reason(run, self.client.runners(), self._holder(run))
         now = time.monotonic()
         if self._said and self._said[0] == reason and now - self._said[1] < REPEAT_WAITING_S:
             return
         self._said = (reason, now)
         self.say(f"{self.run_id} {reason}")
+
+    def _holder(self, run: dict[str, Any]) -> str | None:
+        """The runner holding the session a resume continues (None for other runs)."""
+        if run["type"] != "resume_session" or not run["session_id"]:
+            return None
+        try:
+            session = self.client.call("GET", f"/sessions/{run['session_id']}")
+        except NotFound:
+            return None
+        holder: str | None = session["runner_id"]
+        return holder
 
     def _reconnect(self, exc: Unavailable) -> None:
         self.say(f"{exc.message}; reconnecting (Ctrl-C to stop waiting)")
