@@ -321,3 +321,38 @@ def test_postgres_two_reconcilers_at_once_take_each_run_back_once(
             assert sorted(requeued) == sorted(r.id for r in runs)
             for run in runs:
                 store.request_cancel(run.id, LATER)
+
+
+def test_closing_a_sqlite_store_waits_for_a_write_in_another_thread(tmp_path: Path) -> None:
+    """A worker thread still writing when its app closes the store (a retention pass told to
+    stop) finishes and commits; its connection is not closed under it."""
+    db = Store.open(str(tmp_path / "corral.db")).db
+    in_write, may_commit = threading.Event(), threading.Event()
+    order: list[str] = []
+    failures: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            with db.transaction() as tx:
+                tx.execute("CREATE TABLE scratch (x INTEGER)")
+                in_write.set()
+                may_commit.wait(30)
+                tx.execute("INSERT INTO scratch VALUES (1)")
+            order.append("committed")
+        except BaseException as exc:
+            failures.append(exc)
+
+    def closer() -> None:
+        db.close()
+        order.append("closed")
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=closer)]
+    threads[0].start()
+    assert in_write.wait(30)
+    threads[1].start()
+    threads[1].join(0.2)  # room for a close that does not wait to close under the writer
+    may_commit.set()
+    for t in threads:
+        t.join(30)
+    assert failures == []
+    assert order == ["committed", "closed"]

@@ -194,11 +194,19 @@ class SqliteDatabase:
         )
 
     def close(self) -> None:
-        with self._lock:
-            for conn in self._all:
-                conn.close()
-            self._all.clear()
-        self._local = threading.local()
+        # A worker thread may still be inside a write (a retention pass the app was told to
+        # stop while its thread ran on): closing its connection under it can crash the
+        # process in sqlite3, so wait for the writer to finish first (bounded, never hang).
+        waited = self._writer.acquire(timeout=self._busy_timeout_s)
+        try:
+            with self._lock:
+                for conn in self._all:
+                    conn.close()
+                self._all.clear()
+            self._local = threading.local()
+        finally:
+            if waited:
+                self._writer.release()
 
 
 class _PostgresTx:
