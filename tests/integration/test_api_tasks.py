@@ -5,13 +5,16 @@ nothing stored. No graph, however it is ordered or tangled, gets a 500.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
 import pytest
-from api_fixtures import Api, error_code, running_api
+from api_fixtures import Api, error_code, running_api, wait_until
 
+from corral.coordinator.claims import ClaimBoard
 from corral.coordinator.settings import CoordinatorSettings
+from corral.ids import RunId
 
 pytestmark = pytest.mark.anyio
 
@@ -117,3 +120,39 @@ async def test_no_graph_gets_a_500(settings: CoordinatorSettings) -> None:
                 assert set(tasks) == known
                 for t in batch:
                     assert tasks[t["id"]]["after"] == sorted(set(t["after"]))
+
+
+async def test_a_task_finished_over_http_wakes_a_poll_for_its_dependent(
+    settings: CoordinatorSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``POST /runner/runs/{id}/completed`` wakes waiting polls for the runs it scheduled,
+    as the socket's finished event does. The reconciler never runs here (``running_api``
+    leaves it off): only the report's wake-up can hand the dependent's run to the poll."""
+    looks: list[list[RunId] | None] = []  # what each poll's look at the claim board found
+    reserve = ClaimBoard.reserve
+
+    async def looked(board: ClaimBoard, *args: Any) -> list[RunId] | None:
+        looks.append(found := await reserve(board, *args))
+        return found
+
+    monkeypatch.setattr(ClaimBoard, "reserve", looked)
+    async with running_api(settings) as api:
+        pid = await project(api)
+        assert (await add(api, pid, task("a"), task("b", "a"))).status_code == 200
+        started = await api.client.post(f"/projects/{pid}/start", json={"workers": 1})
+        tasks = await stored(api, pid)
+        assert started.json()["scheduled"] == [tasks["a"]["task_id"]], started.text
+        runner = await api.register("runner-a")
+        blocker = await api.claim_one(runner)
+        waiting = asyncio.create_task(api.poll(runner, timeout=30.0))
+        await wait_until(lambda: [] in looks, what="the poll to find nothing and wait")
+
+        await api.started(blocker["run_id"], runner)
+        done = await api.complete(blocker["run_id"], runner, task={"outcome": "merged"})
+        assert done.status_code == 200, done.text
+
+        answer = await waiting  # 204 after 30 s if nothing woke it
+        assert answer.status_code == 200, answer.text
+        [run] = answer.json()["runs"]
+        assert run["task_id"] == tasks["b"]["task_id"]
+        assert (await stored(api, pid))["b"]["status"] == "claimed"

@@ -309,14 +309,23 @@ def _apply(store: Store, runner_id: str, event: RunnerEvent, now: float) -> Run 
 
 def wakeups(events: Sequence[RunnerEvent], outcomes: Sequence[Outcome]) -> list[str]:
     """Who to wake after ``events`` were applied: followers of their logs, and pollers if a
-    run went back to pending or a task run ended (the scheduler may claim more tasks)."""
+    final report made work for them (``makes_work``)."""
     topics = [logs_topic(e.run_id) for e in events if isinstance(e, LogsEvent | FinishedEvent)]
-    if any(
-        run is not None and (run.status is RunStatus.PENDING or run.task_id is not None)
-        for _, run in outcomes
-    ):
+    if any(run is not None and makes_work(run) for _, run in outcomes):
         topics.append(RUNS_AVAILABLE)
     return topics
+
+
+def finished_wakeups(finished: Run) -> list[str]:
+    """``wakeups`` of one applied final report (the per-run HTTP endpoints' path), so that a
+    run finished over HTTP wakes what the same report over the socket wakes."""
+    return [logs_topic(finished.id), *([RUNS_AVAILABLE] if makes_work(finished) else [])]
+
+
+def makes_work(finished: Run) -> bool:
+    """A final report that ended as ``finished`` may have made a run claimable: its run went
+    back to pending, or it was a task run (settling its task schedules more tasks)."""
+    return finished.status is RunStatus.PENDING or finished.task_id is not None
 
 
 def _start_body(run: Run) -> dict[str, Any]:

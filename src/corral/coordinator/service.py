@@ -18,7 +18,7 @@ import anyio.to_thread
 from corral.clock import Clock
 from corral.coordinator.claims import ClaimBoard
 from corral.coordinator.connections import Connections
-from corral.coordinator.link_core import apply_reports, wakeups
+from corral.coordinator.link_core import apply_reports, finished_wakeups, wakeups
 from corral.coordinator.notifier import (
     RUNS_AVAILABLE,
     Notifier,
@@ -235,9 +235,7 @@ class Coordinator:
         run = await self._db(
             self.store.finish_run, run_id, runner_id, attempt, report, self.clock.now()
         )
-        self.notifier.notify(logs_topic(run_id))
-        if not run.status.is_terminal:
-            self.notifier.notify(RUNS_AVAILABLE)
+        self.notifier.notify(*finished_wakeups(run))
         return run
 
     async def apply_events(
