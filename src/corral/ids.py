@@ -7,7 +7,6 @@ from typing import NewType
 
 RunId = NewType("RunId", str)
 RunnerId = NewType("RunnerId", str)
-SessionId = NewType("SessionId", str)
 
 
 def _new(prefix: str) -> str:

@@ -1,6 +1,8 @@
 """Runners: the hosts that claim and execute runs, and their lifecycle.
 
-active ──(no heartbeat for lost_after)──▶ lost ──(heartbeat)──▶ active
+active ──(no heartbeat for lost_after)──▶ lost ──(registers again, over HTTP)──▶ active
+A lost runner's heartbeat is refused (runner_lost): it must register again. Over the
+WebSocket link it comes back as a new runner instead (its old id's commands are void).
 active ──drain──▶ draining ──(exits)──▶ stopped
 """
 

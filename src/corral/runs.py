@@ -201,7 +201,8 @@ class RunReport:
     num_turns: int | None = None
     retry_after_s: float | None = None  # set with status PENDING: give the attempt back
     # A task run says how its attempt ended for the task: merged, no_changes,
-    # merge_conflict … with the commit and merge shas (see tasks/outcome.py).
+    # merge_conflict … with the commit and merge shas (made in runner/task_attempt.py, read by
+    # settle_task_run in store/tasks.py).
     task: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:

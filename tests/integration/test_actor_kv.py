@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from corral.store import Store
-from corral.store.kv import MAX_KEYS, MAX_VALUE_BYTES, apply_op
+from corral.store.kv import MAX_KEYS, apply_op
 
 NOW = 1_700_000_000.0
+VALUE_LIMIT = 128 * 1024  # DESIGN: values ≤ 128 KiB, encoded
 
 
 def kv(store: Store, op: dict[str, Any], actor: str = "act_1") -> dict[str, Any]:
@@ -47,6 +48,15 @@ def test_list_by_prefix_in_byte_order_with_paging(store: Store) -> None:
     assert [k for k, _ in everything] == sorted(keys, key=str.encode)
 
 
+def test_a_value_may_be_128_kib_and_no_more(store: Store) -> None:
+    largest = "é" * (VALUE_LIMIT // 2)  # two bytes each, encoded
+    assert kv(store, {"op": "put", "entries": {"k": largest}}) == {"ok": True}
+    assert kv(store, {"op": "get", "keys": ["k"]})["values"] == [largest]
+    over = kv(store, {"op": "put", "entries": {"k": largest + "x"}})
+    assert over["ok"] is False and over["code"] == "payload_too_large", over
+    assert kv(store, {"op": "get", "keys": ["k"]})["values"] == [largest]
+
+
 @pytest.mark.parametrize(
     "op,code",
     [
@@ -59,7 +69,7 @@ def test_list_by_prefix_in_byte_order_with_paging(store: Store) -> None:
         ({"op": "list", "limit": 0}, "invalid_request"),
         ({"op": "put", "entries": {"é" * 1500: "x"}}, "payload_too_large"),
         (
-            {"op": "put", "entries": {"ok": "1", "big": "x" * (MAX_VALUE_BYTES + 1)}},
+            {"op": "put", "entries": {"ok": "1", "big": "x" * (VALUE_LIMIT + 1)}},
             "payload_too_large",
         ),
     ],

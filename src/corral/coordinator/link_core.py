@@ -60,7 +60,6 @@ class Registration(NamedTuple):
 @dataclass(frozen=True)
 class Applied:
     last_idx: int  # acknowledge up to here
-    refused: list[RunId]  # runs the runner reported on under a lease it no longer has
     abandon: list[Indexed]  # the abandon_run commands stored for them (push_work sends them)
     wake: list[str]  # notifier topics: log followers, and pollers if a run went back
     finished: bool  # a run ended: the runner may have a free slot
@@ -141,7 +140,6 @@ class LinkCore:
             abandon = self.push(runner_id, bodies, now)
         return Applied(
             last_idx=last,
-            refused=[RunId(r) for r in dict.fromkeys(r for r, _ in refused)],
             abandon=abandon,
             wake=wakeups(parsed, outcomes),
             finished=any(e.type == "finished" for e in parsed),

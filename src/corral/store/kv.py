@@ -23,7 +23,7 @@ from corral.store.db import Database
 from corral.wire import WireModel
 
 MAX_KEY_BYTES = 2048
-MAX_VALUE_BYTES = 1024 * 1024
+MAX_VALUE_BYTES = 128 * 1024  # encoded, as DESIGN says
 MAX_KEYS = 128  # per request
 MAX_LIST = 1000
 
