@@ -39,6 +39,8 @@ import psycopg
 CORRAL = [str(Path(sys.executable).parent / "corral")]
 NOOP_RUNNER = [sys.executable, str(Path(__file__).with_name("noop_runner.py"))]
 PG_URL = os.environ.get("CORRAL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+TOKEN = "crl_bench-admin-token"  # CORRAL_TOKEN of the coordinator and runners it starts
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -100,6 +102,7 @@ def cluster(
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env["CORRAL_URL"] = url
+    env["CORRAL_TOKEN"] = TOKEN
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
 
@@ -143,7 +146,7 @@ def cluster(
             )
         end = time.monotonic() + 60
         while True:
-            found = httpx.get(f"{url}/runners").json()["runners"]
+            found = httpx.get(f"{url}/runners", headers=AUTH).json()["runners"]
             if (
                 sum(r["state"] == "active" and r["transport"] == transport for r in found)
                 >= runners
@@ -190,7 +193,7 @@ def first_line_then_end(client: httpx.Client, run_id: str) -> tuple[str, dict[st
 def measure_latency(url: str, samples: int, warmup: int = 10) -> list[float]:
     latencies = []
     body = {"type": "command", "command": ["date", "+%s.%N"]}
-    with httpx.Client(base_url=url, timeout=30) as client:
+    with httpx.Client(base_url=url, timeout=30, headers=AUTH) as client:
         for i in range(warmup + samples):
             sent = time.time()
             run_id = client.post("/runs", json=body).json()["run_id"]
@@ -212,7 +215,7 @@ class Throughput:
 def measure_throughput(target: Cluster, runs: int) -> Throughput:
     """Runs/s, and the CPU the coordinator and the runners used meanwhile."""
     batch = [{"type": "command", "command": ["true"]}] * 500
-    with httpx.Client(base_url=target.url, timeout=60) as client:
+    with httpx.Client(base_url=target.url, timeout=60, headers=AUTH) as client:
         cpu_before = cpu_seconds(target.coordinator_pid)
         runners_before = target.runners_cpu()
         busy_before, _ = machine_busy()

@@ -71,7 +71,8 @@ def main() -> None:
         tmp = Path(tmpdir)
         repo = make_repo(tmp, args.tasks, args.chain)
         env = {k: v for k, v in os.environ.items() if not k.startswith("CLAUDECODE")}
-        env.update(FAKE_CLAUDE_HOME=str(tmp / "fake"), HOME=str(tmp))
+        # The agents see the fake claude's home only if it is let through (--pass-env).
+        env.update(FAKE_CLAUDE_HOME=str(tmp / "fake"), HOME=str(tmp), CORRAL_PASS_ENV="FAKE_*")
         subprocess.run(
             [CORRAL, "tasks", "plan", str(tmp / "plan.yaml")],
             cwd=repo,

@@ -30,6 +30,8 @@ from corral.protocol import messages as m
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PING_S = 3.0
+TOKEN = "crl_bench-admin-token"  # CORRAL_TOKEN of the coordinator it starts
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -54,7 +56,13 @@ class IdleRunner:
         self.closed: str | None = None
 
     async def connect(self) -> None:
-        self.ws = await connect(self.url, open_timeout=60, ping_interval=None, compression=None)
+        self.ws = await connect(
+            self.url,
+            open_timeout=60,
+            ping_interval=None,
+            compression=None,
+            additional_headers=AUTH,
+        )
         init = m.ToServerInit(
             name=self.name,
             version="idle-bench",
@@ -122,7 +130,7 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
     cpu = cpu_seconds(pid) - cpu0
     client_cpu = time.process_time() - ccpu0
     closed = [r for r in runners if r.closed is not None]
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=30, headers=AUTH) as http:
         listed = (await http.get("/runners")).json()["runners"]
     active = sum(r["state"] == "active" for r in listed)
 
@@ -169,7 +177,7 @@ def main() -> None:
     wanted = min(hard, max(soft, 2 * args.sockets + 256))
     resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))  # inherited by the coordinator
 
-    with corral_serve("idle.db") as (url, pid):
+    with corral_serve("idle.db", {"CORRAL_TOKEN": TOKEN}) as (url, pid):
         asyncio.run(bench(args, url, pid))
 
 

@@ -9,14 +9,21 @@ from typing import Any
 import httpx
 
 from corral import errors
+from corral.credentials import auth_headers, client_token
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 
 
 class CorralClient:
-    def __init__(self, url: str = DEFAULT_URL, *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, url: str = DEFAULT_URL, *, token: str | None = None, timeout_s: float = 30.0
+    ) -> None:
+        """``token``: the bearer token to send (default: ``.corral/credentials`` in the
+        current directory, where a local coordinator writes its own)."""
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        self._http = httpx.Client(
+            base_url=self.url, headers=auth_headers(client_token(token)), timeout=timeout_s
+        )
 
     def close(self) -> None:
         self._http.close()

@@ -10,7 +10,12 @@
     │   ├── IllegalTransition         illegal_transition  409     4
     │   ├── LeaseLost                 lease_lost          409     4
     │   └── SessionNotReady           session_not_ready   409     4
-    └── Unavailable                   unavailable         503     5
+    ├── Unavailable                   unavailable         503     5
+    ├── Unauthorized                  unauthorized        401     6
+    │                                (invalid_token: unknown or revoked)
+    └── Forbidden                     forbidden           403     7
+                                     (runner_not_yours, host_not_allowed,
+                                      origin_not_allowed)
 
 The code travels on the wire as ``{"error": {"code", "message"}}`` and the CLI exits
 with the error's exit status. Driver errors are translated at the edge (``raise … from``).
@@ -89,6 +94,22 @@ class Unavailable(CorralError):
     exit_code = 5
 
 
+class Unauthorized(CorralError):
+    """No token, or one the coordinator does not know (or has revoked)."""
+
+    code = "unauthorized"
+    http_status = 401
+    exit_code = 6
+
+
+class Forbidden(CorralError):
+    """A known token whose role may not do this, or a request from where none may come."""
+
+    code = "forbidden"
+    http_status = 403
+    exit_code = 7
+
+
 def from_wire(status: int, body: Any) -> CorralError:
     """Rebuild an error from a coordinator's JSON error body (used by clients)."""
     error = body.get("error") if isinstance(body, dict) else None
@@ -112,6 +133,8 @@ def from_wire(status: int, body: Any) -> CorralError:
         return LeaseLost(message, code=code)
     if code.endswith("_not_found"):
         return NotFound(message, code=code)
+    if status in (401, 403):
+        return (Unauthorized if status == 401 else Forbidden)(message, code=code)
     # A code of its own (invalid_branch, budget_exceeded, …): the status says which kind,
     # so the CLI still exits with that kind's status.
     kind = _KIND_OF_STATUS.get(status, CorralError)

@@ -36,6 +36,9 @@ HEARTBEAT_INTERVAL_S = 0.5
 LOST_AFTER_S = 2.0
 START_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 300
+# The admin token every process of a test shares (CORRAL_TOKEN): coordinators accept it,
+# runners and the CLI send it.
+TOKEN = "crl_e2e-admin-token"
 
 T = TypeVar("T")
 
@@ -105,6 +108,7 @@ def isolated_env(root: Path) -> dict[str, str]:
         # Runs see only an allow-list of a runner's environment: the fake claude's
         # settings must be let through.
         CORRAL_PASS_ENV="FAKE_CLAUDE_*",
+        CORRAL_TOKEN=TOKEN,
     )
     return env
 
@@ -339,7 +343,7 @@ class Cluster:
     @property
     def client(self) -> CorralClient:
         if self._client is None:
-            self._client = CorralClient(self.url, timeout_s=20.0)
+            self._client = CorralClient(self.url, token=TOKEN, timeout_s=20.0)
         return self._client
 
     def reset_client(self) -> None:

@@ -7,7 +7,8 @@ heartbeat sender (``{runner_id}``). It knows nothing of corral's own runner prot
 (no attempts, no ``held``, no batches). The only liberties: a command run's argv is spawned
 as it is, an agent run spawns ``$SEED_CLAUDE -p PROMPT`` (the seed spawns ``ao-start``), and
 a failed call is retried until the coordinator answers (the seed gives up after three; these
-tests kill the coordinator on purpose and want the runner to outlive it).
+tests kill the coordinator on purpose and want the runner to outlive it), and every call
+carries ``CORRAL_TOKEN`` as a bearer token (corral refuses calls without one).
 
     python seed_runner.py URL NAME   (SEED_CLAUDE: the claude CLI to spawn for agent runs)
 """
@@ -31,7 +32,10 @@ RETRY_S = 0.2
 class Coordinator:
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
-        self.http = httpx.Client(timeout=60.0)
+        # Its operator gave it a token, as to any runner (CORRAL_TOKEN of the test's cluster).
+        token = os.environ.get("CORRAL_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(timeout=60.0, headers=headers)
         self.lock = threading.Lock()
 
     def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

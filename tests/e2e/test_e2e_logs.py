@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import Cluster
+from e2e_support import TOKEN, Cluster
 
 SEQ_LINES = int(os.environ.get("CORRAL_E2E_SEQ_LINES", "200000"))
 TRANSPORTS = ["poll", "websocket"]
@@ -27,7 +27,8 @@ TRANSPORTS = ["poll", "websocket"]
 def _all_logs(cluster: Cluster, run_id: str) -> list[dict[str, Any]]:
     lines: list[dict[str, Any]] = []
     after = 0
-    with httpx.Client(base_url=cluster.url, timeout=60.0) as http:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=cluster.url, timeout=60.0, headers=auth) as http:
         while True:
             response = http.get(f"/runs/{run_id}/logs", params={"after": after, "limit": 10000})
             assert response.status_code == 200, response.text

@@ -10,9 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from e2e_support import FAKE_CLAUDE, Cluster, Proc, kill_coordinator_mid_workload, wait_until
+from e2e_support import (
+    FAKE_CLAUDE,
+    TOKEN,
+    Cluster,
+    Proc,
+    kill_coordinator_mid_workload,
+    wait_until,
+)
 
 SEED_RUNNER = str(Path(__file__).with_name("seed_runner.py"))
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def start_seed_runner(cluster: Cluster, name: str) -> Proc:
@@ -59,12 +67,17 @@ def test_an_abandoned_seed_poll_does_not_swallow_a_run(cluster: Cluster) -> None
     runner_id = registered["runner_id"]
     # The runner gives up on its long-poll long before the coordinator would answer.
     with contextlib.suppress(httpx.ReadTimeout):
-        httpx.get(f"{cluster.url}/runner/runs", params={"runner_id": runner_id}, timeout=0.3)
+        httpx.get(
+            f"{cluster.url}/runner/runs",
+            params={"runner_id": runner_id},
+            headers=AUTH,
+            timeout=0.3,
+        )
     run_id = cluster.client.create_run(type="command", command=["true"])["run_id"]
 
     def answered() -> dict[str, Any] | None:
         response = httpx.get(
-            f"{cluster.url}/runner/runs", params={"runner_id": runner_id}, timeout=10
+            f"{cluster.url}/runner/runs", params={"runner_id": runner_id}, headers=AUTH, timeout=10
         )
         return response.json()["run"] if response.status_code == 200 else None
 

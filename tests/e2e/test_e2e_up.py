@@ -8,17 +8,22 @@ import signal
 from e2e_support import CORRAL, Cluster, Proc, free_port, wait_until
 
 from corral.client import CorralClient
+from corral.credentials import read_token
 
 
 def test_up_runs_work_and_stops_on_sigterm(cluster: Cluster) -> None:
     port = free_port()
     db = cluster.root / "up.db"
-    env = {k: v for k, v in cluster.env.items() if k != "CORRAL_TRANSPORT"}  # the default
+    # The defaults, as `make run` has them: no transport, no token given.
+    env = {k: v for k, v in cluster.env.items() if k not in ("CORRAL_TRANSPORT", "CORRAL_TOKEN")}
     up = Proc("up", [CORRAL, "up", "--port", str(port), "--db", str(db)], env, cluster.root)
     cluster.procs.append(up)  # killed at the end whatever happens
     up.start()
     wait_until(lambda: "corral is up" in up.log(), 30, what="corral up to start")
-    with CorralClient(f"http://127.0.0.1:{port}") as client:
+    # Its admin token is where the README's quick start (run in the same directory) finds it.
+    token = read_token(up.cwd)
+    assert token is not None and token not in up.log()
+    with CorralClient(f"http://127.0.0.1:{port}", token=token) as client:
         (runner,) = wait_until(client.runners, 30, what="the local runner")
         assert (runner["transport"], runner["state"]) == ("websocket", "active")
         run_id = client.create_run(type="command", command=["sh", "-c", "echo from-up"])["run_id"]

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from e2e_support import (
     TERMINAL,
+    TOKEN,
     Cluster,
     Coordinator,
     Runner,
@@ -104,7 +105,7 @@ def test_fault_proxy_forwards_delays_and_cuts(cluster: Cluster) -> None:
     coordinator = start_coordinator(cluster)
     with FaultProxy(coordinator.port, delay_s=0.05) as proxy:
         assert cluster.client.call("GET", "/health") == {"status": "ok"}  # direct
-        with CorralClient(proxy.url) as through:
+        with CorralClient(proxy.url, token=TOKEN) as through:
             started = time.monotonic()
             assert through.call("GET", "/health") == {"status": "ok"}
             assert time.monotonic() - started >= 0.1  # 50 ms each way

@@ -8,6 +8,10 @@
   responses that must really stream (``ASGITransport`` buffers a whole response), or
   with ``ws=`` a WebSocket implementation, for the runner socket.
 * ``wait_until``: wait for a condition instead of sleeping and hoping.
+
+Every request needs a token: ``running_api`` gives its app the admin token ``TOKEN`` (unless
+the settings name one) and its client sends it. An app built by hand takes
+``with_token(settings)``, and its clients send ``HEADERS`` (runners: ``token=TOKEN``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -42,12 +46,19 @@ BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 def auth_headers() -> dict[str, str]:
     """The credential the fuzz tests (test_openapi_fuzz, test_socket_fuzz) send with every
-    request and WebSocket upgrade: the one place to put a token once endpoints require one.
-    A new dict each call: schemathesis adds its own headers to the one it is given."""
-    return {}
+    request and WebSocket upgrade: the admin token ``TOKEN``. A new dict each call:
+    schemathesis adds its own headers to the one it is given."""
+    return dict(HEADERS)
 
 
 RUN_ID = r"run_[0-9a-f]{12}"
+TOKEN = "crl_test-admin-token"
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def with_token(settings: CoordinatorSettings) -> CoordinatorSettings:
+    """``settings`` whose admin token is ``TOKEN`` (unless they name one)."""
+    return settings if settings.token else replace(settings, token=TOKEN)
 
 
 @contextlib.contextmanager
@@ -206,12 +217,15 @@ class Api:
 async def running_api(
     settings: CoordinatorSettings, *, clock: Clock | None = None, reconcile: bool = False
 ) -> AsyncIterator[Api]:
-    """The app in this event loop, with its lifespan (store, coordinator) entered."""
-    app = create_app(settings, clock=clock, reconcile=reconcile)
+    """The app in this event loop, with its lifespan (store, coordinator) entered; its
+    client sends the admin token."""
+    app = create_app(with_token(settings), clock=clock, reconcile=reconcile)
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://corral.test"
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://localhost",
+            headers={"Authorization": f"Bearer {with_token(settings).token}"},
         ) as client,
     ):
         yield Api(app, client)

@@ -20,12 +20,14 @@ import anyio
 import httpx
 import pytest
 from api_fixtures import (
+    HEADERS,
     RUN_ID,
     Api,
     error_code,
     live_server,
     running_api,
     wait_until,
+    with_token,
 )
 from fastapi import FastAPI
 
@@ -330,13 +332,13 @@ async def test_cancel_of_a_pending_run_cancels_it(settings: CoordinatorSettings)
 def test_follow_streams_log_lines_and_ends_with_the_run(db_url: str) -> None:
     # ASGITransport buffers a whole response, so this one needs a real server. A follower
     # that missed a wake-up would only look again after poll_timeout_s: make that long.
-    app = create_app(CoordinatorSettings(db_url=db_url, poll_timeout_s=LONG_WAIT_S))
+    app = create_app(with_token(CoordinatorSettings(db_url=db_url, poll_timeout_s=LONG_WAIT_S)))
     with live_server(app) as url:
         anyio.run(_follow_scenario, app, url, backend="asyncio")
 
 
 async def _follow_scenario(app: FastAPI, url: str) -> None:
-    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=10, headers=HEADERS) as client:
         api = Api(app, client)
         run_id = await api.create_command()
         runner_id = await api.register()

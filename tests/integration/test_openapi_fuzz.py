@@ -2,7 +2,7 @@
 generated requests each (valid and invalid ones), on SQLite and PostgreSQL. No answer is
 a server error, every status is one the document declares, and every body matches it.
 
-Every request carries ``api_fixtures.auth_headers()`` (where a token goes, once there is one).
+Every request carries ``api_fixtures.auth_headers()`` (the admin token).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import requests
 import schemathesis
-from api_fixtures import auth_headers, live_server
+from api_fixtures import auth_headers, live_server, with_token
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation import GenerationMode
@@ -44,7 +44,9 @@ def can_be_invalid(operation: dict[str, Any]) -> bool:
 
 
 def test_the_api_keeps_its_openapi_promises(db_url: str) -> None:
-    app = create_app(CoordinatorSettings(db_url=db_url, poll_timeout_s=0.05), reconcile=False)
+    app = create_app(
+        with_token(CoordinatorSettings(db_url=db_url, poll_timeout_s=0.05)), reconcile=False
+    )
     # One connection for all, as a client would.
     with live_server(app) as url, requests.Session() as session:
         schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=auth_headers())

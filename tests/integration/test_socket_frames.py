@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from api_fixtures import live_server
+from api_fixtures import HEADERS, live_server, with_token
 from fastapi import FastAPI
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -78,15 +78,20 @@ class Served:
         return found
 
     async def connect(self) -> Peer:
-        return Peer(await connect(f"{self.ws_url}/runner/socket", open_timeout=STEP_S))
+        return Peer(
+            await connect(
+                f"{self.ws_url}/runner/socket", open_timeout=STEP_S, additional_headers=HEADERS
+            )
+        )
 
 
 @contextlib.asynccontextmanager
 async def serve(db_url: str) -> AsyncIterator[Served]:
     # No reconciler: these tests decide every step themselves (nothing is declared lost).
-    app = create_app(CoordinatorSettings(db_url=db_url, poll_timeout_s=5.0), reconcile=False)
+    settings = with_token(CoordinatorSettings(db_url=db_url, poll_timeout_s=5.0))
+    app = create_app(settings, reconcile=False)
     with live_server(app, ws="websockets-sansio", graceful_shutdown_s=2) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=STEP_S) as http:
+        async with httpx.AsyncClient(base_url=url, timeout=STEP_S, headers=HEADERS) as http:
             yield Served(app, http, "ws://" + url.removeprefix("http://"))
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-from api_fixtures import auth_headers, live_server
+from api_fixtures import auth_headers, live_server, with_token
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from test_socket_frames import _init_frame
@@ -171,7 +171,7 @@ def plausible_events() -> str:
 @contextlib.contextmanager
 def served(db_url: str) -> Iterator[tuple[Coordinator, httpx.Client, str]]:
     app = create_app(
-        CoordinatorSettings(db_url=db_url, poll_timeout_s=1.0, ws_ping_interval_s=0.5),
+        with_token(CoordinatorSettings(db_url=db_url, poll_timeout_s=1.0, ws_ping_interval_s=0.5)),
         reconcile=False,
     )
     with (

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from api_fixtures import live_server, wait_until
+from api_fixtures import TOKEN, live_server, wait_until, with_token
 
 from corral.coordinator.app import create_app
 from corral.coordinator.settings import CoordinatorSettings
@@ -25,10 +25,12 @@ STEP_S = 10.0
 
 @pytest.fixture
 async def linked(db_url: str) -> AsyncIterator[tuple[WebSocketTransport, CoordinatorSettings]]:
-    settings = CoordinatorSettings(db_url=db_url, poll_timeout_s=5.0)
+    settings = with_token(CoordinatorSettings(db_url=db_url, poll_timeout_s=5.0))
     app = create_app(settings, reconcile=False)
     with live_server(app, ws="websockets-sansio", graceful_shutdown_s=2) as url:
-        runner = Runner(RunnerSettings(coordinator_url=url, transport="websocket", slots=1))
+        runner = Runner(
+            RunnerSettings(coordinator_url=url, token=TOKEN, transport="websocket", slots=1)
+        )
         transport = runner.transport
         assert isinstance(transport, WebSocketTransport)
         await asyncio.wait_for(transport.open(), STEP_S)

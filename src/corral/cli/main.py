@@ -14,7 +14,19 @@ import sys
 import click
 
 from corral import __version__
-from corral.cli import agents, doctor, gc, runners, runs, servers, sessions, status, submit, tasks
+from corral.cli import (
+    agents,
+    doctor,
+    gc,
+    runners,
+    runs,
+    servers,
+    sessions,
+    status,
+    submit,
+    tasks,
+    tokens,
+)
 from corral.errors import CorralError
 
 EPILOG = """\b
@@ -63,6 +75,7 @@ for command in (
     status.status,
     agents.agents,
     doctor.doctor,
+    tokens.tokens,
 ):
     cli.add_command(command)
 

@@ -35,8 +35,9 @@ URL = CoordinatorURL()
 
 
 def coordinator_url(fn: F) -> F:
+    """``--url`` (passed to the command) and ``--token`` (kept for ``connect``)."""
     return option("--url", env="URL", type=URL, default=DEFAULT_URL, help="The coordinator's URL.")(
-        fn
+        token_option(fn)
     )
 
 
@@ -54,9 +55,37 @@ def limit_option(fn: F) -> F:
     )(fn)
 
 
+def token_option(fn: F) -> F:
+    return option(
+        "--token",
+        env="TOKEN",
+        default=None,
+        expose_value=False,
+        callback=_keep_token,
+        show_default=False,
+        help="Bearer token for the coordinator (default: .corral/credentials here).",
+    )(fn)
+
+
+_TOKEN = "corral.token"
+
+
+def _keep_token(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.meta[_TOKEN] = value  # meta is shared with subcommands (``tasks …``)
+
+
+def given_token() -> str | None:
+    """``--token`` or ``CORRAL_TOKEN`` of the command being run, if any."""
+    ctx = click.get_current_context(silent=True)
+    token: str | None = ctx.meta.get(_TOKEN) if ctx is not None else None
+    return token
+
+
 def connect(url: str) -> CorralClient:
-    """A client of the coordinator at ``url``."""
-    return CorralClient(url)
+    """A client of the coordinator at ``url`` with the token the user gave (or the local
+    ``.corral/credentials``)."""
+    return CorralClient(url, token=given_token())
 
 
 def comma_list(text: str) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ import logging
 import signal
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -22,6 +23,7 @@ from corral.cli.gc import DURATION, retention_from, retention_options
 from corral.cli.options import URL, comma_list, labels_from, option
 from corral.coordinator.app import QuietServer, server_config
 from corral.coordinator.settings import CoordinatorSettings
+from corral.credentials import client_token, coordinator_token
 from corral.errors import Conflict, CorralError, InvalidRequest, Unavailable
 from corral.runner.core import Runner
 from corral.runner.process import watch_children_with_pidfds
@@ -103,6 +105,22 @@ def coordinator_options(fn: click.decorators.FC) -> click.decorators.FC:
                 type=DURATION,
                 help="How often retention deletes what it lets go ('off': only corral gc).",
             ),
+            option(
+                "--token",
+                env="TOKEN",
+                default=None,
+                show_default=False,
+                help="The admin token (default: the one in .corral/credentials here, made "
+                "on the first start, readable by you only).",
+            ),
+            option(
+                "--allowed-hosts",
+                env="ALLOWED_HOSTS",
+                default="",
+                help="Comma-separated host names requests may be addressed to, beyond "
+                "localhost, 127.0.0.1, ::1 and --host ('*': any). Others are refused "
+                "(DNS rebinding).",
+            ),
         ]
     ):
         fn = decorate(fn)
@@ -124,6 +142,8 @@ def _coordinator_settings(
     retain_runs: float | None,
     retain_runners: float | None,
     max_log_chars: int,
+    token: str | None,
+    allowed_hosts: str,
 ) -> CoordinatorSettings:
     return CoordinatorSettings(
         db_url=db,
@@ -138,6 +158,8 @@ def _coordinator_settings(
         ws_ack_interval_s=ack_interval,
         gc_interval_s=gc_interval,
         retention=retention_from(retain_runs, retain_runners, max_log_chars),
+        token=coordinator_token(token),
+        allowed_hosts=comma_list(allowed_hosts),
     )
 
 
@@ -316,11 +338,25 @@ class _StoppingServer(uvicorn.Server):
     default="http://127.0.0.1:8765",
     help="The coordinator's URL (--coordinator: the same).",
 )
+@option(
+    "--token",
+    env="TOKEN",
+    default=None,
+    show_default=False,
+    help="Bearer token for the coordinator (a runner or admin token; default: "
+    ".corral/credentials here).",
+)
 @runner_options
-def runner_cmd(url: str, **kwargs: object) -> None:
+def runner_cmd(url: str, token: str | None, **kwargs: object) -> None:
     """Run a runner: claim runs from the coordinator and execute them."""
     _logging()
-    settings = _runner_settings(url, **kwargs)  # type: ignore[arg-type]
+    found = client_token(token)
+    if found is None:
+        raise click.UsageError(
+            "no token for the coordinator: pass --token (CORRAL_TOKEN), or start the runner "
+            "in the directory of a local coordinator (its .corral/credentials)"
+        )
+    settings = replace(_runner_settings(url, **kwargs), token=found)  # type: ignore[arg-type]
 
     async def main() -> None:
         watch_children_with_pidfds()
@@ -341,8 +377,9 @@ def up(**kwargs: Any) -> None:
     settings = _coordinator_settings(**{k: kwargs.pop(k) for k in list(kwargs) if k in mine})
     host, port, db = settings.host, settings.port, settings.db_url
     _check_port_free(host, port)
-    url = f"http://{host}:{port}"
-    runner_settings = _runner_settings(url, **kwargs)
+    # Listening on every address: the local runner and the banner use loopback.
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+    runner_settings = replace(_runner_settings(url, **kwargs), token=settings.token)
 
     async def main() -> None:
         server = QuietServer(server_config(settings, host=host, port=port))

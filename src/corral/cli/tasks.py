@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from corral.cli.options import comma_list, option
+from corral.cli.options import comma_list, connect, option, token_option
 from corral.cli.plan_progress import ACTIVE, EXIT_PAUSED, first_line, state_label, summary, watch
 from corral.client import CorralClient
 from corral.errors import InvalidRequest
@@ -45,10 +45,13 @@ class Context:
     @contextlib.contextmanager
     def client(self, runner: RunnerSettings | None = None) -> Iterator[CorralClient]:
         if self.url:
-            with CorralClient(self.url) as client:
+            with connect(self.url) as client:
                 yield client
             return
-        with Embedded(self.db, runner=runner) as embedded, CorralClient(embedded.url) as client:
+        with (
+            Embedded(self.db, runner=runner) as embedded,
+            CorralClient(embedded.url, token=embedded.token) as client,
+        ):
             yield client
 
     def project(self, client: CorralClient, **settings: Any) -> dict[str, Any]:
@@ -95,6 +98,7 @@ def _git(repo: Path, *args: str) -> str:
     help="A coordinator to use (default: an embedded one on <repo>/.corral/corral.db).",
 )
 @option("--db", env="DB", default=None, help="Database of the embedded coordinator.")
+@token_option
 @click.pass_context
 def tasks(
     ctx: click.Context, repo: Path, branch: str | None, url: str | None, db: str | None

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from corral import __version__
 from corral.coordinator import socket
+from corral.coordinator.auth import Access, require
 from corral.coordinator.schemas import (
     CreateRun,
     CreateRuns,
@@ -26,6 +27,7 @@ from corral.runs import Run, RunStatus
 from corral.wire import Int64, WireModel
 
 router = APIRouter()
+READ, WRITE, ADMIN = require(Access.READ), require(Access.WRITE), require(Access.ADMIN)
 
 
 def _coordinator(request: Request) -> Coordinator:
@@ -33,21 +35,21 @@ def _coordinator(request: Request) -> Coordinator:
     return coordinator
 
 
-@router.post("/runs", status_code=201, tags=["runs"])
+@router.post("/runs", status_code=201, tags=["runs"], dependencies=[WRITE])
 async def create_run(body: CreateRun, request: Request) -> dict[str, Any]:
     """Queue a run; answers at once with its id."""
     (run,) = await _coordinator(request).create_runs([body])
     return {"run_id": run.id, "status": run.status}
 
 
-@router.post("/runs:batch", status_code=201, tags=["runs"])
+@router.post("/runs:batch", status_code=201, tags=["runs"], dependencies=[WRITE])
 async def create_runs(body: CreateRuns, request: Request) -> dict[str, Any]:
     """Queue many runs in one transaction: all are created, or none."""
     runs = await _coordinator(request).create_runs(body.runs)
     return {"runs": [{"run_id": r.id, "status": r.status} for r in runs]}
 
 
-@router.get("/runs", tags=["runs"])
+@router.get("/runs", tags=["runs"], dependencies=[READ])
 async def list_runs(
     request: Request,
     status: Annotated[str | None, Query(description="comma-separated statuses")] = None,
@@ -83,19 +85,19 @@ def _parse_statuses(text: str | None) -> list[RunStatus]:
         ) from None
 
 
-@router.get("/runs/{run_id}", tags=["runs"])
+@router.get("/runs/{run_id}", tags=["runs"], dependencies=[READ])
 async def get_run(run_id: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
     return run_json(await coordinator._db(coordinator.store.get_run, run_id))
 
 
-@router.post("/runs/{run_id}/cancel", tags=["runs"])
+@router.post("/runs/{run_id}/cancel", tags=["runs"], dependencies=[WRITE])
 async def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
     """Cancel a pending run at once, or ask its runner to stop it (SIGTERM, then SIGKILL)."""
     return run_json(await _coordinator(request).cancel(run_id))
 
 
-@router.get("/runs/{run_id}/logs", tags=["runs"], response_model=None)
+@router.get("/runs/{run_id}/logs", tags=["runs"], response_model=None, dependencies=[READ])
 async def run_logs(
     run_id: str,
     request: Request,
@@ -124,7 +126,7 @@ async def run_logs(
     return StreamingResponse(stream(), media_type="application/x-ndjson")
 
 
-@router.get("/sessions", tags=["sessions"])
+@router.get("/sessions", tags=["sessions"], dependencies=[READ])
 async def list_sessions(
     request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 50
 ) -> dict[str, Any]:
@@ -134,14 +136,14 @@ async def list_sessions(
     return {"sessions": [session_json(s) for s in found]}
 
 
-@router.get("/sessions/{session}", tags=["sessions"])
+@router.get("/sessions/{session}", tags=["sessions"], dependencies=[READ])
 async def get_session(session: str, request: Request) -> dict[str, Any]:
     """A session by id or name (the most recent with that name)."""
     coordinator = _coordinator(request)
     return session_json(await coordinator._db(coordinator.store.get_session, session))
 
 
-@router.get("/sessions/{session}/result", tags=["sessions"])
+@router.get("/sessions/{session}/result", tags=["sessions"], dependencies=[READ])
 async def session_result(session: str, request: Request) -> dict[str, Any]:
     """The latest finished result of a session."""
     coordinator = _coordinator(request)
@@ -155,7 +157,7 @@ async def session_result(session: str, request: Request) -> dict[str, Any]:
     }
 
 
-@router.get("/runners", tags=["runners"])
+@router.get("/runners", tags=["runners"], dependencies=[READ])
 async def list_runners(request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
     runners = await coordinator._db(coordinator.store.list_runners)
@@ -166,7 +168,7 @@ class DrainBody(WireModel):
     grace_s: float = Field(120.0, ge=0, le=86400)
 
 
-@router.post("/runners/{runner_id}/drain", tags=["runners"])
+@router.post("/runners/{runner_id}/drain", tags=["runners"], dependencies=[ADMIN])
 async def drain_runner(
     runner_id: str, request: Request, body: DrainBody | None = None
 ) -> dict[str, Any]:
@@ -176,7 +178,7 @@ async def drain_runner(
     return runner_json(await coordinator._db(coordinator.store.get_runner, runner_id))
 
 
-@router.post("/runners/{runner_id}/stop", tags=["runners"])
+@router.post("/runners/{runner_id}/stop", tags=["runners"], dependencies=[ADMIN])
 async def stop_runner(runner_id: str, request: Request) -> dict[str, Any]:
     """Stop a runner now: its runs go back to pending for other runners."""
     coordinator = _coordinator(request)
@@ -184,7 +186,7 @@ async def stop_runner(runner_id: str, request: Request) -> dict[str, Any]:
     return runner_json(await coordinator._db(coordinator.store.get_runner, runner_id))
 
 
-@router.get("/agents", tags=["meta"])
+@router.get("/agents", tags=["meta"], dependencies=[READ])
 async def list_agents(request: Request) -> dict[str, Any]:
     """The agent profiles loaded now (``corral.toml``; SIGHUP reloads them). Only the names
     of their environment variables: their values may be secrets."""
@@ -206,7 +208,7 @@ async def list_agents(request: Request) -> dict[str, Any]:
     }
 
 
-@router.get("/stats", tags=["meta"])
+@router.get("/stats", tags=["meta"], dependencies=[READ])
 async def stats(request: Request) -> dict[str, Any]:
     """Runs per status and runners per state: the numbers a glance needs; the
     coordinator's version and its database's schema version."""
@@ -227,4 +229,5 @@ async def stats(request: Request) -> dict[str, Any]:
 
 @router.get("/health", tags=["meta"])
 async def health() -> dict[str, str]:
+    """Whether the coordinator answers: the one route that needs no token."""
     return {"status": "ok"}

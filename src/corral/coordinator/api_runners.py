@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from corral.coordinator import compat_ao, seed_wire
+from corral.coordinator.auth import Access, principal_of, require
 from corral.coordinator.compat_ao_schemas import (
     AoCompleted,
     AoRegister,
@@ -33,11 +34,21 @@ from corral.ids import RunId, RunnerId
 from corral.runs import RunStatus
 from corral.store import Held, LogLine, RunnerSync
 
-router = APIRouter(prefix="/runner", tags=["runner protocol"])
+router = APIRouter(
+    prefix="/runner", tags=["runner protocol"], dependencies=[require(Access.RUNNER)]
+)
 
 
 def _coordinator(request: Request) -> Coordinator:
     coordinator: Coordinator = request.app.state.coordinator
+    return coordinator
+
+
+async def _as_runner(request: Request, runner_id: str) -> Coordinator:
+    """The coordinator, once the caller is known to be the runner it names: a runner's id
+    belongs to the token it registered with (``runner_not_yours`` for any other)."""
+    coordinator = _coordinator(request)
+    await coordinator.check_runner(principal_of(request), runner_id)
     return coordinator
 
 
@@ -67,7 +78,7 @@ async def register(body: RegisterBody, request: Request) -> dict[str, Any] | Res
     if isinstance(body, AoRegister):
         return await compat_ao.register(body, request)
     coordinator = _coordinator(request)
-    runner, sync = await coordinator.register(body)
+    runner, sync = await coordinator.register(body, principal_of(request))
     settings = coordinator.settings
     return {
         **runner_json(runner),
@@ -87,7 +98,7 @@ async def poll_runs(
 ) -> dict[str, Any] | Response:
     """Long-poll: claim up to ``max_runs`` runs (``{"runs": [...]}``), waiting up to the
     poll timeout; 204 if none. Without ``max_runs``, the seed's form: ``{"run": {...}}``."""
-    coordinator = _coordinator(request)
+    coordinator = await _as_runner(request, runner_id)
     wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
     async with hangup(request) as gone:
         if max_runs is None:
@@ -109,7 +120,7 @@ async def control(
     timeout: Annotated[float | None, Query(ge=0, le=300)] = None,
 ) -> dict[str, Any] | Response:
     """Long-poll for orders about runs the runner holds (cancellations); 204 if none."""
-    coordinator = _coordinator(request)
+    coordinator = await _as_runner(request, runner_id)
     wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
     async with hangup(request) as gone:
         cancels = await coordinator.control(RunnerId(runner_id), wait, gone)
@@ -121,12 +132,14 @@ async def control(
 @router.post("/heartbeat")
 async def heartbeat(body: RunnerHeartbeat, request: Request) -> dict[str, Any]:
     held = None if body.held is None else [Held(RunId(h.run_id), h.attempt) for h in body.held]
-    return _sync_json(await _coordinator(request).heartbeat(body.runner_id, held))
+    coordinator = await _as_runner(request, body.runner_id)
+    return _sync_json(await coordinator.heartbeat(body.runner_id, held))
 
 
 @router.post("/deregister")
 async def deregister(body: RunnerRef, request: Request) -> dict[str, Any]:
-    return runner_json(await _coordinator(request).deregister(body.runner_id))
+    coordinator = await _as_runner(request, body.runner_id)
+    return runner_json(await coordinator.deregister(body.runner_id))
 
 
 @router.post("/runs/{run_id}/started")
@@ -172,7 +185,8 @@ async def failed(run_id: str, body: ReportBody, request: Request) -> dict[str, A
 async def events(body: EventsBody, request: Request) -> dict[str, Any]:
     """Apply a batch of reports in order; each gets its own answer, so one refused
     report (a lost lease) does not hold back the others."""
-    outcomes = await _coordinator(request).apply_events(body.runner_id, body.events)
+    coordinator = await _as_runner(request, body.runner_id)
+    outcomes = await coordinator.apply_events(body.runner_id, body.events)
     return {
         "results": [
             {"ok": True} if error is None else {"ok": False, **error.to_dict()}
@@ -193,6 +207,7 @@ async def _report(
 
 
 async def _attempt(run_id: str, body: LeaseRef, request: Request) -> int:
-    return await seed_wire.lease_attempt(
-        _coordinator(request), run_id, body.runner_id, body.attempt
-    )
+    """The attempt a report is about, once the caller is known to be the runner it names
+    (every report on a run goes through here first)."""
+    coordinator = await _as_runner(request, body.runner_id)
+    return await seed_wire.lease_attempt(coordinator, run_id, body.runner_id, body.attempt)

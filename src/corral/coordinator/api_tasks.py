@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from corral.agents.profiles import resolve
+from corral.coordinator.auth import Access, require
 from corral.coordinator.notifier import RUNS_AVAILABLE
 from corral.coordinator.schemas import iso
 from corral.coordinator.service import Coordinator
@@ -17,6 +18,7 @@ from corral.wire import WireModel
 from corral.workspaces.names import check_branch, check_key
 
 router = APIRouter(tags=["tasks"])
+READ, WRITE = require(Access.READ), require(Access.WRITE)
 
 
 class ProjectBody(WireModel):
@@ -116,7 +118,7 @@ def task_json(task: Task) -> dict[str, Any]:
     }
 
 
-@router.post("/projects")
+@router.post("/projects", dependencies=[WRITE])
 async def ensure_project(body: ProjectBody, request: Request) -> dict[str, Any]:
     """The project of a repository and target branch (created on first use)."""
     check_branch(body.target_branch, "target_branch: ")
@@ -136,14 +138,14 @@ async def ensure_project(body: ProjectBody, request: Request) -> dict[str, Any]:
     return project_json(project)
 
 
-@router.get("/projects")
+@router.get("/projects", dependencies=[READ])
 async def list_projects(request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
     projects = await coordinator._db(coordinator.store.tasks.list_projects)
     return {"projects": [project_json(p) for p in projects]}
 
 
-@router.get("/projects/{project_id}")
+@router.get("/projects/{project_id}", dependencies=[READ])
 async def get_project(project_id: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
     project = await coordinator._db(coordinator.store.tasks.get_project, project_id)
@@ -151,7 +153,7 @@ async def get_project(project_id: str, request: Request) -> dict[str, Any]:
     return project_json(project, tasks)
 
 
-@router.post("/projects/{project_id}/tasks")
+@router.post("/projects/{project_id}/tasks", dependencies=[WRITE])
 async def add_tasks(project_id: str, body: TasksBody, request: Request) -> dict[str, Any]:
     """Add tasks; idempotent (an unchanged plan imported again changes nothing)."""
     for i, task in enumerate(body.tasks, 1):
@@ -187,7 +189,7 @@ async def add_tasks(project_id: str, body: TasksBody, request: Request) -> dict[
     return {"created": result.created, "updated": result.updated, "unchanged": result.unchanged}
 
 
-@router.get("/projects/{project_id}/tasks")
+@router.get("/projects/{project_id}/tasks", dependencies=[READ])
 async def list_tasks(project_id: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
     project = await coordinator._db(coordinator.store.tasks.get_project, project_id)
@@ -195,13 +197,13 @@ async def list_tasks(project_id: str, request: Request) -> dict[str, Any]:
     return {"project": project_json(project, tasks), "tasks": [task_json(t) for t in tasks]}
 
 
-@router.get("/projects/{project_id}/tasks/{key}")
+@router.get("/projects/{project_id}/tasks/{key}", dependencies=[READ])
 async def get_task(project_id: str, key: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
     return task_json(await coordinator._db(coordinator.store.tasks.get_task, project_id, key))
 
 
-@router.post("/projects/{project_id}/start")
+@router.post("/projects/{project_id}/start", dependencies=[WRITE])
 async def start(project_id: str, body: StartBody, request: Request) -> dict[str, Any]:
     """Work through the plan with up to ``workers`` tasks at once."""
     coordinator = _coordinator(request)
@@ -212,7 +214,7 @@ async def start(project_id: str, body: StartBody, request: Request) -> dict[str,
     return {"scheduled": [r.task_id for r in runs]}
 
 
-@router.post("/projects/{project_id}/stop")
+@router.post("/projects/{project_id}/stop", dependencies=[WRITE])
 async def stop(project_id: str, request: Request) -> dict[str, Any]:
     """Claim no more tasks; those running go on."""
     coordinator = _coordinator(request)
@@ -222,7 +224,7 @@ async def stop(project_id: str, request: Request) -> dict[str, Any]:
     return project_json(project)
 
 
-@router.post("/projects/{project_id}/pause")
+@router.post("/projects/{project_id}/pause", dependencies=[WRITE])
 async def pause(project_id: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
     await coordinator._db(
@@ -235,7 +237,7 @@ async def pause(project_id: str, request: Request) -> dict[str, Any]:
     return {"paused": True}
 
 
-@router.post("/projects/{project_id}/resume")
+@router.post("/projects/{project_id}/resume", dependencies=[WRITE])
 async def resume(project_id: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
     runs = await coordinator._db(
@@ -245,7 +247,7 @@ async def resume(project_id: str, request: Request) -> dict[str, Any]:
     return {"paused": False}
 
 
-@router.post("/projects/{project_id}/tasks/{key}/retry")
+@router.post("/projects/{project_id}/tasks/{key}/retry", dependencies=[WRITE])
 async def retry(project_id: str, key: str, request: Request) -> dict[str, Any]:
     """A failed, conflicted or cancelled task starts over; its dependents come back."""
     coordinator = _coordinator(request)
@@ -256,7 +258,7 @@ async def retry(project_id: str, key: str, request: Request) -> dict[str, Any]:
     return task_json(task)
 
 
-@router.post("/projects/{project_id}/tasks/{key}/cancel")
+@router.post("/projects/{project_id}/tasks/{key}/cancel", dependencies=[WRITE])
 async def cancel(project_id: str, key: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
     before = await coordinator._db(coordinator.store.tasks.get_task, project_id, key)

@@ -20,7 +20,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral import __version__
 from corral.agents.profiles import load_profiles
 from corral.clock import Clock, SystemClock
-from corral.coordinator import api_clients, api_runners, api_tasks, compat_ao, socket
+from corral.coordinator import (
+    api_clients,
+    api_runners,
+    api_tasks,
+    api_tokens,
+    auth,
+    compat_ao,
+    socket,
+)
 from corral.coordinator.schemas import error_responses
 from corral.coordinator.service import Coordinator
 from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
@@ -81,6 +89,7 @@ def create_app(
     app.include_router(api_tasks.router, responses=errors)
     app.include_router(compat_ao.router, responses=errors)
     app.include_router(socket.router)
+    app.include_router(api_tokens.router, responses=errors)
     app.add_exception_handler(CorralError, _corral_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     # A wire model built inside a route from what the request said (a seed runner's
@@ -92,6 +101,11 @@ def create_app(
         max_bytes=settings.max_body_bytes,
         runner_max_bytes=settings.max_runner_body_bytes,
     )
+    # Outermost: nothing is read or routed before the caller is known.
+    app.add_middleware(
+        auth.Guard, allowed_hosts=auth.allowed_hosts(settings.host, settings.allowed_hosts)
+    )
+    auth.document(app)
     return app
 
 

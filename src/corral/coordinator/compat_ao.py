@@ -28,6 +28,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from corral.coordinator import seed_wire
+from corral.coordinator.auth import Access, principal_of, require
 from corral.coordinator.compat_ao_schemas import (
     AoBind,
     AoCompleted,
@@ -45,7 +46,11 @@ from corral.ids import RunId, RunnerId
 from corral.runners import Runner, RunnerState
 from corral.runs import Run, RunReport, RunStatus, RunType
 
-router = APIRouter(tags=["seed system's runner (claude-agent-orchestrator)"])
+# Its runner and the executors it starts call all of these: a runner (or admin) token.
+router = APIRouter(
+    tags=["seed system's runner (claude-agent-orchestrator)"],
+    dependencies=[require(Access.RUNNER)],
+)
 
 TRANSPORT = "ao"  # runners.transport of a runner registered with that system's body
 VERSION = "claude-agent-orchestrator"
@@ -57,6 +62,13 @@ STOP_RESEND_S = 5.0
 
 def _coordinator(request: Request) -> Coordinator:
     coordinator: Coordinator = request.app.state.coordinator
+    return coordinator
+
+
+async def _as_runner(request: Request, runner_id: str) -> Coordinator:
+    """The coordinator, once the caller is known to be the runner it names (its token)."""
+    coordinator = _coordinator(request)
+    await coordinator.check_runner(principal_of(request), runner_id)
     return coordinator
 
 
@@ -82,6 +94,7 @@ async def register(body: AoRegister, request: Request) -> dict[str, Any] | JSONR
     runner_id = None
     if known:
         old = known[0]
+        await coordinator.check_runner(principal_of(request), old.id)  # another token's: 403
         live = old.state in (RunnerState.ACTIVE, RunnerState.DRAINING)
         if live and old.last_heartbeat_at >= coordinator.clock.now() - settings.lost_after_s:
             return _duplicate(old, body)
@@ -100,6 +113,7 @@ async def register(body: AoRegister, request: Request) -> dict[str, Any] | JSONR
             version=VERSION,
             runner_id=runner_id,
         ),
+        principal_of(request),
         transport=TRANSPORT,
     )
     return {
@@ -130,7 +144,7 @@ async def deregister(
 ) -> dict[str, Any]:
     """The runner leaving (``?self=true``) or being sent away: its runs are given back;
     a runner still polling is told ``{"deregistered": true}``."""
-    await _coordinator(request).deregister(runner_id)
+    await (await _as_runner(request, runner_id)).deregister(runner_id)
     by = "self" if self_initiated else "external"
     return {"ok": True, "message": "Runner deregistered", "initiated_by": by}
 
@@ -212,7 +226,7 @@ async def _ao_run(coordinator: Coordinator, run: Run) -> dict[str, Any]:
 
 async def completed(run_id: str, body: AoCompleted, request: Request) -> dict[str, Any]:
     """The result is the one its executor posted as a ``result`` event."""
-    coordinator = _coordinator(request)
+    coordinator = await _as_runner(request, body.runner_id)
     attempt = await seed_wire.lease_attempt(coordinator, run_id, body.runner_id, None)
     await seed_wire.start_if_claimed(coordinator, run_id, body.runner_id)
     run = await coordinator._db(coordinator.store.get_run, run_id)
@@ -225,7 +239,7 @@ async def completed(run_id: str, body: AoCompleted, request: Request) -> dict[st
 async def stopped(run_id: str, body: AoStopped, request: Request) -> dict[str, Any]:
     """Cancelled when a client asked; otherwise the runner stopped it on its own (it is
     shutting down) and the attempt is given back, for another runner to take."""
-    coordinator = _coordinator(request)
+    coordinator = await _as_runner(request, body.runner_id)
     attempt = await seed_wire.lease_attempt(coordinator, run_id, body.runner_id, None)
     run = await coordinator._db(coordinator.store.get_run, run_id)
     if run.cancel_requested or run.status is RunStatus.CANCELLED:
@@ -244,7 +258,7 @@ async def session_status(
 ) -> dict[str, Any]:
     """A persistent executor ended between runs: no run changes; the session stays
     resumable (corral resumes a session with a new process)."""
-    coordinator = _coordinator(request)
+    coordinator = await _as_runner(request, body.runner_id)
     await coordinator._db(coordinator.store.get_runner, body.runner_id)
     await _resolve(coordinator, session_id)
     return {"ok": True}
@@ -257,7 +271,7 @@ async def session_status(
 async def bind(session_id: str, body: AoBind, request: Request) -> dict[str, Any]:
     """The executor's own session id is the agent session corral keeps."""
     coordinator = _coordinator(request)
-    run = await _run_in_progress(coordinator, session_id)
+    run = await _run_in_progress(request, session_id)
     assert run.runner_id is not None
     holder = await coordinator._db(coordinator.store.get_runner, run.runner_id)
     if body.hostname and body.hostname != holder.hostname:
@@ -276,7 +290,7 @@ async def add_event(session_id: str, body: AoEvent, request: Request) -> dict[st
     if body.event_type != "result":
         await _resolve(coordinator, session_id)
         return {"ok": True}
-    run = await _run_in_progress(coordinator, session_id)
+    run = await _run_in_progress(request, session_id)
     assert run.runner_id is not None
     text = body.result_text
     if text is None and body.result_data is not None:
@@ -292,7 +306,7 @@ async def add_event(session_id: str, body: AoEvent, request: Request) -> dict[st
 async def update_metadata(session_id: str, body: AoMetadata, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
     if body.executor_session_id is not None:
-        run = await _run_in_progress(coordinator, session_id)
+        run = await _run_in_progress(request, session_id)
         assert run.runner_id is not None
         await coordinator.session_seen(
             run.id, run.runner_id, run.attempts, body.executor_session_id
@@ -358,10 +372,14 @@ async def _resolve(coordinator: Coordinator, session_id: str) -> tuple[str | Non
     return start.session_id, (held[0] if held else None)
 
 
-async def _run_in_progress(coordinator: Coordinator, session_id: str) -> Run:
+async def _run_in_progress(request: Request, session_id: str) -> Run:
+    """The session's run in progress, if the caller is the runner that holds it."""
+    coordinator = _coordinator(request)
     _, run = await _resolve(coordinator, session_id)
     if run is None:
         raise LeaseLost(f"session {session_id} has no run in progress")
+    if run.runner_id is not None:
+        await coordinator.check_runner(principal_of(request), run.runner_id)
     return run
 
 

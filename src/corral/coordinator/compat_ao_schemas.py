@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Discriminator, Field, Tag
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
+from corral import runners
 from corral.coordinator.schemas import RegisterRunner, ReportBody
 from corral.wire import WireModel
 
@@ -19,9 +20,21 @@ class AoRegister(WireModel):
     project_dir: str = Field(max_length=4096)
     executor_profile: str = Field(min_length=1, max_length=200)
     executor: dict[str, Any] | None = None
-    tags: list[str] | None = Field(None, max_length=64)
+    tags: list[Annotated[str, Field(max_length=runners.LABEL_MAX_CHARS)]] | None = Field(
+        None, max_length=runners.MAX_LABELS
+    )
     require_matching_tags: bool = False
     agents: list[dict[str, Any]] | None = None
+
+    # They become the corral runner's name and labels: the same limits (found by
+    # tests/integration/test_openapi_fuzz.py: a hostname with a control character was a 500).
+    @field_validator("hostname", "executor_profile", "tags")
+    @classmethod
+    def _one_line(cls, value: str | list[str] | None) -> str | list[str] | None:
+        for text in [value] if isinstance(value, str) else value or []:
+            if runners.text_problem(text, len(text)):
+                raise ValueError("must be one line of printable text")
+        return value
 
 
 class AoCompleted(WireModel):

@@ -70,8 +70,10 @@ class LinkCore:
         self.store = store
         self.settings = settings
 
-    def register(self, init: ToServerInit, now: float) -> Registration:
-        """Look up (or create) the runner that sent ``init``: what it has and has missed."""
+    def register(self, init: ToServerInit, now: float, token_id: str | None = None) -> Registration:
+        """Look up (or create) the runner that sent ``init``: what it has and has missed.
+        ``token_id``: the token of its socket (an id registered with another one is refused,
+        ``runner_not_yours``)."""
         store = self.store
         runner, _ = store.register_runner(
             name=init.name,
@@ -85,6 +87,7 @@ class LinkCore:
             held=None,
             lost_after_s=self.settings.ws_lost_after_s,
             revive=False,
+            token_id=token_id,
         )
         # A new identity starts over: the first connect, an id the store does not know, or
         # one it declared lost (its runs went back: commands not yet acknowledged would

@@ -16,6 +16,7 @@ from typing import TypeVar
 import anyio.to_thread
 
 from corral.clock import Clock
+from corral.coordinator.auth import Authenticator, Principal
 from corral.coordinator.claims import ClaimBoard
 from corral.coordinator.connections import Connections
 from corral.coordinator.link_core import apply_reports, finished_wakeups, wakeups
@@ -33,7 +34,7 @@ from corral.coordinator.schemas import (
     RunnerEvent,
 )
 from corral.coordinator.settings import CoordinatorSettings
-from corral.errors import CorralError, LeaseLost
+from corral.errors import CorralError, Forbidden, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.runners import Runner, RunnerState
 from corral.runs import AgentSpec, Run, RunReport
@@ -60,6 +61,8 @@ class Coordinator:
         self.notifier = Notifier()
         self.claims = ClaimBoard(lambda limit: self._db(store.claimable, clock.now(), limit))
         self.connections = Connections()
+        self.auth = Authenticator(store.tokens, settings.token, cache_s=settings.token_cache_s)
+        self._runner_tokens: dict[str, str] = {}  # runner id → its token id (never changes)
         self.started_at = clock.now()  # runners' silence counts from here (reconcile_once)
         self._claimable_seen_at = 0.0  # the reconciler's last look for claimable runs
 
@@ -109,10 +112,26 @@ class Coordinator:
 
     # ---- runners -------------------------------------------------------------------------
 
+    async def check_runner(self, principal: Principal, runner_id: str) -> None:
+        """Refuse a call naming a runner that registered with another token (its id is
+        public: ``GET /runs`` shows it) — nobody else may report for it."""
+        owner = self._runner_tokens.get(runner_id)
+        if owner is None:
+            owner = await self._db(self.store.runner_token, runner_id)
+            if owner is None:
+                return  # registered before tokens: the next register binds it
+            self._runner_tokens[runner_id] = owner
+        if owner != principal.token_id:
+            raise Forbidden(
+                "that runner id was registered with another token", code="runner_not_yours"
+            )
+
     async def register(
-        self, body: RegisterRunner, transport: str | None = None
+        self, body: RegisterRunner, principal: Principal, transport: str | None = None
     ) -> tuple[Runner, RunnerSync]:
-        """``transport``: the wire the runner speaks, when not corral's own (``compat_ao``)."""
+        """``principal``: the caller (the runner id is bound to its token); ``transport``: the
+        wire the runner speaks, when not corral's own (``compat_ao``)."""
+        principal.check_labels(body.labels)
         held = None if body.held is None else [Held(RunId(h.run_id), h.attempt) for h in body.held]
         runner, sync = await self._db(
             self.store.register_runner,
@@ -125,6 +144,7 @@ class Coordinator:
             now=self.clock.now(),
             runner_id=body.runner_id,
             held=held,
+            token_id=principal.token_id,
         )
         self.notifier.notify(RUNS_AVAILABLE)  # resumes bound to this runner's name may run now
         return runner, sync

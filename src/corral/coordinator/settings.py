@@ -33,3 +33,9 @@ class CoordinatorSettings:
     max_runner_body_bytes: int = 8 * 1024 * 1024
     retention: Retention = field(default_factory=Retention)
     gc_interval_s: float | None = 3600.0  # None: only ``corral gc`` collects
+    # The admin token (CORRAL_TOKEN, or .corral/credentials: see corral.credentials);
+    # None: only tokens of the store are accepted.
+    token: str | None = field(default=None, repr=False)
+    # Host names requests may name, beyond loopback and the bound address ("*": any).
+    allowed_hosts: tuple[str, ...] = ()
+    token_cache_s: float = 2.0  # a revoke reaches other coordinator processes this late

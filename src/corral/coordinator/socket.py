@@ -31,16 +31,17 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Coroutine
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from corral.coordinator.auth import Access, Principal, require
 from corral.coordinator.connections import Connections
 from corral.coordinator.link_core import LinkCore, finishes
 from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic, wait_any
 from corral.coordinator.service import Coordinator
-from corral.errors import CorralError
+from corral.errors import CorralError, Forbidden
 from corral.ids import RunId, RunnerId
 from corral.protocol import messages as m
 from corral.protocol.outputs import (
@@ -64,8 +65,9 @@ REASON_STORE_FAILED = "corral.store_failed"
 
 
 class SocketLink:
-    def __init__(self, coordinator: Coordinator, ws: WebSocket) -> None:
+    def __init__(self, coordinator: Coordinator, ws: WebSocket, principal: Principal) -> None:
         self.coordinator = coordinator
+        self.principal = principal  # the token the socket was opened with
         self.core = LinkCore(coordinator.store, coordinator.settings)
         self.ws = ws
         settings = coordinator.settings
@@ -237,7 +239,15 @@ class SocketLink:
 
     async def _register(self, init: m.ToServerInit) -> None:
         coordinator = self.coordinator
-        registration = await coordinator._db(self.core.register, init, coordinator.clock.now())
+        try:
+            self.principal.check_labels(init.labels)
+            registration = await coordinator._db(
+                self.core.register, init, coordinator.clock.now(), self.principal.token_id
+            )
+        except Forbidden as exc:  # another token's runner id, or labels it may not have
+            log.warning("runner socket refused: %s", exc.message)
+            await self._close(m.CLOSE_POLICY_VIOLATION, f"corral.{exc.code}")
+            return
         runner_id = self.runner_id = registration.runner_id
         previous = self.connections.by_runner.get(runner_id)
         if previous is not None and previous is not self and previous.seq > self.seq:
@@ -336,9 +346,18 @@ router = APIRouter(tags=["runner protocol"])
 
 
 @router.websocket("/runner/socket")
-async def runner_socket(ws: WebSocket) -> None:
+async def runner_socket(
+    ws: WebSocket, principal: Annotated[Principal, require(Access.RUNNER)]
+) -> None:
     """The WebSocket runner link (JSON frames of ``corral.protocol.messages``)."""
-    await SocketLink(ws.app.state.coordinator, ws).run()
+    await SocketLink(ws.app.state.coordinator, ws, principal).run()
+
+
+async def close_token(coordinator: Coordinator, token_id: str) -> None:
+    """A token was revoked: the sockets opened with it are closed (they cannot reconnect)."""
+    for link in list(coordinator.connections.by_runner.values()):
+        if link.principal.token_id == token_id:
+            await link._close(m.CLOSE_POLICY_VIOLATION, "corral.token_revoked")
 
 
 async def drain(coordinator: Coordinator, runner_id: str, grace_s: float) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from corral import errors
+from corral.credentials import auth_headers
 from corral.ids import RunId, RunnerId
 from corral.store import Held
 
@@ -31,9 +32,16 @@ class Registration:
 
 
 class HttpLink:
-    def __init__(self, base_url: str, *, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
         self._client = client or httpx.AsyncClient(
             base_url=base_url,
+            headers=auth_headers(token),
             timeout=httpx.Timeout(30.0, connect=5.0),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )

@@ -39,7 +39,7 @@ class PollTransport:
     def __init__(self, host: Host, settings: RunnerSettings, link: HttpLink | None = None) -> None:
         self.host = host
         self.settings = settings
-        self.link = link or HttpLink(settings.coordinator_url)
+        self.link = link or HttpLink(settings.coordinator_url, token=settings.token)
         self.runner_id: RunnerId | None = None
         self.heartbeat_interval_s = 60.0
         self.poll_timeout_s = 30.0

@@ -11,6 +11,7 @@ from corral.runner.output import MAX_LINE_BYTES
 @dataclass(frozen=True)
 class RunnerSettings:
     coordinator_url: str = "http://127.0.0.1:8765"
+    token: str | None = field(default=None, repr=False)  # sent as a bearer token, never shown
     name: str = field(default_factory=socket.gethostname)
     slots: int = 4
     labels: tuple[str, ...] = ()

@@ -22,6 +22,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from corral import __version__, errors
+from corral.credentials import auth_headers
 from corral.errors import CorralError, InvalidRequest, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.protocol import messages as wire
@@ -180,6 +181,7 @@ class WebSocketTransport:
             try:
                 async with websockets.connect(
                     self.url,
+                    additional_headers=auth_headers(self.settings.token),
                     open_timeout=10,
                     max_size=MAX_FRAME,
                     compression=None,  # small JSON frames: not worth the CPU

@@ -3,7 +3,8 @@
 Each migration is written once with two dialect placeholders: ``{real}`` (a float column)
 and ``{serial}`` (an auto-increment primary key). Timestamps are seconds since the epoch,
 lists and mappings are JSON text, so both dialects store the same values.
-Migration 2 adds task graphs, 3 the WebSocket runner link; actors come later.
+Migration 2 adds task graphs, 3 the WebSocket runner link, 4 actors' KV, 5 tokens (and the
+token each runner registered with); actors come later.
 """
 
 from __future__ import annotations
@@ -191,6 +192,21 @@ CREATE TABLE actor_kv (
     updated_at {real} NOT NULL,
     PRIMARY KEY (actor_id, key)
 );
+""",
+    ),
+    (
+        5,
+        """
+CREATE TABLE tokens (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    role        TEXT NOT NULL,
+    token_hash  TEXT NOT NULL UNIQUE,
+    labels      TEXT,
+    created_at  {real} NOT NULL,
+    revoked_at  {real}
+);
+ALTER TABLE runners ADD COLUMN token_id TEXT;
 """,
     ),
 ]

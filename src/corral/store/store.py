@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.errors import InvalidRequest, LeaseLost, NotFound
+from corral.errors import Forbidden, InvalidRequest, LeaseLost, NotFound
 from corral.ids import RunId, RunnerId, new_runner_id
 from corral.runners import Runner, RunnerState
 from corral.runs import NewRun, Run, RunReport, RunStatus, check_transition
@@ -28,6 +28,7 @@ from corral.store.rows import (
     session_from_row,
 )
 from corral.store.tasks import TaskStore, apply_step, settle_task_run
+from corral.store.tokens import TokenStore
 
 # A rate-limited run gives its attempt back this many times, then fails.
 MAX_RATE_LIMIT_REQUEUES = 20
@@ -97,6 +98,7 @@ class Store:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.tasks = TaskStore(db)
+        self.tokens = TokenStore(db)
         self.link = LinkStore(self)
 
     @classmethod
@@ -437,6 +439,7 @@ class Store:
         held: Sequence[Held] | None = (),
         lost_after_s: float | None = None,
         revive: bool = True,
+        token_id: str | None = None,
     ) -> tuple[Runner, RunnerSync]:
         """Register a new runner, or bring back a known one (after a network cut or a
         coordinator restart) and tell it which of the runs it still holds are its own.
@@ -446,13 +449,18 @@ class Store:
         ``revive=False``: a runner declared lost or stopped comes back as a new runner (the
         WebSocket link: its runs were taken back, so the commands and events numbered for
         its old identity are void, and a new id tells the runner to stop and start over).
+        ``token_id``: the token it called with; a runner id belongs to the token that first
+        registered it, and another token naming it is refused (``runner_not_yours``).
         Checked in this transaction: a reconciler cannot declare it lost in between."""
         if slots < 1:
             raise InvalidRequest("a runner needs at least one slot")
         with self.db.transaction() as tx:
             known = runner_id and tx.one(
-                f"SELECT id, state FROM runners WHERE id = ? {self.db.lock_rows()}", (runner_id,)
+                f"SELECT id, state, token_id FROM runners WHERE id = ? {self.db.lock_rows()}",
+                (runner_id,),
             )
+            if known and token_id is not None:
+                _check_owner(known, token_id)
             if known and not revive and known["state"] in (RunnerState.LOST, RunnerState.STOPPED):
                 known = None
             values = (
@@ -469,17 +477,18 @@ class Store:
                 tx.execute(
                     "UPDATE runners SET name = ?, hostname = ?, labels = ?, slots = ?, "
                     "version = ?, transport = ?, last_heartbeat_at = ?, lost_after_s = ?, "
+                    "token_id = COALESCE(token_id, ?), "
                     "state = 'active', drain_at = NULL, stopped_at = NULL WHERE id = ?",
-                    (*values, runner_id),
+                    (*values, token_id, runner_id),
                 )
                 rid = RunnerId(str(runner_id))
             else:
                 rid = new_runner_id()
                 tx.execute(
                     "INSERT INTO runners (id, name, hostname, labels, slots, version, transport, "
-                    "last_heartbeat_at, lost_after_s, registered_at, state) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')",
-                    (rid, *values, now),
+                    "last_heartbeat_at, lost_after_s, registered_at, token_id, state) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')",
+                    (rid, *values, now, token_id),
                 )
             sync = (
                 RunnerSync()
@@ -502,6 +511,16 @@ class Store:
             if held is None:
                 return RunnerSync()
             return _sync_held(tx, RunnerId(runner_id), held, now, self.db.lock_rows())
+
+    def runner_token(self, runner_id: str) -> str | None:
+        """The id of the token the runner registered with (None: registered before tokens,
+        or by an internal caller); ``runner_not_found`` if there is no such runner."""
+        with self.db.transaction(write=False) as tx:
+            row = tx.one("SELECT token_id FROM runners WHERE id = ?", (runner_id,))
+        if row is None:
+            raise NotFound.of("runner", runner_id)
+        token_id: str | None = row["token_id"]
+        return token_id
 
     def touch_runners(self, runner_ids: Sequence[str], now: float) -> None:
         """Heartbeats of connected runners (their pings), written in one statement."""
@@ -613,6 +632,17 @@ class Store:
 
 
 # ---- helpers (each runs inside the caller's transaction) -----------------------------------
+
+
+def _check_owner(runner: Row, token_id: str) -> None:
+    # A runner registered before tokens existed is adopted by the first token to name it.
+    if runner["token_id"] is not None and runner["token_id"] != token_id:
+        # Not the id in the message: it would confirm to a guesser whose it is.
+        raise Forbidden(
+            "that runner id was registered with another token; register without an id "
+            "to get a new one",
+            code="runner_not_yours",
+        )
 
 
 def _check_not_lost(runner: Row) -> None:

@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
@@ -31,6 +32,7 @@ from corral.runner.core import Runner
 from corral.runner.settings import RunnerSettings
 from corral.runners import RunnerState
 from corral.store import Store
+from corral.tokens import new_secret
 
 
 def runner_name(repo: Path) -> str:
@@ -106,9 +108,13 @@ class Embedded:
     ) -> None:
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.settings = settings or CoordinatorSettings(db_url=db_url, port=port)
+        # Only this process talks to it: a token of its own, never written anywhere.
+        self.token = new_secret()
+        self.settings = replace(
+            settings or CoordinatorSettings(db_url=db_url, port=port), token=self.token
+        )
         self.runner_settings = (
-            RunnerSettings(**{**runner.__dict__, "coordinator_url": self.url}) if runner else None
+            replace(runner, coordinator_url=self.url, token=self.token) if runner else None
         )
         self.runner: Runner | None = None
         self._server = QuietServer(server_config(self.settings, host="127.0.0.1", port=port))
