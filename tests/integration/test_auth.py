@@ -318,3 +318,13 @@ async def test_httpx_client_without_token_gets_a_clear_message(api: Api) -> None
         response = await bare.get("/runs")
     assert response.status_code == 401
     assert "CORRAL_TOKEN" in response.json()["error"]["message"]
+
+
+async def test_a_refusal_does_not_name_the_runner_holding_the_run(api: Api) -> None:
+    run_id = await api.create_command("sleep", "100")
+    holder = await api.register("holder")
+    await api.claim_one(holder)
+    other = await api.register("other")
+    refused = await api.complete(run_id, other, 1)
+    assert (refused.status_code, error_code(refused)) == (409, "lease_lost")
+    assert holder not in refused.text

@@ -654,10 +654,15 @@ def _check_not_lost(runner: Row) -> None:
 
 
 def _check_lease(row: Row, runner_id: str, attempt: int) -> None:
-    if row["runner_id"] != runner_id or row["attempts"] != attempt:
+    if row["runner_id"] != runner_id:
+        # Not the holder's id: the caller is not the one to learn it (issue 9).
+        raise LeaseLost(
+            f"run {row['id']} is not held by runner {runner_id} (status {row['status']})"
+        )
+    if row["attempts"] != attempt:
         raise LeaseLost(
             f"run {row['id']} is not held by runner {runner_id} attempt {attempt} "
-            f"(holder: {row['runner_id']} attempt {row['attempts']}, status {row['status']})",
+            f"(it holds attempt {row['attempts']}, status {row['status']})",
         )
 
 
