@@ -5,19 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from corral.coordinator import socket
 from corral.coordinator.auth import Access, require
 from corral.coordinator.schemas import iso
 from corral.coordinator.service import Coordinator
 from corral.tokens import Role, Token
+from corral.wire import WireModel
 
 router = APIRouter(prefix="/tokens", tags=["tokens"], dependencies=[require(Access.ADMIN)])
 
 
-class CreateToken(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CreateToken(WireModel):
     role: Role
     name: str = Field("", max_length=200)
     labels: list[str] | None = Field(
