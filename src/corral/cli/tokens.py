@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import click
-from rich.console import Console
-from rich.table import Table
 
-from corral.cli.options import comma_list, connect, coordinator_url
+from corral.cli.options import comma_list, connect, coordinator_url, option
+from corral.cli.output import current, local_time, print_json
 from corral.tokens import Role
-
-console = Console()
 
 
 @click.group()
@@ -45,26 +40,26 @@ def create(url: str, role: str, name: str, labels: str | None) -> None:
 
 @tokens.command("list")
 @coordinator_url
-@click.option("--json", "as_json", is_flag=True)
+@option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON.")
 def list_tokens(url: str, as_json: bool) -> None:
     """Every token (never their secrets), revoked ones too."""
     with connect(url) as client:
         found = client.call("GET", "/tokens")["tokens"]
     if as_json:
-        click.echo(json.dumps(found, indent=2))
+        print_json(found)
         return
-    table = Table("token", "name", "role", "labels", "created", "revoked")
-    for t in found:
-        labels = "" if t["labels"] is None else ",".join(t["labels"]) or "(none)"
-        table.add_row(
+    rows = [
+        (
             t["token_id"],
             t["name"],
             t["role"],
-            labels,
-            t["created_at"][:19],
-            (t["revoked_at"] or "")[:19],
+            "" if t["labels"] is None else ",".join(t["labels"]) or "(none)",
+            local_time(t["created_at"]),
+            local_time(t["revoked_at"]),
         )
-    console.print(table)
+        for t in found
+    ]
+    current().table(("token", "name", "role", "labels", "created", "revoked"), rows)
 
 
 @tokens.command("revoke")
