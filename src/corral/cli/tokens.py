@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from corral.cli.options import comma_list, connect, coordinator_url, option
+from corral.cli.options import comma_list, connect, coordinator_url, json_option
 from corral.cli.output import current, local_time, print_json
 from corral.tokens import Role
 
@@ -40,7 +40,7 @@ def create(url: str, role: str, name: str, labels: str | None) -> None:
 
 @tokens.command("list")
 @coordinator_url
-@option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON.")
+@json_option
 def list_tokens(url: str, as_json: bool) -> None:
     """Every token (never their secrets), revoked ones too."""
     with connect(url) as client:
