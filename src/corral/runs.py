@@ -47,10 +47,6 @@ class RunStatus(enum.StrEnum):
         return self in (RunStatus.CLAIMED, RunStatus.RUNNING)
 
 
-TERMINAL = frozenset(
-    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT}
-)
-
 S = RunStatus
 TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     S.PENDING: frozenset({S.CLAIMED, S.CANCELLED, S.FAILED}),
@@ -64,19 +60,15 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
 }
 del S
 
+# The statuses a run never leaves: the one set of them (the store, its retention, the CLI).
+TERMINAL = frozenset(status for status, targets in TRANSITIONS.items() if not targets)
+
 
 def check_transition(run_id: str, old: RunStatus, new: RunStatus) -> None:
     if new not in TRANSITIONS[old]:
         raise IllegalTransition(
             f"run {run_id} cannot go from {old} to {new}", run_id=run_id, status=str(old)
         )
-
-
-# Outcomes a runner reports when an attempt ends. ``requeue`` gives the attempt back
-# (rate limits, a draining runner) and makes the run pending again after ``retry_after_s``.
-FINAL_OUTCOMES = frozenset(
-    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT}
-)
 
 
 @dataclass(frozen=True)
@@ -206,5 +198,7 @@ class RunReport:
     task: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.status not in FINAL_OUTCOMES and self.status is not RunStatus.PENDING:
+        # A runner ends an attempt in a terminal status, or gives it back (``pending``: rate
+        # limits, a draining runner) to run again after ``retry_after_s``.
+        if not self.status.is_terminal and self.status is not RunStatus.PENDING:
             raise ValueError(f"a runner cannot report status {self.status}")

@@ -7,9 +7,9 @@ import itertools
 
 import pytest
 
+from corral.cli import follow
 from corral.errors import Conflict, IllegalTransition
 from corral.runs import (
-    FINAL_OUTCOMES,
     TERMINAL,
     TRANSITIONS,
     RunReport,
@@ -112,7 +112,7 @@ def test_only_claimed_and_running_hold_a_lease() -> None:
     assert {s for s in RunStatus if s.holds_lease} == {S.CLAIMED, S.RUNNING}
 
 
-@pytest.mark.parametrize("status", sorted(FINAL_OUTCOMES | {S.PENDING}))
+@pytest.mark.parametrize("status", sorted(TERMINAL | {S.PENDING}))
 def test_run_report_accepts_what_a_runner_can_report(status: RunStatus) -> None:
     report = RunReport(status=status, exit_code=0)
     assert report.status is status
@@ -124,5 +124,6 @@ def test_run_report_refuses_what_a_runner_cannot_report(status: RunStatus) -> No
         RunReport(status=status)
 
 
-def test_final_outcomes_are_the_terminal_states() -> None:
-    assert FINAL_OUTCOMES == TERMINAL
+def test_the_cli_knows_the_same_terminal_states() -> None:
+    assert follow.TERMINAL is TERMINAL
+    assert {"completed", "failed", "cancelled", "timed_out"} == TERMINAL  # the API's strings

@@ -21,8 +21,8 @@ import click
 from corral.cli.transcript import Transcript
 from corral.client import CorralClient
 from corral.errors import NotFound, Unavailable
+from corral.runs import TERMINAL
 
-TERMINAL = frozenset({"completed", "failed", "cancelled", "timed_out"})
 EXIT_TIMED_OUT = 124
 EXIT_CANCELLED = 125
 EXIT_INTERRUPTED = 130

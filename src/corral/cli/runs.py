@@ -7,12 +7,13 @@ from typing import Any
 
 import click
 
-from corral.cli.follow import TERMINAL, Follower, line_printer
+from corral.cli.follow import Follower, line_printer
 from corral.cli.options import connect, coordinator_url, json_option, limit_option
 from corral.cli.output import current, local_time, money, print_json
 from corral.cli.plan_progress import first_line
 from corral.client import CorralClient
 from corral.errors import InvalidRequest, NotFound
+from corral.runs import TERMINAL
 
 
 @click.group()
