@@ -254,3 +254,43 @@ async def test_session_calls_without_a_run_are_refused(settings: CoordinatorSett
 async def runners(api: Api) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = (await api.client.get("/runners")).json()["runners"]
     return found
+
+
+async def test_its_runner_trades_a_runner_token_as_it_would_with_auth0(
+    settings: CoordinatorSettings,
+) -> None:
+    """It gets its bearer token by client credentials at ``https://{AUTH0_DOMAIN}/oauth/token``:
+    with that domain pointing at the coordinator, the client secret is a corral token."""
+    async with running_api(settings) as api:
+        tokens = {}
+        for role in ("runner", "client"):
+            made = await api.client.post("/tokens", json={"role": role})
+            assert made.status_code == 201, made.text
+            tokens[role] = made.json()["token"]
+
+        def credentials(secret: str) -> dict[str, str]:
+            return {
+                "grant_type": "client_credentials",
+                "client_id": "agent-runner",
+                "client_secret": secret,
+                "audience": "https://corral",
+            }
+
+        no_token = {"Authorization": ""}
+        answer = await api.client.post(
+            "/oauth/token", json=credentials(tokens["runner"]), headers=no_token
+        )
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert (body["access_token"], body["token_type"]) == (tokens["runner"], "Bearer")
+        assert body["expires_in"] > 60
+        as_runner = {"Authorization": f"Bearer {body['access_token']}"}
+        registered = await api.client.post("/runner/register", json=REGISTRATION, headers=as_runner)
+        assert registered.status_code == 200, registered.text
+
+        for secret in (tokens["client"], "crl_unknown"):  # not a runner's; not a token
+            refused = await api.client.post(
+                "/oauth/token", json=credentials(secret), headers=no_token
+            )
+            assert refused.status_code == 401
+            assert refused.json()["error"] == "access_denied"

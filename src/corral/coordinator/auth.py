@@ -37,7 +37,10 @@ from corral.store.tokens import TokenStore
 from corral.tokens import Role, digest
 
 ADMIN_TOKEN_ID = "tok_admin"  # the settings' admin token: the owner of runners it registers
-PUBLIC_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"})
+PUBLIC_PATHS = frozenset(
+    # /oauth/token: the seed system's runner trades a token for itself there (compat_ao).
+    {"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc", "/oauth/token"}
+)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 CLOSE_POLICY_VIOLATION = 1008
 

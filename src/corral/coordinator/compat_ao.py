@@ -24,11 +24,12 @@ import hashlib
 import json
 from typing import Annotated, Any
 
+import anyio.to_thread
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from corral.coordinator import seed_wire
-from corral.coordinator.auth import Access, principal_of, require
+from corral.coordinator.auth import GRANTS, Access, principal_of, require
 from corral.coordinator.compat_ao_schemas import (
     AoBind,
     AoCompleted,
@@ -37,6 +38,7 @@ from corral.coordinator.compat_ao_schemas import (
     AoRegister,
     AoSessionStatus,
     AoStopped,
+    AoTokenRequest,
 )
 from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
 from corral.coordinator.schemas import RegisterRunner, run_assignment_json
@@ -51,6 +53,12 @@ router = APIRouter(
     tags=["seed system's runner (claude-agent-orchestrator)"],
     dependencies=[require(Access.RUNNER)],
 )
+
+# Its runner authenticates as it does with Auth0: client credentials posted to
+# ``https://{AUTH0_DOMAIN}/oauth/token``. Point that domain at the coordinator and make the
+# client secret a corral runner token: the access token handed back is that same token.
+token_router = APIRouter(tags=["seed system's runner (claude-agent-orchestrator)"])
+TOKEN_LIFETIME_S = 3600  # the runner asks again this often (it refreshes a minute early)
 
 TRANSPORT = "ao"  # runners.transport of a runner registered with that system's body
 VERSION = "claude-agent-orchestrator"
@@ -74,6 +82,17 @@ async def _as_runner(request: Request, runner_id: str) -> Coordinator:
 
 def speaks_ao(runner: Runner) -> bool:
     return runner.transport == TRANSPORT
+
+
+@token_router.post("/oauth/token", response_model=None)
+async def oauth_token(body: AoTokenRequest, request: Request) -> dict[str, Any] | JSONResponse:
+    auth = _coordinator(request).auth
+    secret = body.client_secret
+    principal = auth.admin(secret) or await anyio.to_thread.run_sync(auth.lookup, secret)
+    if principal is None or principal.role not in GRANTS[Access.RUNNER]:
+        refusal = {"error": "access_denied", "error_description": "not a live runner token"}
+        return JSONResponse(refusal, status_code=401)
+    return {"access_token": secret, "token_type": "Bearer", "expires_in": TOKEN_LIFETIME_S}
 
 
 # ---- registration -------------------------------------------------------------------------

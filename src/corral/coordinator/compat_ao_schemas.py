@@ -88,6 +88,15 @@ class AoMetadata(WireModel):
     hostname: str | None = None
 
 
+class AoTokenRequest(WireModel):
+    """``POST /oauth/token``: the client-credentials request its runner sends to Auth0."""
+
+    grant_type: Literal["client_credentials"]
+    client_id: str = Field(max_length=200)
+    client_secret: str = Field(min_length=1, max_length=512)
+    audience: str | None = Field(None, max_length=500)
+
+
 # One endpoint, two wires: the body says which (corral's register has a ``name``; that
 # system's completion a ``status: "success"``), so a bad body is told about its own fields.
 def _register_wire(body: Any) -> str:
