@@ -8,6 +8,7 @@ commit, a half-done merge) and running the step again.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -272,6 +273,16 @@ def test_setup_command_runs_in_the_worktree_once(ws: Workspace):
 
     ws.prepare_worktree("t1", "main", setup_command=[*setup, "changed"])
     assert (wt / "setup.log").read_text() == "ran\nran\n"
+
+
+def test_setup_command_sees_only_the_environment_it_is_given(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("RUNNER_SECRET", "s3cret")  # the runner's own, not the run's
+    dump = [sys.executable, "-c", "import os, json; json.dump(dict(os.environ), open('env', 'w'))"]
+    wt = ws.prepare_worktree("t1", "main", setup_command=dump, setup_env={"ONLY": "this"})
+    seen = json.loads((wt / "env").read_text())
+    assert seen["ONLY"] == "this" and "RUNNER_SECRET" not in seen
 
 
 def test_failed_setup_command_raises_with_its_output(ws: Workspace):

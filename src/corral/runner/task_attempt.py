@@ -26,6 +26,7 @@ from typing import Any
 from corral.agents.base import OutputObserver
 from corral.errors import CorralError
 from corral.runner.attempt import Attempt
+from corral.runner.environment import ALWAYS, allowed
 from corral.runs import Run, RunReport, RunStatus, RunType
 from corral.workspaces import resolve
 from corral.workspaces.git import Workspace
@@ -74,6 +75,8 @@ class TaskAttempt(Attempt):
             key,
             target,
             setup_command=task.get("setup_command"),
+            # What a command run would see: not the agent's API key (the executor's own).
+            setup_env=allowed(self.base_env, (*ALWAYS, *self.settings.pass_env)),
             recorded_commit=recorded,
         )
         self._step("worktree", {"path": str(worktree)})

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 from corral.workspaces.cmd import WorkspaceError, run_setup
@@ -106,7 +106,11 @@ def copy_included(repo: Path, worktree: Path, private_dir: Path, include_file: s
 
 
 def setup_once(
-    worktree: Path, private_dir: Path, command: Sequence[str], timeout: float | None
+    worktree: Path,
+    private_dir: Path,
+    command: Sequence[str],
+    timeout: float | None,
+    env: Mapping[str, str] | None = None,
 ) -> bool:
     """Run ``command`` in ``worktree`` unless it already succeeded there; True if it ran."""
     mark = private_dir / SETUP_MARK
@@ -114,6 +118,6 @@ def setup_once(
     if mark.is_file() and mark.read_text() == want:
         return False
     mark.unlink(missing_ok=True)
-    run_setup(command, worktree, timeout)
+    run_setup(command, worktree, timeout, env)
     mark.write_text(want)
     return True

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from corral.errors import CorralError
@@ -94,8 +94,11 @@ def run_git(
     return proc
 
 
-def run_setup(command: Sequence[str], cwd: Path, timeout: float | None) -> None:
-    """Run a worktree's setup command; raise ``SetupFailed`` with its output if it fails."""
+def run_setup(
+    command: Sequence[str], cwd: Path, timeout: float | None, env: Mapping[str, str] | None = None
+) -> None:
+    """Run a worktree's setup command; raise ``SetupFailed`` with its output if it fails.
+    ``env``: its whole environment (a runner gives what its runs may see, not its own)."""
     shown = shlex.join(command)
     try:
         proc = subprocess.run(
@@ -106,7 +109,7 @@ def run_setup(command: Sequence[str], cwd: Path, timeout: float | None) -> None:
             stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
-            env=clean_env(),
+            env=clean_env() if env is None else {**env, "GIT_TERMINAL_PROMPT": "0"},
             timeout=timeout,
         )
     except subprocess.TimeoutExpired as e:

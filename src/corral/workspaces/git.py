@@ -48,7 +48,7 @@ from __future__ import annotations
 import fcntl
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,6 +155,7 @@ class Workspace:
         include_file: str = ".worktreeinclude",
         setup_command: Sequence[str] | None = None,
         setup_timeout: float | None = None,
+        setup_env: Mapping[str, str] | None = None,
         recorded_commit: str | None = None,
     ) -> Path:
         """The task's worktree, on ``corral/<key>``, bootstrapped; created if need be.
@@ -201,7 +202,7 @@ class Workspace:
         locks.clear_debris(locks.locks_in(private), locks.Scope((path,)))
         bootstrap.copy_included(self.repo, path, private, include_file)
         if setup_command:
-            bootstrap.setup_once(path, private, setup_command, setup_timeout)
+            bootstrap.setup_once(path, private, setup_command, setup_timeout, setup_env)
         return path
 
     def remove_worktree_if_clean(
