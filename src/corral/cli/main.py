@@ -2,7 +2,8 @@
 
 Exit statuses: ``0`` success; ``1`` a failure (a run that failed, a task that failed);
 ``2`` bad input (a usage error, ``invalid_request``); ``3`` not found; ``4`` conflict;
-``5`` the coordinator is unreachable or unavailable; ``130`` Ctrl-C. Following a run
+``5`` the coordinator is unreachable or unavailable; ``6`` no token or an unknown one;
+``7`` a token whose role may not do that; ``130`` Ctrl-C. Following a run
 (``run --wait``, ``logs -f``, ``wait``) ends with the run's own status: see
 ``corral.cli.follow``.
 """
@@ -31,8 +32,9 @@ from corral.errors import CorralError
 
 EPILOG = """\b
 Exit status: 0 success; 1 a run or task failed; 2 bad input; 3 not found;
-4 conflict; 5 coordinator unreachable; 130 Ctrl-C. run --wait, logs -f and
-wait exit with the run's: the command's own status, 124 timed out, 125 cancelled.
+4 conflict; 5 coordinator unreachable; 6 no or unknown token; 7 forbidden;
+130 Ctrl-C. run --wait, logs -f and wait exit with the run's: the command's
+own status, 124 timed out, 125 cancelled.
 Every flag also reads the CORRAL_* variable its --help names; NO_COLOR is honoured.
 Shell completion: eval "$(_CORRAL_COMPLETE=bash_source corral)" (zsh_source, fish_source).
 """
