@@ -90,6 +90,24 @@ def test_an_integration_worktree_killed_before_it_had_a_head_is_rebuilt(
     assert not (private_dir(ws.integration_path("main")) / "locked").exists()
 
 
+def test_a_registration_killed_before_git_wrote_it_is_removed(repo: Path, ws: Workspace) -> None:
+    """``git worktree add`` killed right after creating ``.git/worktrees/<id>``: an empty
+    ``commondir`` made every ``git worktree`` command fail."""
+    ws.prepare_worktree("t1", "main")
+    unborn = repo / ".git" / "worktrees" / "t2"
+    unborn.mkdir()
+    leave_lock(unborn / "locked")
+    (unborn / "gitdir").write_text(f"{ws.worktree_path('t2')}/.git\n")
+    (unborn / "HEAD").write_text("0" * 40 + "\n")
+    (unborn / "commondir").write_text("")
+    listing = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True)
+    assert listing.returncode != 0 and b"commondir" in listing.stderr
+
+    wt = ws.prepare_worktree("t2", "main")
+    assert (wt / "app.txt").read_text() == APP
+    assert git(repo, "worktree", "list").count("corral/t") == 2
+
+
 def test_a_locked_registration_whose_directory_is_gone_is_forgotten(ws: Workspace) -> None:
     wt = ws.prepare_worktree("t1", "main")
     (private_dir(wt) / "locked").write_text("initializing")

@@ -287,6 +287,7 @@ class Workspace:
         return proc.returncode == 0
 
     def _registered(self) -> dict[Path, _Registered]:
+        self._drop_unborn_registrations()
         out = self._git(self.repo, "worktree", "list", "--porcelain", "-z").stdout
         found = {}
         for record in out.split("\0\0"):
@@ -301,6 +302,27 @@ class Workspace:
                 branch, prunable
             )
         return found
+
+    def _drop_unborn_registrations(self) -> None:
+        """Remove what a `git worktree add` killed before it wrote ``commondir`` left.
+
+        Its ``<common>/worktrees/<id>`` holds git's ``locked`` ("initializing") and an empty
+        or missing ``commondir``/``gitdir``/``HEAD``: every ``git worktree`` command then
+        fails ("failed to read …/commondir"). Its ``locked`` is judged like a lock file
+        (``locks``: no live git in the repository, old enough) before the directory goes.
+        """
+        admin = self.git_common_dir / "worktrees"
+        unborn = [
+            entry
+            for entry in (admin.iterdir() if admin.is_dir() else ())
+            if (entry / "locked").is_file()
+            and not all(_nonempty(entry / name) for name in ("commondir", "gitdir", "HEAD"))
+        ]
+        if not unborn:
+            return
+        scope = locks.Scope((self.repo, self.git_common_dir), (self.repo / WORKTREES_DIR,))
+        for cleared in locks.clear_debris([entry / "locked" for entry in unborn], scope):
+            shutil.rmtree(cleared.parent, ignore_errors=True)
 
     def _user_worktrees(self) -> list[Path]:
         """Every worktree of the repository but corral's own."""
@@ -397,3 +419,10 @@ class Workspace:
                 if field[0] in "RC":
                     next(fields, None)  # the rename's source path
         return entries
+
+
+def _nonempty(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
