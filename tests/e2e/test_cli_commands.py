@@ -46,6 +46,13 @@ def test_doctor(cluster: Cluster) -> None:
     missing = cluster.cli("doctor", "--claude-bin", "no-such-claude")
     assert missing.returncode == 1
     assert "FAIL  no 'no-such-claude' on PATH here" in missing.stdout
+    cluster.env["CORRAL_TOKEN"], token = "crl_not-a-token", cluster.env["CORRAL_TOKEN"]
+    refused = cluster.cli("doctor", "--claude-bin", FAKE_CLAUDE)
+    cluster.env["CORRAL_TOKEN"] = token
+    assert refused.returncode == 1
+    (line,) = refused.stdout.splitlines()
+    assert line.startswith(f"FAIL  coordinator at {cluster.url} refuses this token")
+    assert "pass --token or CORRAL_TOKEN" in line
     checks = json.loads(cluster.cli("doctor", "--json", "--claude-bin", "no-such-claude").stdout)
     assert [c["ok"] for c in checks] == [True, True, True, False]
 

@@ -12,10 +12,14 @@ import click
 from corral import __version__
 from corral.cli.options import connect, coordinator_url, option
 from corral.cli.output import print_json
-from corral.errors import CorralError
+from corral.errors import CorralError, Forbidden, Unauthorized
 from corral.store.schema import LATEST_VERSION
 
 Check = Callable[[bool, str, str], None]
+TOKEN_FIX = (
+    "pass --token or CORRAL_TOKEN (a local coordinator's admin token is in .corral/credentials "
+    "where it runs)"
+)
 
 
 @click.command()
@@ -53,6 +57,9 @@ def _run_checks(url: str, claude_bin: str, check: Check) -> None:
         try:
             stats = client.call("GET", "/stats")
             runners = client.runners()
+        except (Unauthorized, Forbidden) as exc:
+            check(False, f"coordinator at {url} refuses this token: {exc.message}", TOKEN_FIX)
+            return
         except CorralError as exc:
             check(False, f"coordinator at {url}: {exc.message}", "start it: corral up")
             return
