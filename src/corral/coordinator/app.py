@@ -88,7 +88,7 @@ def create_app(
     app.include_router(api_runners.router, responses=errors)
     app.include_router(api_tasks.router, responses=errors)
     app.include_router(compat_ao.router, responses=errors)
-    app.include_router(compat_ao.token_router)
+    app.include_router(compat_ao.token_router, responses=errors)
     app.include_router(socket.router)
     app.include_router(api_tokens.router, responses=errors)
     app.add_exception_handler(CorralError, _corral_error)

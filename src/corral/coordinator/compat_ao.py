@@ -38,6 +38,7 @@ from corral.coordinator.compat_ao_schemas import (
     AoRegister,
     AoSessionStatus,
     AoStopped,
+    AoTokenRefusal,
     AoTokenRequest,
 )
 from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
@@ -84,7 +85,11 @@ def speaks_ao(runner: Runner) -> bool:
     return runner.transport == TRANSPORT
 
 
-@token_router.post("/oauth/token", response_model=None)
+@token_router.post(
+    "/oauth/token",
+    response_model=None,
+    responses={401: {"model": AoTokenRefusal, "description": "not a live runner token"}},
+)
 async def oauth_token(body: AoTokenRequest, request: Request) -> dict[str, Any] | JSONResponse:
     auth = _coordinator(request).auth
     secret = body.client_secret

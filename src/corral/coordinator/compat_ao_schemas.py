@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from corral import runners
 from corral.coordinator.schemas import RegisterRunner, ReportBody
@@ -95,6 +95,13 @@ class AoTokenRequest(WireModel):
     client_id: str = Field(max_length=200)
     client_secret: str = Field(min_length=1, max_length=512)
     audience: str | None = Field(None, max_length=500)
+
+
+class AoTokenRefusal(BaseModel):
+    """An OAuth error body (RFC 6749 §5.2), the shape its runner reads a refusal in."""
+
+    error: Literal["access_denied"]
+    error_description: str
 
 
 # One endpoint, two wires: the body says which (corral's register has a ``name``; that
