@@ -220,8 +220,8 @@ async def test_a_row_stored_before_the_checks_still_reads(settings: CoordinatorS
 
 def test_every_request_model_checks_its_values() -> None:
     """New request bodies inherit the one check: every pydantic model of the coordinator
-    (but the error answer's) is a ``WireModel``."""
-    answers = {"ErrorBody", "ErrorDetail"}
+    (but the error answers') is a ``WireModel``."""
+    answers = {"ErrorBody", "ErrorDetail", "AoTokenRefusal"}
     package = importlib.import_module("corral.coordinator")
     models = []
     for info in pkgutil.iter_modules(package.__path__, "corral.coordinator."):
