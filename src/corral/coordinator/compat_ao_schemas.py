@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from corral import runners
-from corral.coordinator.schemas import RegisterRunner, ReportBody
+from corral.coordinator.schemas import RegisterRunner, ReportBody, one_line
 from corral.wire import WireModel
 
 
@@ -31,10 +31,7 @@ class AoRegister(WireModel):
     @field_validator("hostname", "executor_profile", "tags")
     @classmethod
     def _one_line(cls, value: str | list[str] | None) -> str | list[str] | None:
-        for text in [value] if isinstance(value, str) else value or []:
-            if runners.text_problem(text, len(text)):
-                raise ValueError("must be one line of printable text")
-        return value
+        return one_line(value)
 
 
 class AoCompleted(WireModel):

@@ -43,6 +43,14 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorBody, "description": _ERROR_MEANINGS[s]} for s in statuses}
 
 
+def one_line(value: str | list[str] | None) -> str | list[str] | None:
+    """A runner's name, labels and the like: one line of printable text each."""
+    for text in [value] if isinstance(value, str) else value or []:
+        if runners.text_problem(text, len(text)):
+            raise ValueError("must be one line of printable text")
+    return value
+
+
 class CreateRun(WireModel):
     # Task runs are created by the task graph, never by a client: not offered here.
     type: Literal["start_session", "resume_session", "command"]
@@ -89,10 +97,7 @@ class RegisterRunner(WireModel):
     @field_validator("name", "hostname", "labels", "version", "runner_id")
     @classmethod
     def _one_line(cls, value: str | list[str] | None) -> str | list[str] | None:
-        for text in [value] if isinstance(value, str) else value or []:
-            if runners.text_problem(text, len(text)):
-                raise ValueError("must be one line of printable text")
-        return value
+        return one_line(value)
 
 
 class RunnerHeartbeat(WireModel):
