@@ -7,6 +7,7 @@ from typing import NewType
 
 RunId = NewType("RunId", str)
 RunnerId = NewType("RunnerId", str)
+ActorId = NewType("ActorId", str)
 
 
 def _new(prefix: str) -> str:
@@ -19,3 +20,7 @@ def new_run_id() -> RunId:
 
 def new_runner_id() -> RunnerId:
     return RunnerId(_new("rnr"))
+
+
+def new_actor_id() -> ActorId:
+    return ActorId(_new("act"))

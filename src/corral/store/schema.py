@@ -4,7 +4,8 @@ Each migration is written once with two dialect placeholders: ``{real}`` (a floa
 and ``{serial}`` (an auto-increment primary key). Timestamps are seconds since the epoch,
 lists and mappings are JSON text, so both dialects store the same values.
 Migration 2 adds task graphs, 3 the WebSocket runner link, 4 actors' KV, 5 tokens (and the
-token each runner registered with); actors come later.
+token each runner registered with), 6 actors: their lifecycle, placements (the single
+truth of where an actor runs), the pending queue of each pool and what each runner hosts.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ CREATE INDEX runs_by_task ON runs (task_id);
         3,
         """
 CREATE TABLE runner_commands (
-    runner_id  TEXT NOT NULL REFERENCES runners (id),
+    runner_id  TEXT NOT NULL,
     idx        INTEGER NOT NULL,
     body       TEXT NOT NULL,
     created_at {real} NOT NULL,
@@ -207,6 +208,64 @@ CREATE TABLE tokens (
     revoked_at  {real}
 );
 ALTER TABLE runners ADD COLUMN token_id TEXT;
+""",
+    ),
+    (
+        6,
+        """
+CREATE TABLE actors (
+    id                    TEXT PRIMARY KEY,
+    name                  TEXT NOT NULL,
+    key                   TEXT,
+    input                 TEXT,
+    pool                  TEXT NOT NULL,
+    crash_policy          TEXT NOT NULL,
+    state                 TEXT NOT NULL,
+    generation            INTEGER NOT NULL DEFAULT 0,
+    will_wake             INTEGER NOT NULL DEFAULT 0,
+    going_away            INTEGER NOT NULL DEFAULT 0,
+    destroying            INTEGER NOT NULL DEFAULT 0,
+    restarts              INTEGER NOT NULL DEFAULT 0,
+    last_restart_at       {real},
+    deadline_at           {real},
+    alarm_at              {real},
+    next_at               {real},
+    created_at            {real} NOT NULL,
+    started_at            {real},
+    pending_allocation_at {real},
+    connectable_at        {real},
+    sleep_at              {real},
+    reschedule_at         {real},
+    destroyed_at          {real},
+    updated_at            {real} NOT NULL,
+    UNIQUE (name, key)
+);
+CREATE INDEX actors_by_created ON actors (created_at, id);
+CREATE INDEX actors_timers ON actors (next_at) WHERE next_at IS NOT NULL;
+
+CREATE TABLE actor_placements (
+    actor_id   TEXT PRIMARY KEY REFERENCES actors (id),
+    runner_id  TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    placed_at  {real} NOT NULL
+);
+CREATE INDEX actor_placements_by_runner ON actor_placements (runner_id);
+
+CREATE TABLE actor_queue (
+    seq       {serial},
+    pool      TEXT NOT NULL,
+    actor_id  TEXT NOT NULL UNIQUE REFERENCES actors (id),
+    queued_at {real} NOT NULL
+);
+CREATE INDEX actor_queue_by_pool ON actor_queue (pool, seq);
+
+CREATE TABLE actor_hosts (
+    runner_id TEXT PRIMARY KEY,
+    pool      TEXT NOT NULL,
+    names     TEXT NOT NULL,
+    slots     INTEGER NOT NULL
+);
+CREATE INDEX actor_hosts_by_pool ON actor_hosts (pool);
 """,
     ),
 ]

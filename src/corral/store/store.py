@@ -16,6 +16,7 @@ from corral.ids import RunId, RunnerId, new_runner_id
 from corral.runners import Runner, RunnerState
 from corral.runs import NewRun, Run, RunReport, RunStatus, check_transition
 from corral.sessions import Session
+from corral.store.actors import ActorStore
 from corral.store.db import Database, Row, Tx, open_database
 from corral.store.link import LinkStore
 from corral.store.retention import Collected, Retention, collect
@@ -100,6 +101,7 @@ class Store:
         self.tasks = TaskStore(db)
         self.tokens = TokenStore(db)
         self.link = LinkStore(self)
+        self.actors = ActorStore(db, self.link.push)
 
     @classmethod
     def open(cls, url: str) -> Store:
