@@ -20,6 +20,7 @@ import uvicorn
 
 from corral.agents.profiles import load_profiles
 from corral.cli.gc import DURATION, retention_from, retention_options
+from corral.cli.log_format import configure_logging, log_format_option
 from corral.cli.options import URL, comma_list, labels_from, option
 from corral.coordinator.app import QuietServer, server_config
 from corral.coordinator.settings import CoordinatorSettings
@@ -236,21 +237,6 @@ def _runner_settings(
     return settings if name is None else RunnerSettings(**{**settings.__dict__, "name": name})
 
 
-def _logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
-    logging.getLogger("uvicorn.error").addFilter(_not_cancelled_at_shutdown)
-
-
-def _not_cancelled_at_shutdown(record: logging.LogRecord) -> bool:
-    """A shutdown cancels the requests still open after its grace (runners' long-polls,
-    followed logs): expected, not an error to print a traceback for."""
-    exc = record.exc_info[1] if record.exc_info else None
-    if isinstance(exc, asyncio.CancelledError):
-        return False
-    return "timeout graceful shutdown exceeded" not in record.getMessage()
-
-
 def _check_port_free(host: str, port: int) -> None:
     """Refuse at once, in one line, a port another process listens on (a second ``corral
     up``), rather than let the server fail with a traceback."""
@@ -271,14 +257,14 @@ def _check_port_free(host: str, port: int) -> None:
 
 @click.command()
 @coordinator_options
-def serve(**kwargs: object) -> None:
+@log_format_option
+def serve(log_format: str, **kwargs: object) -> None:
     """Run the coordinator (REST API, runner endpoints, reconciler)."""
-    _logging()
+    configure_logging(log_format)
     settings = _coordinator_settings(**kwargs)  # type: ignore[arg-type]
     _check_port_free(settings.host, settings.port)
-    server = _StoppingServer(
-        server_config(settings, host=settings.host, port=settings.port), settings
-    )
+    config = server_config(settings, host=settings.host, port=settings.port, own_logging=False)
+    server = _StoppingServer(config, settings)
     server.run()
     click.echo("corral serve stopped", err=True)
     if server.stopped_by == signal.SIGINT:
@@ -347,9 +333,10 @@ class _StoppingServer(uvicorn.Server):
     ".corral/credentials here).",
 )
 @runner_options
-def runner_cmd(url: str, token: str | None, **kwargs: object) -> None:
+@log_format_option
+def runner_cmd(url: str, token: str | None, log_format: str, **kwargs: object) -> None:
     """Run a runner: claim runs from the coordinator and execute them."""
-    _logging()
+    configure_logging(log_format)
     found = client_token(token)
     if found is None:
         raise click.UsageError(
@@ -370,9 +357,10 @@ def runner_cmd(url: str, token: str | None, **kwargs: object) -> None:
 @click.command()
 @coordinator_options
 @runner_options
-def up(**kwargs: Any) -> None:
+@log_format_option
+def up(log_format: str, **kwargs: Any) -> None:
     """Run a coordinator and one local runner in one process (SQLite by default)."""
-    _logging()
+    configure_logging(log_format)
     mine = inspect.signature(_coordinator_settings).parameters
     settings = _coordinator_settings(**{k: kwargs.pop(k) for k in list(kwargs) if k in mine})
     host, port, db = settings.host, settings.port, settings.db_url
@@ -382,7 +370,7 @@ def up(**kwargs: Any) -> None:
     runner_settings = replace(_runner_settings(url, **kwargs), token=settings.token)
 
     async def main() -> None:
-        server = QuietServer(server_config(settings, host=host, port=port))
+        server = QuietServer(server_config(settings, host=host, port=port, own_logging=False))
         serving = asyncio.create_task(server.serve())
         while not server.started:
             if serving.done():  # it could not listen (the port taken since the check)

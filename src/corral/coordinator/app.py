@@ -22,6 +22,7 @@ from corral.agents.profiles import load_profiles
 from corral.clock import Clock, SystemClock
 from corral.coordinator import (
     api_clients,
+    api_metrics,
     api_runners,
     api_tasks,
     api_tokens,
@@ -91,6 +92,7 @@ def create_app(
     app.include_router(compat_ao.token_router, responses=errors)
     app.include_router(socket.router)
     app.include_router(api_tokens.router, responses=errors)
+    app.include_router(api_metrics.router, responses=errors)
     app.add_exception_handler(CorralError, _corral_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     # A wire model built inside a route from what the request said (a seed runner's
@@ -110,13 +112,18 @@ def create_app(
     return app
 
 
-def server_config(settings: CoordinatorSettings, *, host: str, port: int) -> uvicorn.Config:
-    """How corral serves its app, wherever it runs (``serve``, ``up``, ``tasks run``)."""
+def server_config(
+    settings: CoordinatorSettings, *, host: str, port: int, own_logging: bool = True
+) -> uvicorn.Config:
+    """How corral serves its app, wherever it runs (``serve``, ``up``, ``tasks run``).
+    ``own_logging=False``: uvicorn's loggers write through the root logger's handler (the
+    process chose a format, ``--log-format``) rather than uvicorn's own."""
     return uvicorn.Config(
         create_app(settings),
         host=host,
         port=port,
         log_level="warning",
+        log_config=uvicorn.config.LOGGING_CONFIG if own_logging else None,
         lifespan="on",
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         # Runner frames are small JSON: compressing each costs more CPU than it saves.

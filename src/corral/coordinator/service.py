@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -20,6 +21,7 @@ from corral.coordinator.auth import Authenticator, Principal
 from corral.coordinator.claims import ClaimBoard
 from corral.coordinator.connections import Connections
 from corral.coordinator.link_core import apply_reports, finished_wakeups, wakeups
+from corral.coordinator.metrics import Metrics
 from corral.coordinator.notifier import (
     RUNS_AVAILABLE,
     Notifier,
@@ -59,6 +61,7 @@ class Coordinator:
         self.clock = clock
         self.profiles = profiles
         self.notifier = Notifier()
+        self.metrics = Metrics()
         self.claims = ClaimBoard(lambda limit: self._db(store.claimable, clock.now(), limit))
         self.connections = Connections()
         self.auth = Authenticator(store.tokens, settings.token, cache_s=settings.token_cache_s)
@@ -67,7 +70,15 @@ class Coordinator:
         self._claimable_seen_at = 0.0  # the reconciler's last look for claimable runs
 
     async def _db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
-        return await anyio.to_thread.run_sync(partial(fn, *args, **kwargs))
+        return await anyio.to_thread.run_sync(partial(self._timed, fn, *args, **kwargs))
+
+    def _timed(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            operation = getattr(fn, "__name__", "other")
+            self.metrics.store_call(operation, time.perf_counter() - started)
 
     # ---- clients -------------------------------------------------------------------------
 
@@ -164,6 +175,13 @@ class Coordinator:
         ends without claiming.
         """
         runner = await self._runner_to_claim(runner_id)
+        with self.metrics.polls_waiting.track_inprogress():
+            return await self._poll(runner, max_runs, timeout_s, gone)
+
+    async def _poll(
+        self, runner: Runner, max_runs: int, timeout_s: float, gone: asyncio.Future[None] | None
+    ) -> list[Run]:
+        runner_id = runner.id
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             event = self.notifier.event(RUNS_AVAILABLE)
@@ -188,6 +206,9 @@ class Coordinator:
                         runner = await self._runner_to_claim(runner_id)
                     if runner.state is RunnerState.ACTIVE:
                         self.notifier.notify(RUNS_AVAILABLE)
+                for run in runs:
+                    claimed_at = run.claimed_at or run.created_at
+                    self.metrics.claimed("poll", run.created_at, claimed_at, run.attempts)
                 if runs:
                     return [await self._with_task(run) for run in runs]
             remaining = deadline - asyncio.get_running_loop().time()

@@ -333,6 +333,7 @@ class SocketLink:
                 await self._close(m.CLOSE_GOING_AWAY, m.REASON_RUNNER_LOST)
                 return
             if commands:
+                coordinator.metrics.started_on_socket(c.body for c in commands)
                 await self._handle(self.session.push(commands))
                 self._sent_idx = max(self._sent_idx, commands[-1].idx)  # once sent, not before
                 self._announce(runner_id)
