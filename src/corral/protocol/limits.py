@@ -24,6 +24,13 @@ MAX_BATCH_BYTES = 4 * 1024 * 1024  # their bodies, encoded; well under both limi
 MAX_FRAME_BYTES = 16 * 1024 * 1024  # a WebSocket frame the coordinator reads
 # (``POST /runner/events`` bodies are bounded by the coordinator's ``max_body_bytes``, 8 MiB.)
 
+# The tunnel (gateway ⇄ actor): a body travels in chunks, and a sender may be at most a
+# window of unacknowledged bytes ahead of what its receiver has consumed.
+MAX_TUNNEL_CHUNK_BYTES = 64 * 1024
+TUNNEL_WINDOW_BYTES = 1024 * 1024
+MAX_TUNNEL_HEADER_BYTES = 64 * 1024  # a request's or response's header names and values
+MAX_TUNNEL_REQUEST_ID_CHARS = 64
+
 # What a log line costs beyond its text: {"line_no":…,"stream":"stdout","text":…,"ts":…},
 LINE_OVERHEAD_BYTES = 96
 

@@ -11,17 +11,32 @@ Every frame is one JSON object ``{"v": 1, "type": "<Name>", ...fields}`` (seed 0
                    ◀──── ToClientPong, ToClientCommands, ToClientDrain, ToClientClose
       ToServerKvRequest (pending ones, resent) ─▶
                    ◀──────────────────────────── ToClientKvResponse
+                   ◀──── ToClientRequestStart, …Chunk, …End, …Abort   (the tunnel, below)
+      ToServerResponseStart, …Chunk, …End, …Abort ─▶
+      ToServerTunnelAck ─▶  ◀─ ToClientTunnelAck
 
 Commands (coordinator → runner) and events (runner → coordinator) are ``Indexed``: numbered
 per runner from 1, so each side drops duplicates by index. KV requests (an actor's durable
 key-value state) carry a request id the answer echoes. Bodies are opaque to the protocol
-(a JSON object with a string ``type``). Decoding is strict and every problem raises
-``ProtocolError`` with a stable code; unknown extra fields are ignored so that adding an
-optional field does not need a version bump.
+(a JSON object with a string ``type``).
+
+The tunnel carries HTTP requests (and WebSocket upgrades) for actors through the gateway
+(seed 002): each message names its request and is numbered per request and direction
+from 0 (``seq``); the receiver acknowledges what it has consumed (``…TunnelAck``), the
+sender keeps what is unacknowledged, sends it again on the next socket, and sends no more
+than a window ahead (``corral.protocol.tunnel``). Bodies travel base64-encoded in chunks
+of at most ``limits.MAX_TUNNEL_CHUNK_BYTES``. Only a runner whose Init says
+``metadata.tunnel`` is sent tunnel messages, so older runners are never surprised by
+them, and a runner sends them only in answer to a tunnelled request.
+
+Decoding is strict and every problem raises ``ProtocolError`` with a stable code; unknown
+extra fields are ignored so that adding an optional field does not need a version bump.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -31,6 +46,11 @@ from typing import Any, Literal, NoReturn, TypeVar, overload
 from corral import runners
 from corral.errors import CorralError
 from corral.ids import RunnerId
+from corral.protocol.limits import (
+    MAX_TUNNEL_CHUNK_BYTES,
+    MAX_TUNNEL_HEADER_BYTES,
+    MAX_TUNNEL_REQUEST_ID_CHARS,
+)
 
 PROTOCOL_VERSION = 1
 INT64_MAX = 2**63 - 1  # every integer on the wire fits the store's columns
@@ -56,6 +76,7 @@ DUPLICATE_INIT = "duplicate_init"
 UNEXPECTED_MESSAGE = "unexpected_message"  # a valid message at a point where it is not allowed
 INVALID_INIT = "invalid_init"  # an Init whose fields break the runner limits (corral.runners)
 MALFORMED_EVENT = "malformed_event"  # an event body the coordinator cannot apply (too big …)
+TUNNEL_GAP = "tunnel_gap"  # a tunnel message skipped a number: drop the socket, replay fills it
 
 
 def protocol_error_reason(code: str) -> str:
@@ -162,6 +183,108 @@ class ToClientKvResponse:
     result: dict[str, Any]
 
 
+# ---- the tunnel (see the module docstring) --------------------------------------------------
+
+Headers = tuple[tuple[str, str], ...]  # in order; a name may come more than once
+
+
+@dataclass(frozen=True, slots=True)
+class ToClientRequestStart:
+    """A request for an actor's port (``seq`` 0); ``websocket``: an upgrade to tunnel."""
+
+    request_id: str
+    seq: int
+    actor_id: str
+    generation: int
+    method: str
+    path: str  # with its query string
+    headers: Headers
+    websocket: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ToClientRequestChunk:
+    """Part of the request body; for a WebSocket, one message (``text``: a text frame)."""
+
+    request_id: str
+    seq: int
+    data: bytes
+    text: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ToClientRequestEnd:
+    request_id: str
+    seq: int  # the body is complete (a WebSocket: the client closed it)
+
+
+@dataclass(frozen=True, slots=True)
+class ToClientRequestAbort:
+    request_id: str
+    seq: int  # the client went away: stop forwarding, answer nothing more
+
+
+@dataclass(frozen=True, slots=True)
+class ToClientTunnelAck:
+    request_id: str
+    seq: int  # the coordinator has consumed the runner's messages up to this one
+
+
+@dataclass(frozen=True, slots=True)
+class ToServerResponseStart:
+    """The response's status and headers (101: the WebSocket is open)."""
+
+    request_id: str
+    seq: int
+    status: int
+    headers: Headers
+
+
+@dataclass(frozen=True, slots=True)
+class ToServerResponseChunk:
+    request_id: str
+    seq: int
+    data: bytes
+    text: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ToServerResponseEnd:
+    request_id: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToServerResponseAbort:
+    """The runner gave the request up (the actor went away mid-response); ``code`` says why."""
+
+    request_id: str
+    seq: int
+    code: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToServerTunnelAck:
+    request_id: str
+    seq: int  # the runner has consumed the coordinator's messages up to this one
+
+
+ToClientTunnel = (
+    ToClientRequestStart
+    | ToClientRequestChunk
+    | ToClientRequestEnd
+    | ToClientRequestAbort
+    | ToClientTunnelAck
+)
+ToServerTunnel = (
+    ToServerResponseStart
+    | ToServerResponseChunk
+    | ToServerResponseEnd
+    | ToServerResponseAbort
+    | ToServerTunnelAck
+)
+
 ToServerMessage = (
     ToServerInit
     | ToServerEvents
@@ -169,6 +292,7 @@ ToServerMessage = (
     | ToServerPing
     | ToServerStopping
     | ToServerKvRequest
+    | ToServerTunnel
 )
 ToClientMessage = (
     ToClientInit
@@ -178,10 +302,16 @@ ToClientMessage = (
     | ToClientDrain
     | ToClientClose
     | ToClientKvResponse
+    | ToClientTunnel
 )
 Message = ToServerMessage | ToClientMessage
 
-_ALL: tuple[type[Any], ...] = (*ToServerMessage.__args__, *ToClientMessage.__args__)
+_ALL: tuple[type[Any], ...] = tuple(
+    cls
+    for union in (ToServerMessage, ToClientMessage)
+    for member in union.__args__
+    for cls in getattr(member, "__args__", (member,))
+)
 _FIELD_NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in _ALL}
 
 
@@ -190,6 +320,8 @@ def _plain(value: Any) -> Any:
         return [_plain(item) for item in value]
     if isinstance(value, Indexed):
         return {"idx": value.idx, "body": value.body}
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
     return value
 
 
@@ -270,6 +402,55 @@ def _indexed(frame: _Frame, name: str) -> tuple[Indexed, ...]:
     return tuple(out)
 
 
+def _bool(frame: _Frame, name: str) -> bool:
+    value = _get(frame, name)
+    if type(value) is not bool:
+        _malformed(f"{name!r} must be true or false")
+    return value
+
+
+def _request_id(frame: _Frame) -> str:
+    value = _of(frame, "request_id", str)
+    if not 0 < len(value) <= MAX_TUNNEL_REQUEST_ID_CHARS:
+        _malformed(f"'request_id' must be 1..{MAX_TUNNEL_REQUEST_ID_CHARS} characters")
+    return value
+
+
+def _data(frame: _Frame) -> bytes:
+    text = _of(frame, "data", str)
+    if len(text) > (MAX_TUNNEL_CHUNK_BYTES + 2) // 3 * 4:
+        _malformed(f"'data' is over {MAX_TUNNEL_CHUNK_BYTES} bytes")
+    try:
+        return base64.b64decode(text, validate=True)
+    except binascii.Error as exc:
+        _malformed(f"'data' is not base64: {exc}")
+
+
+def _headers(frame: _Frame) -> Headers:
+    value = _get(frame, "headers")
+    if type(value) is not list or any(
+        type(pair) is not list or len(pair) != 2 or any(type(part) is not str for part in pair)
+        for pair in value
+    ):
+        _malformed("'headers' must be a list of [name, value] strings")
+    if sum(len(name) + len(text) for name, text in value) > MAX_TUNNEL_HEADER_BYTES:
+        _malformed(f"'headers' are over {MAX_TUNNEL_HEADER_BYTES} bytes")
+    return tuple((name, text) for name, text in value)
+
+
+def _request_start(f: _Frame) -> ToClientRequestStart:
+    return ToClientRequestStart(
+        _request_id(f),
+        _int(f, "seq"),
+        _of(f, "actor_id", str),
+        _int(f, "generation"),
+        _of(f, "method", str),
+        _of(f, "path", str),
+        _headers(f),
+        _bool(f, "websocket"),
+    )
+
+
 def _init(frame: _Frame) -> ToServerInit:
     protocol_version = _int(frame, "protocol_version", minimum=1)
     if protocol_version > PROTOCOL_VERSION:
@@ -325,6 +506,17 @@ _TO_SERVER: dict[str, Callable[[_Frame], ToServerMessage]] = {
     "ToServerKvRequest": lambda f: ToServerKvRequest(
         _int(f, "request_id", minimum=1), _of(f, "actor_id", str), _tagged(f, "op", "op")
     ),
+    "ToServerResponseStart": lambda f: ToServerResponseStart(
+        _request_id(f), _int(f, "seq"), _int(f, "status", 100, 599), _headers(f)
+    ),
+    "ToServerResponseChunk": lambda f: ToServerResponseChunk(
+        _request_id(f), _int(f, "seq"), _data(f), _bool(f, "text")
+    ),
+    "ToServerResponseEnd": lambda f: ToServerResponseEnd(_request_id(f), _int(f, "seq")),
+    "ToServerResponseAbort": lambda f: ToServerResponseAbort(
+        _request_id(f), _int(f, "seq"), _of(f, "code", str), _of(f, "reason", str)
+    ),
+    "ToServerTunnelAck": lambda f: ToServerTunnelAck(_request_id(f), _int(f, "seq")),
 }
 _TO_CLIENT: dict[str, Callable[[_Frame], ToClientMessage]] = {
     "ToClientInit": lambda f: ToClientInit(
@@ -338,6 +530,13 @@ _TO_CLIENT: dict[str, Callable[[_Frame], ToClientMessage]] = {
     "ToClientKvResponse": lambda f: ToClientKvResponse(
         _int(f, "request_id", minimum=1), _of(f, "result", dict)
     ),
+    "ToClientRequestStart": _request_start,
+    "ToClientRequestChunk": lambda f: ToClientRequestChunk(
+        _request_id(f), _int(f, "seq"), _data(f), _bool(f, "text")
+    ),
+    "ToClientRequestEnd": lambda f: ToClientRequestEnd(_request_id(f), _int(f, "seq")),
+    "ToClientRequestAbort": lambda f: ToClientRequestAbort(_request_id(f), _int(f, "seq")),
+    "ToClientTunnelAck": lambda f: ToClientTunnelAck(_request_id(f), _int(f, "seq")),
 }
 
 

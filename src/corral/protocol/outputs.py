@@ -1,9 +1,10 @@
 """What the protocol's state machines ask their pump to do: tagged dataclasses, one per effect.
 
     RunnerConnection → Send[ToServerMessage] · Execute · Connected · Disconnected · Reconnect
-                       · StopAllWork · DrainRequested · Closed · KvAnswered
+                       · StopAllWork · DrainRequested · Closed · KvAnswered · TunnelReceived
+                       · TunnelAcked
     ServerSession    → Send[ToClientMessage] · Close · Register · Apply · CommandsAcked
-                       · Alive · Stopping · KvRequested
+                       · Alive · Stopping · KvRequested · Tunnelled
 
 The pump carries them out in list order: an ``Apply`` before a ``Send`` means store first.
 """
@@ -14,7 +15,17 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from corral.ids import RunnerId
-from corral.protocol.messages import Indexed, ToClientMessage, ToServerInit, ToServerMessage
+from corral.protocol.messages import (
+    Indexed,
+    ToClientMessage,
+    ToClientRequestAbort,
+    ToClientRequestChunk,
+    ToClientRequestEnd,
+    ToClientRequestStart,
+    ToServerInit,
+    ToServerMessage,
+    ToServerTunnel,
+)
 
 M = TypeVar("M", covariant=True)
 
@@ -74,6 +85,18 @@ class KvAnswered:
     result: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class TunnelReceived:
+    """A new tunnel message for the runner's tunnel (each exactly once, in order)."""
+
+    message: ToClientRequestStart | ToClientRequestChunk | ToClientRequestEnd | ToClientRequestAbort
+
+
+@dataclass(frozen=True, slots=True)
+class TunnelAcked:
+    request_id: str  # the coordinator consumed some of it: there may be room to send more
+
+
 RunnerOutput = (
     Send[ToServerMessage]
     | Execute
@@ -84,6 +107,8 @@ RunnerOutput = (
     | DrainRequested
     | Closed
     | KvAnswered
+    | TunnelReceived
+    | TunnelAcked
 )
 
 
@@ -134,6 +159,14 @@ class KvRequested:
     op: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class Tunnelled:
+    """A tunnel message from the runner, for the coordinator's tunnel (which orders them:
+    its numbering spans the runner's sockets)."""
+
+    message: ToServerTunnel
+
+
 ServerOutput = (
     Send[ToClientMessage]
     | Close
@@ -143,4 +176,5 @@ ServerOutput = (
     | Alive
     | Stopping
     | KvRequested
+    | Tunnelled
 )

@@ -33,6 +33,12 @@ every Init until answered: an answer lost with a socket is asked for again. When
 stops (the lease ran out, or a new identity), the requests still waiting fail instead
 (``lease_lost``): a write buffered by an actor that has since moved to another runner
 must never land late on top of what the new placement wrote.
+
+Tunnelled requests (the gateway's, for actors) are numbered per request in a
+``TunnelLedger``: what the runner sends back is kept until acknowledged, waits while
+disconnected and goes again after every Init; what the coordinator sends is delivered
+once each, in order (``TunnelReceived``). When the work stops they are over: the actors
+they were for are stopped.
 """
 
 from __future__ import annotations
@@ -59,8 +65,19 @@ from corral.protocol.outputs import (
     RunnerOutput,
     Send,
     StopAllWork,
+    TunnelAcked,
+    TunnelReceived,
 )
 from corral.protocol.replay import ReplayBuffer
+from corral.protocol.tunnel import Receipt, TunnelLedger
+
+# What the runner's tunnel sends (acknowledgements are not kept: they are repeated instead).
+TunnelReply = (
+    wire.ToServerResponseStart
+    | wire.ToServerResponseChunk
+    | wire.ToServerResponseEnd
+    | wire.ToServerResponseAbort
+)
 
 
 class RunnerState(enum.StrEnum):
@@ -81,6 +98,13 @@ TRANSITIONS: dict[RunnerState, frozenset[RunnerState]] = {
 }
 _LINKED = (S.CONNECTING, S.ACTIVE)  # a socket is open (or opening)
 del S
+_TUNNEL = (
+    wire.ToClientRequestStart,
+    wire.ToClientRequestChunk,
+    wire.ToClientRequestEnd,
+    wire.ToClientRequestAbort,
+    wire.ToClientTunnelAck,
+)
 
 
 def _seconds(metadata: dict[str, Any], key: str, default: float) -> float:
@@ -123,6 +147,9 @@ class RunnerConnection:
         self._events = ReplayBuffer(max_batch=max_batch_events)
         self._kv: dict[int, wire.ToServerKvRequest] = {}  # sent or not, until answered
         self._kv_ids = 0
+        self._tunnel: TunnelLedger[TunnelReply, wire.ToServerTunnelAck] = TunnelLedger(
+            wire.ToServerTunnelAck
+        )
         self._attempt = 0  # failed attempts since the last successful Init
         self._draining = False
         self._stopping_sent = False  # on the current socket
@@ -208,6 +235,55 @@ class RunnerConnection:
         self._kv[request.request_id] = request
         return request.request_id, [Send(request)] if self._state is RunnerState.ACTIVE else []
 
+    # ---- the tunnel ----------------------------------------------------------------------
+
+    def tunnel_send(self, message: TunnelReply, now: float) -> list[RunnerOutput]:
+        """Send a tunnel message (its ``seq`` is given here); kept until acknowledged."""
+        if self._state is RunnerState.CLOSED:
+            return []
+        self._tunnel.send(message)
+        return self._tunnel_flush()
+
+    def tunnel_room(self, request_id: str) -> int:
+        """Bytes that may be sent for ``request_id`` before the coordinator consumes some."""
+        return self._tunnel.room(request_id)
+
+    def tunnel_consumed(
+        self, request_id: str, seq: int, nbytes: int, now: float, *, final: bool = False
+    ) -> list[RunnerOutput]:
+        """Tunnel message ``seq`` was carried out: acknowledge it, a quarter window at a time."""
+        ack = self._tunnel.consumed(request_id, seq, nbytes, final=final)
+        return [Send(ack)] if ack is not None and self._state is RunnerState.ACTIVE else []
+
+    def tunnel_forget(self, request_id: str) -> None:
+        """The request is over here (its last message acknowledged, or given up)."""
+        self._tunnel.forget(request_id)
+
+    def tunnel_unacknowledged(self, request_id: str) -> int:
+        return len(self._tunnel.kept(request_id))
+
+    def _tunnel_flush(self) -> list[RunnerOutput]:
+        if self._state is not RunnerState.ACTIVE:
+            return []  # sent again after the next Init
+        return [Send(message) for message in self._tunnel.take_unsent()]
+
+    def _on_tunnel(self, message: wire.ToClientTunnel) -> list[RunnerOutput]:
+        if isinstance(message, wire.ToClientTunnelAck):
+            self._tunnel.acknowledge(message.request_id, message.seq)
+            return [TunnelAcked(message.request_id)]
+        opening = isinstance(message, wire.ToClientRequestStart)
+        receipt = self._tunnel.receive(message.request_id, message.seq, opening=opening)
+        if receipt is Receipt.NEW:
+            return [TunnelReceived(message)]
+        if receipt is Receipt.GAP:
+            raise wire.ProtocolError(
+                wire.TUNNEL_GAP, f"tunnel message {message.seq} of {message.request_id} skipped one"
+            )
+        if receipt is Receipt.ORPHAN:  # a request this runner does not hold: stop its sending
+            return [Send(self._tunnel.orphan_ack(message.request_id, message.seq))]
+        ack = self._tunnel.duplicate_ack(message.request_id)
+        return [] if ack is None else [Send(ack)]
+
     def stopping(self, now: float) -> list[RunnerOutput]:
         """Graceful shutdown begins; told to every coordinator we talk to from now on."""
         self._draining = True
@@ -262,6 +338,8 @@ class RunnerConnection:
             if self._kv.pop(message.request_id, None) is None:
                 return []  # answered already (asked twice across a reconnect), or failed
             return [KvAnswered(message.request_id, message.result)]
+        if isinstance(message, _TUNNEL):
+            return self._on_tunnel(message)
         assert_never(message)
 
     @property
@@ -307,6 +385,7 @@ class RunnerConnection:
         if self._lost_at is not None and now >= self._lost_at:
             # The lease ran out: the coordinator may be giving our runs to others by now.
             out += [StopAllWork(), *self._fail_kv()]
+            self._tunnel.clear()
             self._lost_at = None
             self._work_stopped = True
         if self._reconnect_at is not None and now >= self._reconnect_at:
@@ -333,6 +412,7 @@ class RunnerConnection:
             # a reused identity whose new events are dropped as duplicates of old indexes.
             if not self._work_stopped:
                 out += [StopAllWork(), *self._fail_kv()]
+            self._tunnel.clear()
             self._events.reset()
             self._last_command_idx = 0
         self._runner_id = message.runner_id
@@ -345,6 +425,9 @@ class RunnerConnection:
         self._move(RunnerState.ACTIVE)
         out.extend(Send(frame) for frame in self._events.frames())  # seed: resend unacked
         out.extend(Send(request) for request in self._kv.values())  # and unanswered KV
+        out.extend(Send(ack) for ack in self._tunnel.acks())  # and the tunnel's, both ways
+        self._tunnel.rewind()
+        out.extend(self._tunnel_flush())
         if self._draining:
             self._stopping_sent = True
             out.append(Send(wire.ToServerStopping()))
@@ -396,4 +479,5 @@ class RunnerConnection:
     def _close(self, reason: str) -> list[RunnerOutput]:
         self._move(RunnerState.CLOSED)
         self._ping_at = self._ack_at = self._reconnect_at = self._lost_at = None
+        self._tunnel.clear()
         return [*self._fail_kv(), Closed(reason, reconnect=False)]

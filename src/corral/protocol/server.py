@@ -34,6 +34,7 @@ from corral.protocol.outputs import (
     Send,
     ServerOutput,
     Stopping,
+    Tunnelled,
 )
 
 # The coordinator's pump imports this side's outputs from here, next to the session.
@@ -71,6 +72,13 @@ TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
 _OPEN = (S.ACTIVE, S.DRAINING)  # registered: commands and events flow
 _STARTING = (S.AWAITING_INIT, S.REGISTERING)
 del S
+_TUNNEL = (
+    wire.ToServerResponseStart,
+    wire.ToServerResponseChunk,
+    wire.ToServerResponseEnd,
+    wire.ToServerResponseAbort,
+    wire.ToServerTunnelAck,
+)
 
 
 def _by_idx(items: Sequence[wire.Indexed], above: int) -> list[wire.Indexed]:
@@ -165,6 +173,8 @@ class ServerSession:
             return [Stopping()]
         if isinstance(message, wire.ToServerKvRequest):
             return [KvRequested(message.request_id, message.actor_id, message.op)]
+        if isinstance(message, _TUNNEL):
+            return [Tunnelled(message)]
         assert_never(message)
 
     def receive_error(self, error: wire.ProtocolError) -> list[ServerOutput]:
