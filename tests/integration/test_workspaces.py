@@ -572,7 +572,7 @@ def test_a_merge_waits_for_the_branch_lock_held_by_another_process(repo: Path, w
 def test_merge_lock_excludes_threads_of_one_process(repo: Path, ws: Workspace):
     do_task(ws, "t1", {"x.txt": "x\n"})
     results: list[MergeResult] = []
-    with merge_lock(ws.git_common_dir, "main"):
+    with merge_lock(ws.repo.common_dir, "main"):
         merging = threading.Thread(
             target=lambda: results.append(ws.merge("t1", "main", strategy="ff", message="m"))
         )
@@ -588,7 +588,7 @@ def test_merge_is_redone_when_the_branch_moves_meanwhile(
 ):
     a_tip = do_task(ws, "a", {"a.txt": "a\n"})
     outsider = do_task(ws, "outsider", {"o.txt": "o\n"})
-    real_git = ws._git
+    real_git = ws.repo.run
     swaps: list[tuple[str, ...]] = []
 
     def moving_git(cwd: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -598,7 +598,7 @@ def test_merge_is_redone_when_the_branch_moves_meanwhile(
             swaps.append(args)
         return real_git(cwd, *args, **kw)
 
-    monkeypatch.setattr(ws, "_git", moving_git)
+    monkeypatch.setattr(ws.repo, "run", moving_git)
 
     result = ws.merge("a", "main", strategy="merge", message="merge a")
 

@@ -29,7 +29,7 @@ from corral.runner.attempt import Attempt
 from corral.runner.environment import ALWAYS, allowed
 from corral.runs import Run, RunReport, RunStatus, RunType
 from corral.workspaces import resolve
-from corral.workspaces.git import Workspace
+from corral.workspaces.workspace import Workspace
 
 log = logging.getLogger("corral.runner")
 

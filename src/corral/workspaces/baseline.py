@@ -16,37 +16,35 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from corral.workspaces.cmd import WorkspaceError
-
-if TYPE_CHECKING:
-    from corral.workspaces.git import Workspace
+from corral.workspaces.repo import GitRepo
 
 BASELINE_FILE = "corral-baseline"
 SHOWN = 10  # paths named in the error
 
 
-def record(ws: Workspace, worktree: Path) -> None:
+def record(repo: GitRepo, worktree: Path) -> None:
     """Note the files of ``HEAD`` missing from ``worktree``, unless already noted for it."""
-    path = ws._private_dir(worktree) / BASELINE_FILE
-    head = ws._out(worktree, "rev-parse", "HEAD")
+    path = repo.private_dir(worktree) / BASELINE_FILE
+    head = repo.out(worktree, "rev-parse", "HEAD")
     if _read(path).get("head") == head:
         return  # the agent already started on this commit (and was killed): keep the first
-    tracked = ws._git(worktree, "ls-tree", "-r", "-z", "--name-only", "HEAD").stdout.split("\0")
+    tracked = repo.run(worktree, "ls-tree", "-r", "-z", "--name-only", "HEAD").stdout.split("\0")
     missing = [name for name in tracked if name and not os.path.lexists(worktree / name)]
     scratch = path.with_name(BASELINE_FILE + ".tmp")
     scratch.write_text(json.dumps({"head": head, "missing": missing}))
     scratch.replace(path)
 
 
-def check_staged(ws: Workspace, worktree: Path) -> None:
+def check_staged(repo: GitRepo, worktree: Path) -> None:
     """Refuse (``unexpected_deletions``) an index deleting a file missing at the baseline."""
-    noted = _read(ws._private_dir(worktree) / BASELINE_FILE)
+    noted = _read(repo.private_dir(worktree) / BASELINE_FILE)
     missing = set(noted.get("missing") or [])
     if not missing:
         return
-    deleted = ws._git(
+    deleted = repo.run(
         worktree,
         "diff",
         "--cached",

@@ -14,34 +14,30 @@ None, and ``branch_has_changes`` still says whether there is something to merge.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from corral.errors import InvalidRequest
-from corral.workspaces import baseline, bootstrap
-
-if TYPE_CHECKING:
-    from corral.workspaces.git import Workspace
-
-FALLBACK_IDENTITY = {"name": "corral", "email": "corral@localhost"}
+from corral.workspaces import baseline, bootstrap, worktrees
+from corral.workspaces.cmd import WorkspaceError
+from corral.workspaces.names import BRANCH_PREFIX
+from corral.workspaces.repo import GitRepo
 
 
-def commit_all(ws: Workspace, worktree: Path, message: str) -> str | None:
+def commit_all(repo: GitRepo, worktree: Path, message: str) -> str | None:
     if not message.strip():
         raise InvalidRequest("a commit needs a message")
     wt = Path(worktree).resolve()
-    branch_ref = ws._task_branch_at(wt)
-    ws._git(wt, "add", "-A")
-    copied = bootstrap.recorded(ws._private_dir(wt))
+    branch_ref = _task_branch_at(repo, wt)
+    repo.run(wt, "add", "-A")
+    copied = bootstrap.recorded(repo.private_dir(wt))
     if copied:
-        added = ws._git(
+        added = repo.run(
             wt, "diff", "--cached", "--name-only", "-z", "--no-renames", "--diff-filter=A"
         ).stdout.split("\0")
         unstage = sorted(copied.intersection(added))
         if unstage:
-            ws._git(
+            repo.run(
                 wt,
                 "reset",
                 "-q",
@@ -49,27 +45,25 @@ def commit_all(ws: Workspace, worktree: Path, message: str) -> str | None:
                 "--pathspec-file-nul",
                 stdin="".join(f":(literal){name}\0" for name in unstage),
             )
-    baseline.check_staged(ws, wt)
+    baseline.check_staged(repo, wt)
     # A merge under way (a conflict handed back to the agent) is committed even when the
     # resolution leaves the tree as it was: the merge commit is what records the target.
-    merging = ws._git(wt, "rev-parse", "-q", "--verify", "MERGE_HEAD", ok=(0, 1)).returncode == 0
-    if not merging and ws._git(wt, "diff", "--cached", "--quiet", ok=(0, 1)).returncode == 0:
-        return _earlier_commit(ws, wt, branch_ref, message)
-    ws._git(wt, *identity_args(ws, wt), "commit", "-q", "--no-verify", "-m", message)
-    return ws._out(wt, "rev-parse", "HEAD")
+    merging = repo.run(wt, "rev-parse", "-q", "--verify", "MERGE_HEAD", ok=(0, 1)).returncode == 0
+    if not merging and repo.run(wt, "diff", "--cached", "--quiet", ok=(0, 1)).returncode == 0:
+        return _earlier_commit(repo, wt, branch_ref, message)
+    repo.run(wt, *repo.identity_args(wt), "commit", "-q", "--no-verify", "-m", message)
+    return repo.out(wt, "rev-parse", "HEAD")
 
 
-def identity_args(ws: Workspace, cwd: Path) -> list[str]:
-    """``-c user.<item>=…`` for each identity item the repository's config lacks."""
-    proc = ws._git(cwd, "config", "--get-regexp", r"^user\.(name|email)$", ok=(0, 1))
-    configured = {line.split(" ", 1)[0] for line in proc.stdout.splitlines()}
-    args = []
-    for item, fallback in FALLBACK_IDENTITY.items():
-        env = item.upper()
-        from_env = os.environ.get(f"GIT_AUTHOR_{env}") and os.environ.get(f"GIT_COMMITTER_{env}")
-        if f"user.{item}" not in configured and not from_env:
-            args += ["-c", f"user.{item}={fallback}"]
-    return args
+def _task_branch_at(repo: GitRepo, worktree: Path) -> str:
+    """The task branch checked out in ``worktree``, a valid worktree (else refused)."""
+    checked_out = worktrees.checkout_at(repo, worktree)
+    if not checked_out or not checked_out.startswith("refs/heads/" + BRANCH_PREFIX):
+        raise WorkspaceError(
+            f"{worktree} is not a task worktree on a {BRANCH_PREFIX}<key> branch",
+            code="not_a_task_worktree",
+        )
+    return checked_out
 
 
 def _normalize(message: str) -> str:
@@ -78,12 +72,12 @@ def _normalize(message: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
 
 
-def _earlier_commit(ws: Workspace, wt: Path, branch_ref: str, message: str) -> str | None:
+def _earlier_commit(repo: GitRepo, wt: Path, branch_ref: str, message: str) -> str | None:
     """HEAD, if it is a commit made on the task branch with ``message``; else None."""
-    head = ws._out(wt, "rev-parse", "HEAD")
-    if _normalize(ws._out(wt, "log", "-1", "--format=%B", head)) != _normalize(message):
+    head = repo.out(wt, "rev-parse", "HEAD")
+    if _normalize(repo.out(wt, "log", "-1", "--format=%B", head)) != _normalize(message):
         return None
-    reflog = ws._git(wt, "log", "-g", "--format=%H %gs", branch_ref, "--", ok=(0, 128))
+    reflog = repo.run(wt, "log", "-g", "--format=%H %gs", branch_ref, "--", ok=(0, 128))
     for line in reflog.stdout.splitlines():
         sha, _, subject = line.partition(" ")
         if sha == head:

@@ -22,16 +22,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from corral.errors import InvalidRequest
-from corral.workspaces import locks
+from corral.workspaces import locks, worktrees
 from corral.workspaces.cmd import GitError
-from corral.workspaces.commit import identity_args
-from corral.workspaces.names import WORKTREES_DIR, check_key, sanitize_branch
-
-if TYPE_CHECKING:
-    from corral.workspaces.git import Workspace
+from corral.workspaces.names import (
+    WORKTREES_DIR,
+    integration_worktree,
+    sanitize_branch,
+    task_branch,
+)
+from corral.workspaces.repo import GitRepo
 
 Strategy = Literal["merge", "ff"]
 MergeStatus = Literal["merged", "already_merged", "conflict"]
@@ -70,30 +72,30 @@ def merge_lock(common_dir: Path, branch: str) -> Iterator[None]:
 
 
 def merge_branch(
-    ws: Workspace, key: str, target_branch: str, *, strategy: Strategy, message: str
+    repo: GitRepo, key: str, target_branch: str, *, strategy: Strategy, message: str
 ) -> MergeResult:
-    check_key(key)
+    task_ref = f"refs/heads/{task_branch(key)}"
     if strategy not in STRATEGIES:
         raise InvalidRequest(f"merge strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
-    target = ws._checked_branch(target_branch)
-    task_ref, target_ref = f"refs/heads/{ws.branch_name(key)}", f"refs/heads/{target}"
-    ws.ensure_excluded()
-    with merge_lock(ws.git_common_dir, target):
-        _clear_debris(ws, target_ref)
+    target = repo.checked_branch(target_branch)
+    target_ref = f"refs/heads/{target}"
+    worktrees.ensure_excluded(repo)
+    with merge_lock(repo.common_dir, target):
+        _clear_debris(repo, target_ref)
         for _ in range(CAS_ATTEMPTS):
-            task_tip, old = ws.head(task_ref), ws.head(target_ref)
-            if ws.is_ancestor(task_tip, old):
+            task_tip, old = repo.head(task_ref), repo.head(target_ref)
+            if repo.is_ancestor(task_tip, old):
                 return MergeResult("already_merged", old)
-            wt = _integration_worktree(ws, target, old)
-            ws._git(wt, "checkout", "-q", "--detach", "--force", old)
-            result = _merge_in(ws, wt, task_tip, strategy, message)
+            wt = _integration_worktree(repo, target, old)
+            repo.run(wt, "checkout", "-q", "--detach", "--force", old)
+            result = _merge_in(repo, wt, task_tip, strategy, message)
             if result is not None:
                 return result
-            new = ws._out(wt, "rev-parse", "HEAD")
+            new = repo.out(wt, "rev-parse", "HEAD")
             # Run in the (detached) integration worktree, not the user's checkout: there git
             # would also lock the user's HEAD when it points at the target, and a kill
             # would leave that lock in their repository.
-            swap = ws._git(
+            swap = repo.run(
                 wt,
                 "update-ref",
                 "-m",
@@ -105,7 +107,7 @@ def merge_branch(
             )
             if swap.returncode == 0:
                 return MergeResult("merged", new)
-            if ws.head(target_ref) == old:
+            if repo.head(target_ref) == old:
                 raise GitError(
                     f"cannot move {target_ref} to {new}: {swap.stderr.strip()}",
                     returncode=swap.returncode,
@@ -119,52 +121,56 @@ def merge_branch(
         )
 
 
-def _integration_worktree(ws: Workspace, target: str, at: str) -> Path:
+def _integration_worktree(repo: GitRepo, target: str, at: str) -> Path:
     """The target's integration worktree, valid and clean (created at ``at`` if need be)."""
-    path = ws.integration_path(target)
+    path = integration_worktree(repo.top, target)
     # Killed inside `git worktree add`, it may not even have a HEAD yet (git writes a null
     # one first): every later reset would fail. It holds nothing to keep: build it again.
-    if ws._checkout_at(path) is None or ws._drop_if_unfinished(path):
-        ws._discard_broken(path)
-        ws._git(ws.repo, "worktree", "add", "--detach", str(path), at)
-        ws._mark_finished(path)
+    if worktrees.checkout_at(repo, path) is None or worktrees.drop_if_unfinished(repo, path):
+        worktrees.discard_broken(repo, path)
+        repo.run(repo.top, "worktree", "add", "--detach", str(path), at)
+        worktrees.mark_finished(repo, path)
         return path
-    _clean(ws, path)
+    _clean(repo, path)
     return path
 
 
-def _clear_debris(ws: Workspace, target_ref: str) -> None:
+def _clear_debris(repo: GitRepo, target_ref: str) -> None:
     """Under the target's merge lock: the lock files a killed merge left (see ``locks``)."""
-    common = ws.git_common_dir
+    common = repo.common_dir
     found = [locks.ref_lock(common, target_ref), common / "packed-refs.lock"]
-    private = locks.linked_git_dir(ws.integration_path(target_ref.removeprefix("refs/heads/")))
+    private = locks.linked_git_dir(
+        integration_worktree(repo.top, target_ref.removeprefix("refs/heads/"))
+    )
     if private is not None:
         found += locks.locks_in(private)
     if any(lock.exists() for lock in found):  # rare: spare the common case the git calls
-        corral_worktrees = ws.repo / WORKTREES_DIR
-        scope = locks.Scope((ws.repo, common, *ws._user_worktrees()), (corral_worktrees,))
+        corral_worktrees = repo.top / WORKTREES_DIR
+        scope = locks.Scope(
+            (repo.top, common, *worktrees.user_worktrees(repo)), (corral_worktrees,)
+        )
         locks.clear_debris(found, scope)
 
 
-def _clean(ws: Workspace, path: Path) -> None:
+def _clean(repo: GitRepo, path: Path) -> None:
     """Force the integration worktree back to a clean state, whatever was left in it."""
-    private = ws._private_dir(path)
-    if ws._git(path, "rev-parse", "-q", "--verify", "MERGE_HEAD", ok=(0, 1)).returncode == 0:
-        ws._git(path, "merge", "--abort", ok=range(256))  # reset --hard below finishes the job
+    private = repo.private_dir(path)
+    if repo.run(path, "rev-parse", "-q", "--verify", "MERGE_HEAD", ok=(0, 1)).returncode == 0:
+        repo.run(path, "merge", "--abort", ok=range(256))  # reset --hard below finishes the job
     for state in ("rebase-merge", "rebase-apply"):
         shutil.rmtree(private / state, ignore_errors=True)
-    ws._git(path, "reset", "-q", "--hard")
-    ws._git(path, "clean", "-q", "-ffdx")
+    repo.run(path, "reset", "-q", "--hard")
+    repo.run(path, "clean", "-q", "-ffdx")
 
 
 def _merge_in(
-    ws: Workspace, wt: Path, task_tip: str, strategy: Strategy, message: str
+    repo: GitRepo, wt: Path, task_tip: str, strategy: Strategy, message: str
 ) -> MergeResult | None:
     """Merge ``task_tip`` into the detached ``wt``; None if clean, a conflict result if not."""
     mode = "--no-ff" if strategy == "merge" else "--ff"
-    proc = ws._git(
+    proc = repo.run(
         wt,
-        *identity_args(ws, wt),
+        *repo.identity_args(wt),
         "merge",
         mode,
         "--no-edit",
@@ -176,10 +182,10 @@ def _merge_in(
     )
     if proc.returncode == 0:
         return None
-    unmerged = ws._git(wt, "diff", "--name-only", "-z", "--diff-filter=U").stdout
+    unmerged = repo.run(wt, "diff", "--name-only", "-z", "--diff-filter=U").stdout
     paths = [p for p in unmerged.split("\0") if p]
     if not paths:
-        _clean(ws, wt)
+        _clean(repo, wt)
         raise GitError(
             f"`git merge {mode} {task_tip}` failed without a conflict: "
             f"{(proc.stderr or proc.stdout).strip()}",
@@ -187,10 +193,10 @@ def _merge_in(
             stderr=proc.stderr.strip(),
         )
     notes = [line for line in proc.stdout.splitlines() if line.startswith("CONFLICT")]
-    hunks = ws._git(wt, "diff", "--no-color", "--no-ext-diff").stdout
+    hunks = repo.run(wt, "diff", "--no-color", "--no-ext-diff").stdout
     detail = "\n".join(notes) + ("\n\n" if notes else "") + hunks
     if len(detail) > DETAIL_CAP:
         detail = detail[:DETAIL_CAP].rsplit("\n", 1)[0] + "\n… (truncated)"
-    ws._git(wt, "merge", "--abort")
-    _clean(ws, wt)
+    repo.run(wt, "merge", "--abort")
+    _clean(repo, wt)
     return MergeResult("conflict", None, paths, detail)

@@ -30,6 +30,23 @@ def check_key(key: str, where: str = "") -> None:
         )
 
 
+def task_branch(key: str) -> str:
+    """The branch a task's work is committed on: ``corral/<key>``."""
+    check_key(key)
+    return BRANCH_PREFIX + key
+
+
+def task_worktree(top: Path, key: str) -> Path:
+    """Where the task's worktree lives in the repository whose top level is ``top``."""
+    check_key(key)
+    return top / WORKTREES_DIR / key
+
+
+def integration_worktree(top: Path, target_branch: str) -> Path:
+    """Where merges into ``target_branch`` are made (see ``merge``)."""
+    return top / INTEGRATION_DIR / sanitize_branch(target_branch)
+
+
 def check_branch(branch: str, where: str = "") -> None:
     """A target branch is passed to git: it must be a branch name git accepts
     (``git check-ref-format --branch``) and cannot look like an option (``-b``,

@@ -13,21 +13,19 @@ says what to run to keep that work and give the worktree back.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from corral.workspaces.cmd import GitError, WorkspaceError
+from corral.workspaces.names import task_branch
+from corral.workspaces.repo import GitRepo
 
-if TYPE_CHECKING:
-    from corral.workspaces.git import Workspace
 
-
-def reattach(ws: Workspace, worktree: Path, key: str, recorded_commit: str | None) -> None:
-    branch = ws.branch_name(key)
+def reattach(repo: GitRepo, worktree: Path, key: str, recorded_commit: str | None) -> None:
+    branch = task_branch(key)
     ref = f"refs/heads/{branch}"
-    head = ws._git(worktree, "rev-parse", "-q", "--verify", "HEAD^{commit}", ok=(0, 1))
+    head = repo.run(worktree, "rev-parse", "-q", "--verify", "HEAD^{commit}", ok=(0, 1))
     sha = head.stdout.strip()
-    tip = _task_tip(ws, ref, recorded_commit)
-    if not sha or tip is None or not (sha == tip or ws.is_ancestor(sha, tip)):
+    tip = _task_tip(repo, ref, recorded_commit)
+    if not sha or tip is None or not (sha == tip or repo.is_ancestor(sha, tip)):
         raise WorkspaceError(
             f"{worktree} is on a detached HEAD ({sha[:12] or 'no commit'}) that is not on "
             f"{branch}: it holds work corral did not make, and corral leaves it alone. To keep "
@@ -36,13 +34,13 @@ def reattach(ws: Workspace, worktree: Path, key: str, recorded_commit: str | Non
             f"git -C {worktree} switch {branch}",
             code="worktree_mismatch",
         )
-    if not ws._ref_exists(ref):
-        ws._git(ws.repo, "update-ref", ref, tip, "")  # "": only if it still does not exist
+    if not repo.ref_exists(ref):
+        repo.run(repo.top, "update-ref", ref, tip, "")  # "": only if it still does not exist
     if sha == tip:
-        ws._git(worktree, "symbolic-ref", "HEAD", ref)
+        repo.run(worktree, "symbolic-ref", "HEAD", ref)
         return
     try:
-        ws._git(worktree, "switch", "-q", branch)
+        repo.run(worktree, "switch", "-q", branch)
     except GitError as exc:
         raise WorkspaceError(
             f"{worktree} is on a detached HEAD behind {branch}, with edits that moving it to "
@@ -52,13 +50,13 @@ def reattach(ws: Workspace, worktree: Path, key: str, recorded_commit: str | Non
         ) from exc
 
 
-def _task_tip(ws: Workspace, ref: str, recorded_commit: str | None) -> str | None:
+def _task_tip(repo: GitRepo, ref: str, recorded_commit: str | None) -> str | None:
     """The task branch's tip, or (the branch gone) the recorded commit if it still exists."""
-    if ws._ref_exists(ref):
-        return ws.head(ref)
+    if repo.ref_exists(ref):
+        return repo.head(ref)
     if recorded_commit:
         try:
-            return ws.head(recorded_commit)
+            return repo.head(recorded_commit)
         except GitError:
             return None
     return None
