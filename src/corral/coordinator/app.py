@@ -33,6 +33,7 @@ from corral.coordinator import (
 from corral.coordinator.schemas import error_responses
 from corral.coordinator.service import Coordinator
 from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
+from corral.coordinator.sole import SoleCoordinator
 from corral.errors import CorralError, InvalidRequest
 from corral.protocol.limits import MAX_FRAME_BYTES
 from corral.store import Store
@@ -47,8 +48,10 @@ def create_app(
     store: Store | None = None,
     clock: Clock | None = None,
     reconcile: bool = True,
+    sole: SoleCoordinator | None = None,
 ) -> FastAPI:
-    """Build the app; it opens (and closes) its own store unless one is given."""
+    """Build the app; it opens (and closes) its own store unless one is given, and gives
+    back the SQLite file's ``sole`` lock when it stops."""
     owns_store = store is None
 
     @contextlib.asynccontextmanager
@@ -75,6 +78,8 @@ def create_app(
                     await job
             if owns_store:
                 opened.close()
+            if sole is not None:
+                sole.release()
 
     app = FastAPI(
         title="corral coordinator",
@@ -117,9 +122,11 @@ def server_config(
 ) -> uvicorn.Config:
     """How corral serves its app, wherever it runs (``serve``, ``up``, ``tasks run``).
     ``own_logging=False``: uvicorn's loggers write through the root logger's handler (the
-    process chose a format, ``--log-format``) rather than uvicorn's own."""
+    process chose a format, ``--log-format``) rather than uvicorn's own. Refuses
+    (``database_in_use``) a SQLite database another coordinator serves."""
+    sole = SoleCoordinator.claim(settings.db_url, f"http://{host}:{port}")
     return uvicorn.Config(
-        create_app(settings),
+        create_app(settings, sole=sole),
         host=host,
         port=port,
         log_level="warning",

@@ -317,13 +317,17 @@ _URL_PASSWORD = re.compile(r"(//[^/@:?#]*:)[^/@?#]*@")
 _PARAM_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The SQLite file a database URL names; None for PostgreSQL."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return None
+    return Path(url.removeprefix("sqlite:///").removeprefix("sqlite://"))
+
+
 def open_database(url: str) -> Database:
     """``postgresql://…`` opens PostgreSQL; anything else is a SQLite file path."""
-    db: Database
-    if url.startswith(("postgresql://", "postgres://")):
-        db = PostgresDatabase(url)
-    else:
-        db = SqliteDatabase(Path(url.removeprefix("sqlite:///").removeprefix("sqlite://")))
+    path = sqlite_path(url)
+    db: Database = PostgresDatabase(url) if path is None else SqliteDatabase(path)
     migrate(db)
     return db
 
