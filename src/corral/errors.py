@@ -9,7 +9,9 @@
     ├── Conflict                      conflict            409     4
     │   ├── IllegalTransition         illegal_transition  409     4
     │   ├── LeaseLost                 lease_lost          409     4
-    │   └── SessionNotReady           session_not_ready   409     4
+    │   ├── SessionNotReady           session_not_ready   409     4
+    │   └── Gone                      gone                410     4
+    │                                (events_expired: deleted by retention)
     ├── Unavailable                   unavailable         503     5
     ├── Unauthorized                  unauthorized        401     6
     │                                (invalid_token: unknown or revoked)
@@ -86,6 +88,13 @@ class LeaseLost(Conflict):
 
 class SessionNotReady(Conflict):
     code = "session_not_ready"
+
+
+class Gone(Conflict):
+    """What was asked for existed, and retention has deleted it."""
+
+    code = "gone"
+    http_status = 410
 
 
 class Unavailable(CorralError):

@@ -21,7 +21,7 @@ from corral.tasks.model import TaskSpec
 
 T0 = 1_700_000_000.0
 DAY = 86400.0
-RETENTION = Retention(runs_s=30 * DAY, runners_s=7 * DAY, log_chars=None)
+RETENTION = Retention(runs_s=30 * DAY, runners_s=7 * DAY, log_chars=None, events_s=None)
 
 
 def register(store: Store, name: str, now: float = T0) -> RunnerId:
@@ -146,7 +146,7 @@ def test_forever_keeps_everything(store: Store) -> None:
     worker = register(store, "worker")
     finish(store, claimed(store, worker, command(), T0), T0)
     store.set_runner_state(register(store, "silent"), RunnerState.STOPPED, T0)
-    forever = Retention(runs_s=None, runners_s=None, log_chars=None)
+    forever = Retention(runs_s=None, runners_s=None, log_chars=None, events_s=None)
     assert store.collect_garbage(forever, T0 + 1000 * DAY) == Collected()
     assert len(store.list_runs()) == 1 and len(store.list_runners()) == 2
 
@@ -159,7 +159,7 @@ def test_a_finished_runs_log_over_the_cap_keeps_its_ends(store: Store) -> None:
     finish(store, done, T0)
     live = claimed(store, worker, command(), T0)
     log(store, live, *lines)
-    cap = Retention(runs_s=None, runners_s=None, log_chars=1000)
+    cap = Retention(runs_s=None, runners_s=None, log_chars=1000, events_s=None)
 
     assert store.collect_garbage(cap, T0) == Collected(log_lines=90)
 
@@ -174,7 +174,8 @@ def test_a_finished_runs_log_over_the_cap_keeps_its_ends(store: Store) -> None:
     assert store.read_logs(done.id, 0, 10_000) == kept  # the marker too
     # A reader that had reached the middle goes on from its cursor.
     assert [e.text for e in store.read_logs(done.id, kept[5].id, 100)] == lines[-5:]
-    lower = Retention(runs_s=None, runners_s=None, log_chars=400)  # trimmed again: one marker
+    # Trimmed again: one marker.
+    lower = Retention(runs_s=None, runners_s=None, log_chars=400, events_s=None)
     assert store.collect_garbage(lower, T0) == Collected(log_lines=6)
     again = store.read_logs(done.id, 0, 10_000)
     assert [e.text for e in again if e.line_no != MARKER_LINE_NO] == lines[:2] + lines[-2:]

@@ -57,6 +57,14 @@ def retention_options(fn: click.decorators.FC) -> click.decorators.FC:
                 "heartbeat, once no kept run or session names them.",
             ),
             option(
+                "--retain-events",
+                env="RETAIN_EVENTS",
+                default="7d",
+                type=DURATION,
+                help="Events (GET /events) are deleted this long after they happened; a "
+                "client resuming from before them is told so.",
+            ),
+            option(
                 "--max-log-chars",
                 env="MAX_LOG_CHARS",
                 default=_DEFAULT.log_chars,
@@ -71,9 +79,17 @@ def retention_options(fn: click.decorators.FC) -> click.decorators.FC:
 
 
 def retention_from(
-    retain_runs: float | None, retain_runners: float | None, max_log_chars: int
+    retain_runs: float | None,
+    retain_runners: float | None,
+    max_log_chars: int,
+    retain_events: float | None = _DEFAULT.events_s,
 ) -> Retention:
-    return Retention(runs_s=retain_runs, runners_s=retain_runners, log_chars=max_log_chars or None)
+    return Retention(
+        runs_s=retain_runs,
+        runners_s=retain_runners,
+        log_chars=max_log_chars or None,
+        events_s=retain_events,
+    )
 
 
 @click.command()
@@ -91,5 +107,6 @@ def gc(db: str, **kwargs: Any) -> None:
         store.close()
     click.echo(
         f"deleted {collected.runs} runs, {collected.log_lines} log lines, "
-        f"{collected.runners} runners, {collected.commands} runner commands"
+        f"{collected.runners} runners, {collected.commands} runner commands, "
+        f"{collected.events} events"
     )

@@ -142,6 +142,7 @@ def _coordinator_settings(
     gc_interval: float | None,
     retain_runs: float | None,
     retain_runners: float | None,
+    retain_events: float | None,
     max_log_chars: int,
     token: str | None,
     allowed_hosts: str,
@@ -158,7 +159,7 @@ def _coordinator_settings(
         ws_lost_after_s=runner_lost_threshold,
         ws_ack_interval_s=ack_interval,
         gc_interval_s=gc_interval,
-        retention=retention_from(retain_runs, retain_runners, max_log_chars),
+        retention=retention_from(retain_runs, retain_runners, max_log_chars, retain_events),
         token=coordinator_token(token),
         allowed_hosts=comma_list(allowed_hosts),
     )

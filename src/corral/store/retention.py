@@ -8,7 +8,9 @@ database for long):
 * lost or stopped runners silent for more than ``runners_s``, with the commands they never
   acknowledged (acknowledged ones are deleted at once, see ``LinkStore.acknowledge``);
 * the middle of a finished run's log over ``log_chars`` characters: its first and last
-  halves stay, with one marker line saying how many lines went.
+  halves stay, with one marker line saying how many lines went;
+* events (``GET /events``) older than ``events_s``, by id: a resume from before the
+  newest one deleted is refused (``events_expired``).
 
 Never deleted: a run that is not finished; the last run of a session (its result) and the
 current run of a task; a runner a kept run or a session names (resumes go back to it), or
@@ -23,6 +25,7 @@ from typing import Any
 
 from corral.runs import TERMINAL
 from corral.store.db import Database, Row, Tx
+from corral.store.events import EventStore
 
 DAY = 86400.0
 MARKER_LINE_NO = -1  # runner lines count from 0: the marker cannot collide with one
@@ -36,6 +39,7 @@ class Retention:
     runs_s: float | None = 30 * DAY
     runners_s: float | None = 7 * DAY
     log_chars: int | None = 16 * 1024 * 1024
+    events_s: float | None = 7 * DAY
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class Collected:
     log_lines: int = 0
     runners: int = 0
     commands: int = 0
+    events: int = 0
 
 
 def collect(db: Database, retention: Retention, now: float, *, batch: int = 500) -> Collected:
@@ -54,7 +59,8 @@ def collect(db: Database, retention: Retention, now: float, *, batch: int = 500)
     runners, commands = (
         _runners(db, now - r.runners_s, batch) if r.runners_s is not None else (0, 0)
     )
-    return Collected(runs, trimmed + run_lines, runners, commands)
+    events = EventStore(db).collect(now - r.events_s, batch) if r.events_s is not None else 0
+    return Collected(runs, trimmed + run_lines, runners, commands, events)
 
 
 def _runs(db: Database, cutoff: float, batch: int) -> tuple[int, int]:

@@ -5,12 +5,18 @@ and ``{serial}`` (an auto-increment primary key). Timestamps are seconds since t
 lists and mappings are JSON text, so both dialects store the same values.
 Migration 2 adds task graphs, 3 the WebSocket runner link, 4 actors' KV, 5 tokens (and the
 token each runner registered with), 6 actors: their lifecycle, placements (the single
-truth of where an actor runs), the pending queue of each pool and what each runner hosts.
+truth of where an actor runs), the pending queue of each pool and what each runner hosts,
+7 the event log (its SQL differs by dialect: a function makes it).
 """
 
 from __future__ import annotations
 
-MIGRATIONS: list[tuple[int, str]] = [
+import re
+from collections.abc import Callable
+
+from corral.store import event_triggers
+
+MIGRATIONS: list[tuple[int, str | Callable[[str], str]]] = [
     (
         1,
         """
@@ -268,12 +274,18 @@ CREATE TABLE actor_hosts (
 CREATE INDEX actor_hosts_by_pool ON actor_hosts (pool);
 """,
     ),
+    # The event log and the triggers that write it (corral.store.event_triggers).
+    (7, event_triggers.migration),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]
 
 
-def render(sql: str, dialect: str) -> str:
+def render(sql: str | Callable[[str], str], dialect: str) -> str:
+    """A migration for ``dialect``: its text with the placeholders filled, or what its
+    function makes (a migration whose SQL differs by dialect, like the event triggers)."""
+    if callable(sql):
+        return sql(dialect)
     # {binary}: text compared byte by byte (SQLite's default), so keys sort the same on both.
     if dialect == "sqlite":
         return sql.format(real="REAL", serial="INTEGER PRIMARY KEY AUTOINCREMENT", binary="")
@@ -281,5 +293,6 @@ def render(sql: str, dialect: str) -> str:
 
 
 def statements(sql: str) -> list[str]:
-    """Split a migration into statements (none of ours has a ';' inside a literal)."""
-    return [part.strip() for part in sql.split(";") if part.strip()]
+    """Split a migration into statements: each ends with ';' at the end of a line (a
+    trigger's body holds its own ';' inside the line; none of ours is in a literal)."""
+    return [part.strip() for part in re.split(r";[ \t]*(?:\n|$)", sql) if part.strip()]

@@ -1,0 +1,153 @@
+"""Events: what changed in the store, in the order it committed, for ``GET /events``.
+
+Every state change of a run, session, task, plan (a task plan's project) or runner, and
+every log line, becomes one event, written by the database in the transaction of the
+change (triggers: ``corral.store.events``) — no event without its change, no change
+without its event, whoever wrote it (a coordinator, ``corral gc``, another process).
+
+An event as the stream sends it (``GET /events``, server-sent events)::
+
+    id: 1042
+    event: run
+    data: {"id": 1042, "kind": "run", "at": 1764142351.5, "run_id": "run_…",
+    data:  "session_id": null, "session_name": null, "plan_id": null, "runner_id": "rnr_…",
+    data:  "data": {"status": "claimed", "attempts": 1, …}}
+
+(one ``data:`` line, broken here to fit). ``id`` grows by one or more with each event;
+``at`` is the change's time (seconds since the epoch). ``data`` by kind:
+
+    run      type, status, attempts, max_attempts, exit_code, error, cost_usd,
+             cancel_requested, task_id          (created, each status, a cancel asked)
+    log      attempt, line_no, stream, text, ts (each line a runner sent)
+    session  name, runs, cost_usd, is_error, last_run_id   (created, each run it ended)
+    task     key, title, status, attempts, run_id, commit_sha, merge_sha, last_error,
+             cost_usd                           (created, each status or attempt)
+    plan     repo_path, target_branch, paused, pause_reason, cost_usd, budget_usd,
+             workers                            (created, paused/resumed, cost, workers)
+    runner   name, state, transport, slots      (registered, each state)
+
+Filters (query parameters of ``GET /events``, all optional, combined with AND): ``kind``
+(comma-separated kinds), ``run_id``, ``session`` (a session's id or name), ``plan`` (a
+plan's project id), ``runner``. A run's events carry its session, plan and runner; a log
+line's carry its run's.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from corral.errors import InvalidRequest
+
+
+class EventKind(enum.StrEnum):
+    RUN = "run"
+    LOG = "log"
+    SESSION = "session"
+    TASK = "task"
+    PLAN = "plan"
+    RUNNER = "runner"
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    kind: EventKind
+    at: float
+    run_id: str | None
+    session_id: str | None
+    session_name: str | None
+    plan_id: str | None
+    runner_id: str | None
+    data: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind.value,
+            "at": self.at,
+            "run_id": self.run_id,
+            "session_id": self.session_id,
+            "session_name": self.session_name,
+            "plan_id": self.plan_id,
+            "runner_id": self.runner_id,
+            "data": dict(self.data),
+        }
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    """Which events a subscriber wants; the empty filter wants them all."""
+
+    kinds: frozenset[EventKind] = frozenset()
+    run_id: str | None = None
+    session: str | None = None  # a session id or name
+    plan: str | None = None
+    runner: str | None = None
+
+    @classmethod
+    def parse(
+        cls,
+        kind: str | None = None,
+        run_id: str | None = None,
+        session: str | None = None,
+        plan: str | None = None,
+        runner: str | None = None,
+    ) -> EventFilter:
+        """From the query parameters; an unknown kind is refused (``invalid_request``)."""
+        kinds = set()
+        for name in (kind or "").split(","):
+            name = name.strip()
+            if not name:
+                continue
+            try:
+                kinds.add(EventKind(name))
+            except ValueError:
+                known = ", ".join(k.value for k in EventKind)
+                raise InvalidRequest(f"kind {name!r} is not an event kind ({known})") from None
+        return cls(frozenset(kinds), run_id or None, session or None, plan or None, runner or None)
+
+    def matches(self, event: Event) -> bool:
+        """The same test as ``sql`` makes in the store, for events fanned out live."""
+        return (
+            (not self.kinds or event.kind in self.kinds)
+            and (self.run_id is None or event.run_id == self.run_id)
+            and (self.session is None or self.session in (event.session_id, event.session_name))
+            and (self.plan is None or event.plan_id == self.plan)
+            and (self.runner is None or event.runner_id == self.runner)
+        )
+
+    def sql(self) -> tuple[str, list[Any]]:
+        """A condition on the events table (``AND`` …, possibly empty) and its parameters."""
+        clauses, params = [], []
+        if self.kinds:
+            clauses.append(f"e.kind IN ({', '.join('?' for _ in self.kinds)})")
+            params += sorted(k.value for k in self.kinds)
+        for column, value in (("run_id", self.run_id), ("plan_id", self.plan)):
+            if value is not None:
+                clauses.append(f"e.{column} = ?")
+                params.append(value)
+        if self.runner is not None:
+            clauses.append("e.runner_id = ?")
+            params.append(self.runner)
+        if self.session is not None:
+            clauses.append("(e.session_id = ? OR e.session_name = ?)")
+            params += [self.session, self.session]
+        return "".join(f" AND {c}" for c in clauses), params
+
+
+def sse(event: Event) -> bytes:
+    """One server-sent event: ``id:``, ``event:`` (the kind), ``data:`` (the JSON)."""
+    body = json.dumps(event.to_json(), separators=(",", ":"))
+    return f"id: {event.id}\nevent: {event.kind.value}\ndata: {body}\n\n".encode()
+
+
+def sse_message(name: str, body: Mapping[str, Any]) -> bytes:
+    """A server-sent event of the stream itself (no ``id:``: a resume does not count it)."""
+    return f"event: {name}\ndata: {json.dumps(dict(body), separators=(',', ':'))}\n\n".encode()
+
+
+KEEPALIVE = b": keepalive\n\n"  # a comment line: clients ignore it, proxies see traffic

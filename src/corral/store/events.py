@@ -1,0 +1,146 @@
+"""The event log: reading it back in order, numbering it, and letting old events go.
+
+Events are written by the database itself: a trigger on each table whose changes are
+events (``event_triggers.SOURCES``) inserts one row into ``events`` in the transaction of
+the change, whichever code made it. What a row carries is in ``corral.events``.
+
+Ids in commit order
+-------------------
+A reader resumes "after id N": it must never later find a committed event with an id
+of N or less. On SQLite every writer holds the database's single write lock from BEGIN
+IMMEDIATE to COMMIT, so ids taken inside a transaction are in commit order already: the
+trigger's AUTOINCREMENT id is the event's id (never reused, even once deleted).
+
+On PostgreSQL, transactions commit concurrently and a sequence value taken early may
+commit late: a reader could see 12, resume after it, and miss 11 committed a moment
+later. Serializing the writers (an advisory lock or a counter row held until commit)
+would make every state-changing transaction wait for the previous one's commit and
+fsync, and taking that lock mid-transaction can deadlock against row locks. So there the
+trigger writes the row without a public id (``id IS NULL``; ``seq`` only keeps the
+order of writing), and ``number`` gives ids afterwards, in one short transaction under an
+advisory lock: it numbers the rows committed so far (later ones are invisible to it),
+one after the other from a counter. Numberings are serialized and each commits whole,
+so what a reader sees is always a prefix of the ids: none is skipped, none appears
+behind one already read. The coordinator numbers before each read of the log.
+"""
+
+from __future__ import annotations
+
+import json
+
+from corral.errors import Gone, InvalidRequest
+from corral.events import Event, EventFilter, EventKind
+from corral.store.db import Database, Row
+
+NUMBERING_LOCK = 4242013  # pg_advisory_xact_lock key of ``number`` (migrate uses 4242001)
+
+
+class EventStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def number(self) -> int:
+        """PostgreSQL: give ids to the events committed without one (see the module's
+        docstring); how many. SQLite: nothing to do (ids are given on insert)."""
+        if self.db.dialect == "sqlite":
+            return 0
+        with self.db.transaction() as tx:
+            if tx.one("SELECT 1 AS x FROM events WHERE id IS NULL LIMIT 1") is None:
+                return 0  # the usual case when idle: no write, no lock
+            tx.execute("SELECT pg_advisory_xact_lock(?)", (NUMBERING_LOCK,))
+            row = tx.one(
+                "WITH pending AS (SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS n "
+                "FROM events WHERE id IS NULL), "
+                "counter AS (UPDATE event_log SET last_id = last_id + "
+                "(SELECT COUNT(*) FROM pending) RETURNING last_id), "
+                "numbered AS (UPDATE events e SET id = counter.last_id - "
+                "(SELECT COUNT(*) FROM pending) + pending.n FROM pending, counter "
+                "WHERE e.seq = pending.seq RETURNING 1) "
+                "SELECT COUNT(*) AS n FROM numbered"
+            )
+        return int(row["n"]) if row else 0
+
+    def read(self, after: int, where: EventFilter, limit: int = 500) -> list[Event]:
+        """The events after id ``after`` that ``where`` wants, oldest first (numbered ones:
+        call ``number`` first on PostgreSQL)."""
+        condition, params = where.sql()
+        with self.db.transaction(write=False) as tx:
+            rows = tx.execute(
+                "SELECT e.id, e.kind, e.at, e.run_id, e.session_id, e.session_name, "
+                "e.plan_id, e.runner_id, e.data, l.text FROM events e "
+                "LEFT JOIN run_logs l ON e.ref = l.id AND e.kind = 'log' "
+                f"WHERE e.id > ?{condition} ORDER BY e.id LIMIT ?",
+                (after, *params, limit),
+            )
+        return [_event(row) for row in rows]
+
+    def latest(self) -> int:
+        """The newest id given (0: none yet); a resume after it waits for the next."""
+        with self.db.transaction(write=False) as tx:
+            row = tx.one(
+                "SELECT MAX(e.id) AS top, MAX(l.last_id) AS counted, "
+                "MAX(l.deleted_through) AS gone FROM event_log l LEFT JOIN events e ON 1 = 1"
+            )
+        assert row is not None
+        return max(int(row[k] or 0) for k in ("top", "counted", "gone"))
+
+    def check_resume(self, after: int) -> int:
+        """``after`` if the events after it are all still here; ``events_expired`` (410)
+        if retention deleted some, ``unknown_event_id`` (400) if no such id was given."""
+        with self.db.transaction(write=False) as tx:
+            row = tx.one("SELECT deleted_through FROM event_log")
+        gone = int(row["deleted_through"]) if row else 0
+        if after < gone:
+            raise Gone(
+                f"events after {after} up to {gone} were deleted by retention: "
+                "start again without Last-Event-ID (or after the newest)",
+                code="events_expired",
+                deleted_through=gone,
+            )
+        if after > self.latest():
+            raise InvalidRequest(
+                f"no event has id {after} here (it comes from another coordinator's "
+                "database, or was made up)",
+                code="unknown_event_id",
+            )
+        return after
+
+    def collect(self, cutoff: float, batch: int) -> int:
+        """Retention: delete events older than ``cutoff`` (``at``), oldest first, in batches;
+        remember the highest id deleted, so that a resume from before it is refused."""
+        deleted = 0
+        while True:
+            with self.db.transaction() as tx:
+                rows = tx.execute(
+                    "SELECT id FROM events WHERE at < ? AND id IS NOT NULL ORDER BY id LIMIT ?",
+                    (cutoff, batch),
+                )
+                if not rows:
+                    return deleted
+                top = max(int(r["id"]) for r in rows)
+                # By id: a kept event never has a lower id than a deleted one (``at`` is
+                # the change's time, not quite in id order).
+                count = tx.one("SELECT COUNT(*) AS n FROM events WHERE id <= ?", (top,))
+                tx.execute("DELETE FROM events WHERE id <= ?", (top,))
+                tx.execute(
+                    "UPDATE event_log SET deleted_through = ? WHERE deleted_through < ?",
+                    (top, top),
+                )
+                deleted += int(count["n"]) if count else 0
+
+
+def _event(row: Row) -> Event:
+    data = json.loads(row["data"])
+    if row["kind"] == EventKind.LOG:
+        data["text"] = row["text"]
+    return Event(
+        id=int(row["id"]),
+        kind=EventKind(row["kind"]),
+        at=float(row["at"]),
+        run_id=row["run_id"],
+        session_id=row["session_id"],
+        session_name=row["session_name"],
+        plan_id=row["plan_id"],
+        runner_id=row["runner_id"],
+        data=data,
+    )
