@@ -26,6 +26,8 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
+from corral.actors.wire import ActorEvent, lifecycle_event
+from corral.coordinator.actors import actor_wakeups, host_and_serve
 from corral.coordinator.notifier import RUNS_AVAILABLE, logs_topic
 from corral.coordinator.schemas import (
     FinishedEvent,
@@ -89,6 +91,8 @@ class LinkCore:
             revive=False,
             token_id=token_id,
         )
+        # Its actor slots take queued actors now: their start commands are among ``missed``.
+        host_and_serve(store, runner.id, init, now)
         # A new identity starts over: the first connect, an id the store does not know, or
         # one it declared lost (its runs went back: commands not yet acknowledged would
         # start runs that are others' now; the runner stops all work on a new id).
@@ -131,7 +135,7 @@ class LinkCore:
         refused = {
             (e.run_id, e.attempt): None
             for e, (error, _) in zip(parsed, outcomes, strict=True)
-            if error is not None and error.code == "lease_lost"
+            if error is not None and error.code == "lease_lost" and not isinstance(e, ActorEvent)
         }
         # The run is not the runner's any more: it must stop it. Not so for a late report
         # of an older attempt of a run this runner holds again: ``abandon_run`` names the
@@ -144,7 +148,7 @@ class LinkCore:
         return Applied(
             last_idx=last,
             abandon=abandon,
-            wake=wakeups(parsed, outcomes),
+            wake=wakeups(parsed, outcomes) + actor_wakeups(runner_id, parsed),
             finished=any(e.type == "finished" for e in parsed),
         )
 
@@ -302,6 +306,8 @@ def _apply(store: Store, runner_id: str, event: RunnerEvent, now: float) -> Run 
         store.append_logs(event.run_id, runner_id, event.attempt, lines)
     elif isinstance(event, TaskStepEvent):
         store.record_task_step(event.run_id, runner_id, event.attempt, event.step, event.data, now)
+    elif isinstance(event, ActorEvent):
+        store.actors.runner_event(runner_id, event.actor_id, lifecycle_event(runner_id, event), now)
     else:
         report = event.to_report(RunStatus(event.status))
         return store.finish_run(event.run_id, runner_id, event.attempt, report, now)

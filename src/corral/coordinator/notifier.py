@@ -17,6 +17,10 @@ def runner_topic(runner_id: str) -> str:
     return f"runner:{runner_id}"
 
 
+def actor_topic(actor_id: str) -> str:
+    return f"actor:{actor_id}"
+
+
 def logs_topic(run_id: str) -> str:
     return f"logs:{run_id}"
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from corral import runners
+from corral.actors.wire import ActorAlarmEvent, ActorIntentEvent, ActorStateEvent
 from corral.protocol.limits import MAX_LOG_LINES
 from corral.runners import Runner
 from corral.runs import Run, RunReport, RunStatus
@@ -199,7 +200,14 @@ class TaskStepEvent(WireModel):
 
 
 RunnerEvent = Annotated[
-    StartedEvent | SessionEvent | LogsEvent | FinishedEvent | TaskStepEvent,
+    StartedEvent
+    | SessionEvent
+    | LogsEvent
+    | FinishedEvent
+    | TaskStepEvent
+    | ActorStateEvent
+    | ActorIntentEvent
+    | ActorAlarmEvent,
     Field(discriminator="type"),
 ]
 

@@ -17,6 +17,7 @@ from typing import TypeVar
 import anyio.to_thread
 
 from corral.clock import Clock
+from corral.coordinator.actors import Actors, actor_wakeups
 from corral.coordinator.auth import Authenticator, Principal
 from corral.coordinator.claims import ClaimBoard
 from corral.coordinator.connections import Connections
@@ -64,6 +65,7 @@ class Coordinator:
         self.metrics = Metrics()
         self.claims = ClaimBoard(lambda limit: self._db(store.claimable, clock.now(), limit))
         self.connections = Connections()
+        self.actors = Actors(store, self.notifier, clock)
         self.auth = Authenticator(store.tokens, settings.token, cache_s=settings.token_cache_s)
         self._runner_tokens: dict[str, str] = {}  # runner id → its token id (never changes)
         self.started_at = clock.now()  # runners' silence counts from here (reconcile_once)
@@ -286,7 +288,7 @@ class Coordinator:
         applied = await self._db(
             apply_reports, self.store, runner_id, events, self.clock.now(), lambda _: None
         )
-        self.notifier.notify(*wakeups(events, applied.outcomes))
+        self.notifier.notify(*wakeups(events, applied.outcomes), *actor_wakeups(runner_id, events))
         return [error for error, _ in applied.outcomes]
 
     # ---- reconciliation ------------------------------------------------------------------
@@ -314,6 +316,7 @@ class Coordinator:
                 done.timed_out,
             )
             self.notifier.notify(*(logs_topic(r) for r in done.failed + done.timed_out))
+        await self.actors.tick()
         # Tasks whose retry backoff has ended are claimed into runs.
         await self._db(self.store.tasks.schedule_all, now)
         # Also wakes pollers for runs whose rate-limit backoff ended, and for runs that

@@ -36,6 +36,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from corral.coordinator.actors import kv_request
 from corral.coordinator.auth import Access, Principal, require
 from corral.coordinator.connections import Connections
 from corral.coordinator.link_core import LinkCore, finishes
@@ -57,7 +58,6 @@ from corral.protocol.outputs import (
 )
 from corral.protocol.server import ServerSession
 from corral.runners import RunnerState
-from corral.store.kv import apply_op
 
 log = logging.getLogger("corral.coordinator")
 _accepted = itertools.count(1)  # sockets in the order they opened: the newer one wins
@@ -211,8 +211,9 @@ class SocketLink:
                     )
                 elif isinstance(out, KvRequested):
                     result = await self.coordinator._db(
-                        apply_op,
-                        self.coordinator.store.db,
+                        kv_request,
+                        self.coordinator.store,
+                        self.runner_id,
                         out.actor_id,
                         out.op,
                         self.coordinator.clock.now(),

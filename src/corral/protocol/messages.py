@@ -112,6 +112,12 @@ class ToServerInit:
     runner_id: RunnerId | None
     labels: tuple[str, ...]
     metadata: dict[str, Any]
+    # Actors it can host (``[actors.NAME]`` of its config), in which pool, how many at once.
+    # Optional on the wire: a runner without them hosts none; a coordinator that does not
+    # know them ignores them.
+    actor_names: tuple[str, ...] = ()
+    pool: str = "default"
+    actor_slots: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,6 +472,9 @@ def _init(frame: _Frame) -> ToServerInit:
         runner_id=_opt_runner_id(frame, "runner_id"),
         labels=_strs(frame, "labels"),
         metadata=_of(frame, "metadata", dict),
+        actor_names=_strs(frame, "actor_names") if "actor_names" in frame else (),
+        pool=_of(frame, "pool", str) if "pool" in frame else "default",
+        actor_slots=_int(frame, "actor_slots") if "actor_slots" in frame else 0,
     )
     if why := init_problem(init):
         raise ProtocolError(INVALID_INIT, why)
@@ -479,6 +488,10 @@ def init_problem(init: ToServerInit) -> str | None:
         return f"'total_slots' must be in 1..{runners.MAX_SLOTS}"
     if len(init.labels) > runners.MAX_LABELS:
         return f"at most {runners.MAX_LABELS} labels"
+    if len(init.actor_names) > runners.MAX_LABELS:
+        return f"at most {runners.MAX_LABELS} actor names"
+    if init.actor_slots > runners.MAX_SLOTS:
+        return f"'actor_slots' must be in 0..{runners.MAX_SLOTS}"
     hostname = init.metadata.get("hostname", "")
     if not isinstance(hostname, str):
         return "'metadata.hostname' must be a string"
@@ -490,6 +503,8 @@ def init_problem(init: ToServerInit) -> str | None:
         ("metadata.hostname", hostname, runners.HOSTNAME_MAX_CHARS, False),
         ("runner_id", init.runner_id or "", runners.RUNNER_ID_MAX_CHARS, False),
         *(("labels", label, runners.LABEL_MAX_CHARS, False) for label in init.labels),
+        ("pool", init.pool, runners.NAME_MAX_CHARS, True),
+        *(("actor_names", n, runners.NAME_MAX_CHARS, True) for n in init.actor_names),
     ]
     for name, text, most, required in texts:
         if why := runners.text_problem(text, most, required=required):

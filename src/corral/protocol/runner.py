@@ -133,8 +133,12 @@ class RunnerConnection:
         default_ack_interval_s: float = 300.0,
         max_batch_events: int = MAX_BATCH_EVENTS,
         stop_margin_s: float = 0.0,
+        actor_names: Iterable[str] = (),
+        pool: str = "default",
+        actor_slots: int = 0,
     ) -> None:
         self._hello = (name, version, total_slots, tuple(labels), dict(metadata))
+        self._hosting = (tuple(actor_names), pool, actor_slots)
         self._rng = rng
         self._max_backoff_s = max_backoff_s
         self._stop_margin_s = stop_margin_s
@@ -200,7 +204,7 @@ class RunnerConnection:
         )
         init = wire.ToServerInit(
             name, version, wire.PROTOCOL_VERSION, slots, last_command_idx, runner_id,
-            labels, metadata,
+            labels, metadata, *self._hosting,
         )  # fmt: skip
         return [Send(init)]
 
