@@ -13,6 +13,7 @@
     │   └── Gone                      gone                410     4
     │                                (events_expired: deleted by retention)
     ├── Unavailable                   unavailable         503     5
+    │                                (the gateway: actor_not_ready, tunnel_lost)
     ├── Unauthorized                  unauthorized        401     6
     │                                (invalid_token: unknown or revoked)
     └── Forbidden                     forbidden           403     7

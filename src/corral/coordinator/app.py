@@ -28,6 +28,7 @@ from corral.coordinator import (
     api_tokens,
     auth,
     compat_ao,
+    gateway,
     socket,
 )
 from corral.coordinator.schemas import error_responses
@@ -96,6 +97,7 @@ def create_app(
     app.include_router(compat_ao.router, responses=errors)
     app.include_router(compat_ao.token_router, responses=errors)
     app.include_router(socket.router)
+    app.include_router(gateway.router)
     app.include_router(api_tokens.router, responses=errors)
     app.include_router(api_metrics.router, responses=errors)
     app.add_exception_handler(CorralError, _corral_error)

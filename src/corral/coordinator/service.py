@@ -37,6 +37,7 @@ from corral.coordinator.schemas import (
     RunnerEvent,
 )
 from corral.coordinator.settings import CoordinatorSettings
+from corral.coordinator.tunnel import TunnelHub
 from corral.errors import CorralError, Forbidden, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.runners import Runner, RunnerState
@@ -66,6 +67,7 @@ class Coordinator:
         self.claims = ClaimBoard(lambda limit: self._db(store.claimable, clock.now(), limit))
         self.connections = Connections()
         self.actors = Actors(store, self.notifier, clock)
+        self.tunnels = TunnelHub(self.connections)  # the gateway's requests to runners
         self.auth = Authenticator(store.tokens, settings.token, cache_s=settings.token_cache_s)
         self._runner_tokens: dict[str, str] = {}  # runner id → its token id (never changes)
         self.started_at = clock.now()  # runners' silence counts from here (reconcile_once)

@@ -55,6 +55,7 @@ from corral.protocol.outputs import (
     Send,
     ServerOutput,
     Stopping,
+    Tunnelled,
 )
 from corral.protocol.server import ServerSession
 from corral.runners import RunnerState
@@ -189,6 +190,15 @@ class SocketLink:
                 self.draining = True  # no more claims from now on; the store learns in turn
                 self.slots_changed.set()
                 self._work.put_nowait(out)
+            elif isinstance(out, Tunnelled):
+                await self.coordinator.tunnels.receive(self, out.message)
+
+    async def send_message(self, message: m.ToClientMessage) -> None:
+        """Send one message outside the session's outputs (the tunnel's: coordinator/tunnel.py)."""
+        await self._send(message)
+
+    async def protocol_error(self, error: m.ProtocolError) -> None:
+        await self._handle(self.session.receive_error(error))
 
     async def _store_work(self) -> None:
         """What the read loop handed over, in order, one store call at a time. If one
@@ -267,6 +277,8 @@ class SocketLink:
                 runner_id, registration.last_event_idx, registration.missed, time.time()
             )
         )
+        if init.metadata.get("tunnel"):  # it takes the gateway's requests for its actors
+            await coordinator.tunnels.resume(runner_id, self)
         coordinator.notifier.notify(RUNS_AVAILABLE)
         self._tasks.append(self._start(self._push_work(), "pushing work"))
         log.info(

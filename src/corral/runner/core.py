@@ -69,6 +69,9 @@ class Runner:
         self._slot_freed.clear()
         await self._slot_freed.wait()
 
+    def port_of(self, actor_id: str, generation: int) -> int | None:
+        return None  # this runner hosts no actors yet
+
     # ---- lifetime ------------------------------------------------------------------------
 
     async def run(self) -> None:

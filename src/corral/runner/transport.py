@@ -40,6 +40,11 @@ class Host(Protocol):
 
     async def slot_freed(self) -> None: ...
 
+    def port_of(self, actor_id: str, generation: int) -> int | None:
+        """The local port of that generation of an actor this runner hosts (the tunnel's
+        target), once it accepts connections; None if it has no such actor."""
+        ...
+
 
 class Transport(Protocol):
     kind: str  # "poll" or "websocket"

@@ -36,10 +36,13 @@ from corral.protocol.outputs import (
     RunnerOutput,
     Send,
     StopAllWork,
+    TunnelAcked,
+    TunnelReceived,
 )
-from corral.protocol.runner import RunnerConnection, RunnerState
+from corral.protocol.runner import RunnerConnection, RunnerState, TunnelReply
 from corral.runner.settings import RunnerSettings
 from corral.runner.transport import Host
+from corral.runner.tunnel import RunnerTunnel
 
 log = logging.getLogger("corral.runner")
 MAX_FRAME = 64 * 1024 * 1024
@@ -66,7 +69,8 @@ class WebSocketTransport:
             version=__version__,
             total_slots=settings.slots,
             labels=settings.labels,
-            metadata={"hostname": socket.gethostname()},
+            # tunnel: the gateway may send requests for our actors through this link.
+            metadata={"hostname": socket.gethostname(), "tunnel": 1},
             rng=rng or random.Random(),
             max_backoff_s=settings.max_backoff_s,
             # Our processes must be gone (SIGTERM, grace, SIGKILL) before the lease ends.
@@ -82,6 +86,7 @@ class WebSocketTransport:
         self._tick_at = 0.0
         self._over = asyncio.Event()
         self._main: asyncio.Task[None] | None = None
+        self.tunnel = RunnerTunnel(host, self)
 
     @property
     def runner_id(self) -> RunnerId | None:
@@ -120,6 +125,7 @@ class WebSocketTransport:
             self._main.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._main
+        await self.tunnel.aclose()
 
     # ---- reports (the ReportSink) --------------------------------------------------------
 
@@ -170,6 +176,23 @@ class WebSocketTransport:
             code = str(result.get("code", "kv_refused"))
             raise CorralError(str(result.get("error", code)), code=code)
         return result
+
+    # ---- the tunnel (the runner's end is corral.runner.tunnel) ----------------------------
+
+    def tunnel_send(self, message: TunnelReply) -> None:
+        self._run(self.conn.tunnel_send(message, time.time()))
+
+    def tunnel_room(self, request_id: str) -> int:
+        return self.conn.tunnel_room(request_id)
+
+    def tunnel_consumed(self, request_id: str, seq: int, nbytes: int, *, final: bool) -> None:
+        self._run(self.conn.tunnel_consumed(request_id, seq, nbytes, time.time(), final=final))
+
+    def tunnel_unacknowledged(self, request_id: str) -> int:
+        return self.conn.tunnel_unacknowledged(request_id)
+
+    def tunnel_forget(self, request_id: str) -> None:
+        self.conn.tunnel_forget(request_id)
 
     # ---- the socket ----------------------------------------------------------------------
 
@@ -287,7 +310,12 @@ class WebSocketTransport:
                 self._connected.set()
             elif isinstance(out, StopAllWork):
                 log.warning("away longer than the runner-lost threshold: stopping all work")
+                self.tunnel.abort_all()
                 self.host.stop_all_work()
+            elif isinstance(out, TunnelReceived):
+                self.tunnel.received(out.message)
+            elif isinstance(out, TunnelAcked):
+                self.tunnel.acked(out.request_id)
             elif isinstance(out, KvAnswered):
                 future = self._kv.pop(out.request_id, None)
                 if future is not None and not future.done():

@@ -1,0 +1,349 @@
+"""The gateway: HTTP requests to actors, woken if they sleep, through their runner's tunnel.
+
+    /gateway/{actor_id}/{path}                      an actor by id
+    /gateway/{name}/{path}?key=K[&create=1]         by name and key (created if asked)
+
+Seed 002, as the gateway sees it:
+
+    subscribe to the actor's changes, then read it     (a change in between still wakes us)
+    not connectable ──▶ wake it; wait for a change (at most ``WAKE_TIMEOUT_S`` in all)
+        stopped or asleep again ──▶ wake again (at most ``MAX_REWAKES`` times)
+    connectable on (runner, generation) ──▶ ToClientRequestStart through the runner's socket
+        a 503 with x-corral-error: the runner does not have it ──▶ find it again, retry
+        (the actor never saw the request; backoff, at most ``MAX_ATTEMPTS`` tries)
+    the response streams back as it comes; the client going away aborts the request
+
+A request body is sent only once the runner has the actor's port (it acknowledged the
+request start), so a retry never needs what the client has already sent. Errors have
+stable codes: ``actor_not_found`` and ``actor_destroyed`` (404), ``actor_not_ready`` (503:
+not connectable in time), ``tunnel_lost`` (503: its runner was gone longer than its lost
+threshold before answering); a response that breaks off once started is cut (the client
+sees an incomplete response, never a complete wrong one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Annotated, Any, Protocol
+from urllib.parse import parse_qsl, urlencode
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Message, Receive, Scope, Send
+
+from corral.actors.lifecycle import ActorState
+from corral.actors.model import Actor, NewActor, Placement
+from corral.coordinator.auth import Access, Principal, require
+from corral.coordinator.tunnel import Reply, TunnelHub, TunnelRequest
+from corral.errors import CorralError, NotFound, Unavailable
+from corral.protocol import messages as wire
+from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES
+from corral.runner.tunnel import ERROR_HEADER, HOP_BY_HOP
+
+log = logging.getLogger("corral.coordinator")
+
+WAKE_TIMEOUT_S = 10.0  # from the first look until the actor must be connectable
+MAX_REWAKES = 3  # wakes again after it stopped while we waited
+MAX_ATTEMPTS = 4  # tries through a runner (503 + x-corral-error: it did not have the actor)
+RETRY_BASE_S = 0.05
+# Never forwarded to an actor: the caller's corral token is not the actor's business.
+# (Transfer-Encoding goes to the runner, which drops it: it says a body follows.)
+_NOT_FORWARDED = (HOP_BY_HOP - {"transfer-encoding"}) | {"authorization"}
+# Never passed back: the coordinator's server writes its own.
+_NOT_RETURNED = HOP_BY_HOP | {"date", "server"}
+_GATEWAY_PARAMS = ("key", "create")
+_BODY_QUEUE_CHUNKS = 4  # client body read ahead of the tunnel (then the client waits)
+_GONE: Message = {"type": "http.disconnect"}
+
+
+class ActorDirectory(Protocol):
+    """What the gateway needs of the coordinator's actors (``coordinator/actors.py``)."""
+
+    def changed(self, actor_id: str) -> asyncio.Event: ...
+
+    async def get(self, actor_id: str) -> Actor: ...
+
+    async def wake(self, actor_id: str) -> Actor: ...
+
+    async def create(self, spec: NewActor) -> tuple[Actor, bool]: ...
+
+    async def list(self, **filters: Any) -> list[Actor]: ...
+
+
+class ClientGone(Exception):
+    """The client disconnected: nothing more is sent to it."""
+
+
+router = APIRouter(tags=["gateway"])
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+@router.api_route("/gateway/{target}", methods=_METHODS, include_in_schema=False)
+@router.api_route("/gateway/{target}/{path:path}", methods=_METHODS, include_in_schema=False)
+async def gateway(
+    request: Request,
+    target: str,
+    _: Annotated[Principal, require(Access.WRITE)],
+    path: str = "",
+) -> Response:
+    """Forward the request to the actor (woken if need be); its response streams back."""
+    coordinator = request.app.state.coordinator
+    return Forward(coordinator.actors, coordinator.tunnels, target, path, coordinator.settings)
+
+
+class Forward(Response):
+    """The whole exchange, as an ASGI response: it reads the request body and writes the
+    response itself, both streamed."""
+
+    def __init__(
+        self, actors: ActorDirectory, tunnels: TunnelHub, target: str, path: str, settings: Any
+    ) -> None:
+        super().__init__()
+        self.actors = actors
+        self.tunnels = tunnels
+        self.target = target
+        self.path = path
+        self.lost_after_s = float(settings.ws_lost_after_s)
+        self.upload: asyncio.Queue[bytes | None] = asyncio.Queue(_BODY_QUEUE_CHUNKS)
+        self.gone = asyncio.Event()
+        self.responded = False
+        self.pumping: asyncio.Future[None] | None = None  # the body, to the runner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        reader = asyncio.create_task(self._read_client(receive))
+        try:
+            await self._serve(scope, send)
+        except ClientGone:
+            pass
+        except CorralError as exc:
+            if not self.responded:
+                await JSONResponse(exc.to_dict(), exc.http_status)(scope, receive, send)
+        finally:
+            reader.cancel()
+
+    # ---- the client ------------------------------------------------------------------------
+
+    async def _read_client(self, receive: Receive) -> None:
+        """The request body into ``self.upload`` (None at its end), then wait for the client
+        to go away."""
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    break
+                data = message.get("body", b"")
+                for at in range(0, len(data), MAX_TUNNEL_CHUNK_BYTES):
+                    await self.upload.put(data[at : at + MAX_TUNNEL_CHUNK_BYTES])
+                if not message.get("more_body", False):
+                    await self.upload.put(None)
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    break
+        finally:
+            self.gone.set()
+
+    # ---- the exchange ----------------------------------------------------------------------
+
+    async def _serve(self, scope: Scope, send: Send) -> None:
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        actor_id, query = await self._actor_id(query)
+        path = "/" + self.path + (f"?{urlencode(query)}" if query else "")
+        headers = tuple(
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in scope["headers"]
+            if name.decode("latin-1").lower() not in _NOT_FORWARDED
+        )
+        has_body = any(
+            name in (b"content-length", b"transfer-encoding") for name, _ in scope["headers"]
+        )
+        for attempt in range(MAX_ATTEMPTS):
+            placement = await self._connectable(actor_id)
+            request = self.tunnels.open(placement.runner_id)
+            try:
+                start = wire.ToClientRequestStart(
+                    request.request_id, 0, actor_id, placement.generation,
+                    scope["method"], path, headers, False,
+                )  # fmt: skip
+                first = await self._start(request, start, has_body)
+                if (
+                    isinstance(first, wire.ToServerResponseStart)
+                    and first.status == 503
+                    and any(name.lower() == ERROR_HEADER for name, _ in first.headers)
+                    and not request.started()
+                    and attempt + 1 < MAX_ATTEMPTS
+                ):
+                    log.info("actor %s not on runner %s: again", actor_id, placement.runner_id)
+                    await asyncio.sleep(RETRY_BASE_S * 2**attempt)
+                    continue
+                if has_body and self.pumping is None:  # it answers while it reads the body
+                    self.pumping = asyncio.ensure_future(self._pump_body(request))
+                await self._respond(request, first, send)
+                return
+            except (ClientGone, asyncio.CancelledError):
+                await self._abort(request)
+                raise
+            finally:
+                if self.pumping is not None:
+                    self.pumping.cancel()
+                    self.pumping = None
+                request.close()
+
+    async def _start(
+        self, request: TunnelRequest, start: wire.ToClientRequestStart, has_body: bool
+    ) -> Reply:
+        """Send the request, its body once the runner has the actor (``_pump_body``); the
+        first reply."""
+        await request.send(start)
+        if not has_body:
+            await request.send(wire.ToClientRequestEnd(request.request_id, 0))
+            return await self._next(request)
+        replies = asyncio.ensure_future(self._next(request))
+        try:
+            while not request.started():
+                acked = asyncio.ensure_future(request.acked.wait())
+                await asyncio.wait({replies, acked}, return_when=asyncio.FIRST_COMPLETED)
+                acked.cancel()
+                if replies.done():
+                    return replies.result()  # before it took the body: a retry needs none
+                request.acked.clear()
+            self.pumping = asyncio.ensure_future(self._pump_body(request))
+            return await replies
+        finally:
+            replies.cancel()
+
+    async def _pump_body(self, request: TunnelRequest) -> None:
+        while (data := await self.upload.get()) is not None:
+            await request.send(wire.ToClientRequestChunk(request.request_id, 0, data, False))
+        await request.send(wire.ToClientRequestEnd(request.request_id, 0))
+
+    async def _respond(self, request: TunnelRequest, reply: Reply, send: Send) -> None:
+        if isinstance(reply, wire.ToServerResponseAbort):
+            raise CorralError(reply.reason, code=reply.code)  # 500: the actor failed
+        if not isinstance(reply, wire.ToServerResponseStart):
+            raise CorralError(f"the runner answered {type(reply).__name__} first")
+        self.responded = True
+        await send(
+            {
+                "type": "http.response.start",
+                "status": reply.status,
+                "headers": [
+                    (k.encode("latin-1"), v.encode("latin-1"))
+                    for k, v in reply.headers
+                    if k.lower() not in _NOT_RETURNED
+                ],
+            }
+        )
+        await request.consumed(reply, 0)
+        while True:
+            reply = await self._next(request)
+            if isinstance(reply, wire.ToServerResponseChunk):
+                await send({"type": "http.response.body", "body": reply.data, "more_body": True})
+                await request.consumed(reply, len(reply.data))
+            elif isinstance(reply, wire.ToServerResponseEnd):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await request.consumed(reply, 0)
+                return
+            else:
+                # Broken off after it started: cut the response (never complete a wrong one).
+                await request.consumed(reply, 0)
+                raise ConnectionAbortedError(f"actor response broke off: {reply}")
+
+    async def _next(self, request: TunnelRequest) -> Reply:
+        """The next reply; ``tunnel_lost`` if the runner has had no socket for longer than
+        its lost threshold; ``ClientGone`` when the client leaves first."""
+        absent_since: float | None = None
+        while True:
+            try:
+                return request.replies.get_nowait()
+            except asyncio.QueueEmpty:
+                pass
+            getting = asyncio.ensure_future(request.replies.get())
+            gone = asyncio.ensure_future(self.gone.wait())
+            done, _ = await asyncio.wait(
+                {getting, gone}, timeout=1.0, return_when="FIRST_COMPLETED"
+            )
+            gone.cancel()
+            if getting in done:
+                return getting.result()
+            getting.cancel()
+            if self.gone.is_set():
+                raise ClientGone
+            if self.tunnels.reachable(request.runner_id):
+                absent_since = None
+            elif absent_since is None:
+                absent_since = time.monotonic()
+            elif time.monotonic() - absent_since > self.lost_after_s:
+                raise Unavailable(
+                    f"runner {request.runner_id} went away before answering", code="tunnel_lost"
+                )
+
+    async def _abort(self, request: TunnelRequest) -> None:
+        try:
+            await request.send(wire.ToClientRequestAbort(request.request_id, 0))
+        except Exception:  # best effort: the runner may be gone too
+            log.debug("abort of %s not sent", request.request_id, exc_info=True)
+
+    # ---- finding and waking the actor ------------------------------------------------------
+
+    async def _actor_id(self, query: list[tuple[str, str]]) -> tuple[str, list[tuple[str, str]]]:
+        """The actor the path names, and the query string to forward to it."""
+        params = dict(query)
+        if "key" not in params:
+            return self.target, query
+        forwarded = [(k, v) for k, v in query if k not in _GATEWAY_PARAMS]
+        key = params["key"]
+        if params.get("create") in ("1", "true"):
+            actor, _ = await self.actors.create(NewActor(name=self.target, key=key))
+            return actor.id, forwarded
+        found = await self.actors.list(name=self.target, key=key, limit=1)
+        if not found:
+            raise NotFound(f"no actor {self.target!r} with key {key!r}", code="actor_not_found")
+        return found[0].id, forwarded
+
+    async def _connectable(self, actor_id: str) -> Placement:
+        deadline = time.monotonic() + WAKE_TIMEOUT_S
+        wakes = 0
+        moved = True  # it changed since our last wake (or we have not woken it yet)
+        while True:
+            changed = self.actors.changed(actor_id)  # before the look: see notifier.py
+            actor = await self.actors.get(actor_id)
+            if actor.state is ActorState.DESTROYED:
+                raise NotFound(f"actor {actor_id} was destroyed", code="actor_destroyed")
+            if (placement := actor.placement) is not None:
+                return placement
+            if _asleep(actor.state) and moved:
+                # Asleep, or stopped again since we woke it (seed 002: "Receive Stopped msg,
+                # retry wake"; a wake it no longer needs is ignored by its lifecycle).
+                if wakes > MAX_REWAKES:
+                    raise Unavailable(
+                        f"actor {actor_id} stopped {wakes} times while waking",
+                        code="actor_not_ready",
+                    )
+                await self.actors.wake(actor_id)
+                wakes += 1
+                moved = False
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await _changed_within(changed, remaining, self.gone):
+                if self.gone.is_set():
+                    raise ClientGone
+                raise Unavailable(
+                    f"actor {actor_id} was not ready within {WAKE_TIMEOUT_S:g} s",
+                    code="actor_not_ready",
+                )
+            moved = True
+
+
+def _asleep(state: ActorState) -> bool:
+    """States a wake moves on (a wake while stopping is deferred: will_wake)."""
+    return state in (ActorState.SLEEPING, ActorState.STOPPED, ActorState.STOPPING)
+
+
+async def _changed_within(event: asyncio.Event, timeout: float, gone: asyncio.Event) -> bool:
+    waiters = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(gone.wait())]
+    done, _ = await asyncio.wait(waiters, timeout=timeout, return_when="FIRST_COMPLETED")
+    for waiter in waiters:
+        waiter.cancel()
+    return waiters[0] in done

@@ -1,0 +1,194 @@
+"""The coordinator's end of the tunnel: the gateway's requests to runners, across their sockets.
+
+One ``TunnelLedger`` per runner (its numbering spans the runner's sockets, so it lives
+here, not in a socket's session). A request's messages go out through the runner's
+current socket, one flush at a time (each request's messages stay in order); a socket
+that breaks loses nothing: when the runner's next socket registers, ``resume`` sends
+again whatever it had not acknowledged. The gateway (``gateway.py``) holds a
+``TunnelRequest``: it sends the request's parts and takes the response's as they come.
+
+    gateway ──open/send──▶ TunnelHub ──flush──▶ SocketLink (the runner's newest socket)
+    gateway ◀──next()──── inbox ◀──receive── SocketLink's read loop (Tunnelled)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from corral.protocol import messages as wire
+from corral.protocol.limits import TUNNEL_WINDOW_BYTES
+from corral.protocol.tunnel import Receipt, TunnelLedger, cost
+
+if TYPE_CHECKING:
+    from corral.coordinator.connections import Connections
+    from corral.coordinator.socket import SocketLink
+
+log = logging.getLogger("corral.coordinator")
+
+# What the gateway sends (acknowledgements are not kept: they are repeated instead).
+TunnelPart = (
+    wire.ToClientRequestStart
+    | wire.ToClientRequestChunk
+    | wire.ToClientRequestEnd
+    | wire.ToClientRequestAbort
+)
+Reply = (
+    wire.ToServerResponseStart
+    | wire.ToServerResponseChunk
+    | wire.ToServerResponseEnd
+    | wire.ToServerResponseAbort
+)
+
+
+def new_request_id() -> str:
+    return f"req_{secrets.token_hex(8)}"
+
+
+@dataclass
+class _Runner:
+    ledger: TunnelLedger[TunnelPart, wire.ToClientTunnelAck]
+    requests: dict[str, TunnelRequest] = field(default_factory=dict)
+    flushing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    link: SocketLink | None = None  # the socket resumed last; messages go there
+
+
+class TunnelRequest:
+    """One tunnelled request, as the gateway sees it."""
+
+    def __init__(self, hub: TunnelHub, runner_id: str, request_id: str) -> None:
+        self._hub = hub
+        self.runner_id = runner_id
+        self.request_id = request_id
+        self.replies: asyncio.Queue[Reply] = asyncio.Queue()
+        self.acked = asyncio.Event()  # the runner consumed some of what we sent
+
+    async def send(self, part: TunnelPart) -> None:
+        """Send ``part`` (numbered here), after waiting for room in the window."""
+        runner = self._hub.runner(self.runner_id)
+        while runner.ledger.room(self.request_id) < cost(part):
+            self.acked.clear()
+            await self.acked.wait()
+        runner.ledger.send(part)
+        await self._hub.flush(self.runner_id)
+
+    def started(self) -> bool:
+        """Has the runner taken the request start (its actor's port answered)?"""
+        runner = self._hub.runner(self.runner_id)
+        kept = runner.ledger.kept(self.request_id)
+        return runner.ledger.sent_count(self.request_id) > 0 and (not kept or kept[0].seq > 0)
+
+    async def consumed(self, reply: Reply, nbytes: int) -> None:
+        """``reply`` was handed to the client: acknowledge it (a quarter window at a time)."""
+        runner = self._hub.runner(self.runner_id)
+        final = isinstance(reply, wire.ToServerResponseEnd | wire.ToServerResponseAbort)
+        ack = runner.ledger.consumed(self.request_id, reply.seq, nbytes, final=final)
+        if ack is not None:
+            await self._hub.send_now(self.runner_id, ack)
+
+    def close(self) -> None:
+        """The request is over here: nothing more of it is sent, what comes is dropped."""
+        self._hub.close(self)
+
+
+class TunnelHub:
+    def __init__(self, connections: Connections, *, window: int = TUNNEL_WINDOW_BYTES) -> None:
+        self._connections = connections
+        self._window = window
+        self._runners: dict[str, _Runner] = {}
+
+    def runner(self, runner_id: str) -> _Runner:
+        runner = self._runners.get(runner_id)
+        if runner is None:
+            ledger: TunnelLedger[TunnelPart, wire.ToClientTunnelAck] = TunnelLedger(
+                wire.ToClientTunnelAck, window=self._window
+            )
+            runner = self._runners[runner_id] = _Runner(ledger)
+        return runner
+
+    def reachable(self, runner_id: str) -> bool:
+        """Has the runner a socket that takes tunnel messages now?"""
+        return self._link(runner_id) is not None
+
+    def open(self, runner_id: str) -> TunnelRequest:
+        request = TunnelRequest(self, runner_id, new_request_id())
+        runner = self.runner(runner_id)
+        runner.ledger.open(request.request_id)
+        runner.requests[request.request_id] = request
+        return request
+
+    def close(self, request: TunnelRequest) -> None:
+        runner = self._runners.get(request.runner_id)
+        if runner is None:
+            return
+        runner.ledger.forget(request.request_id)
+        runner.requests.pop(request.request_id, None)
+        if not runner.requests and runner.link is None:
+            del self._runners[request.runner_id]
+
+    # ---- the runner's sockets (called by socket.py) ----------------------------------------
+
+    async def resume(self, runner_id: str, link: SocketLink) -> None:
+        """A socket of the runner registered: from now on messages go there, beginning with
+        everything the runner has not acknowledged (the last socket may have lost it)."""
+        runner = self.runner(runner_id)
+        async with runner.flushing:
+            runner.link = link
+            runner.ledger.rewind()
+            for ack in runner.ledger.acks():
+                await link.send_message(ack)
+        await self.flush(runner_id)
+
+    async def receive(self, link: SocketLink, reply: wire.ToServerTunnel) -> None:
+        """A tunnel message from ``link``'s runner (the socket's read loop)."""
+        runner_id = link.runner_id
+        assert runner_id is not None  # tunnel messages come only after registration
+        runner = self.runner(runner_id)
+        if isinstance(reply, wire.ToServerTunnelAck):
+            runner.ledger.acknowledge(reply.request_id, reply.seq)
+            if request := runner.requests.get(reply.request_id):
+                request.acked.set()
+            return
+        receipt = runner.ledger.receive(reply.request_id, reply.seq)
+        if receipt is Receipt.NEW:
+            runner.requests[reply.request_id].replies.put_nowait(reply)
+        elif receipt is Receipt.GAP:
+            # Lost on a socket that still looks open: drop it; the runner sends the rest
+            # again on its next socket.
+            gap = wire.ProtocolError(wire.TUNNEL_GAP, f"tunnel message {reply.seq} skipped one")
+            log.warning("runner %s: %s", runner_id, gap.reason)
+            await link.protocol_error(gap)
+        elif receipt is Receipt.ORPHAN:  # given up here: stop the runner sending it
+            await link.send_message(runner.ledger.orphan_ack(reply.request_id, reply.seq))
+        elif ack := runner.ledger.duplicate_ack(reply.request_id):
+            await link.send_message(ack)
+
+    # ---- sending ---------------------------------------------------------------------------
+
+    async def flush(self, runner_id: str) -> None:
+        """Send what is waiting, in order, on the runner's socket (if it has one now)."""
+        runner = self.runner(runner_id)
+        async with runner.flushing:
+            link = self._link(runner_id)
+            if link is None:
+                return  # kept: the next socket's ``resume`` sends it
+            for part in runner.ledger.take_unsent():
+                await link.send_message(part)
+
+    async def send_now(self, runner_id: str, message: wire.ToClientTunnelAck) -> None:
+        """An acknowledgement: lost with a socket, it is repeated by ``resume``."""
+        link = self._link(runner_id)
+        if link is not None:
+            with contextlib.suppress(Exception):
+                await link.send_message(message)
+
+    def _link(self, runner_id: str) -> SocketLink | None:
+        runner = self._runners.get(runner_id)
+        current = self._connections.by_runner.get(runner_id)
+        if runner is None or current is None or current is not runner.link:
+            return None
+        return None if current.closed.is_set() else current

@@ -1,0 +1,231 @@
+"""The runner's end of the tunnel: a request the gateway sent for an actor goes to the
+actor's local port, and its response comes back, both streamed (seed 002).
+
+    ToClientRequestStart ──▶ port_of(actor, generation) ──▶ httpx, streaming ──▶ the actor
+    ToClientRequestChunk … ToClientRequestEnd ──▶ the request body, as the actor reads it
+    ToServerResponseStart, …Chunk (≤ 64 KiB, within the window), …End ◀── the response
+
+A request for an actor this runner does not have (not here, another generation, its port
+not accepting connections) is answered 503 with an ``x-corral-error`` header: the actor
+never saw it, so the gateway may find the actor again and retry. A failure once the actor
+may have seen it is a 502 (before the response started) or a ``ToServerResponseAbort``
+(after), never retried. ``ToClientRequestAbort`` (the client went away) closes the
+connection to the actor. Numbering, acknowledgements and replay are the link's
+(``RunnerConnection``); this module only moves bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+from corral.protocol import messages as wire
+from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES
+from corral.protocol.runner import TunnelReply
+
+log = logging.getLogger("corral.runner")
+
+ERROR_HEADER = "x-corral-error"
+ACTOR_NOT_HERE = "actor_not_here"  # not on this runner (or another generation): retry elsewhere
+ACTOR_UNREACHABLE = "actor_unreachable"  # its port refused the connection: it never saw it
+ACTOR_FAILED = "actor_failed"  # the connection broke once the actor may have seen the request
+# Hop-by-hop headers (RFC 9110 §7.6.1) and Host: they belong to one connection, not the message.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+    }
+)
+
+
+class ActorPorts(Protocol):
+    def port_of(self, actor_id: str, generation: int) -> int | None:
+        """The local port of that generation of the actor, once it accepts connections."""
+        ...
+
+
+class TunnelLink(Protocol):
+    """What the tunnel needs of the runner's link (the WebSocket transport)."""
+
+    def tunnel_send(self, message: TunnelReply) -> None: ...
+
+    def tunnel_room(self, request_id: str) -> int: ...
+
+    def tunnel_consumed(self, request_id: str, seq: int, nbytes: int, *, final: bool) -> None: ...
+
+    def tunnel_unacknowledged(self, request_id: str) -> int: ...
+
+    def tunnel_forget(self, request_id: str) -> None: ...
+
+
+def forwarded(headers: wire.Headers) -> list[tuple[str, str]]:
+    return [(name, value) for name, value in headers if name.lower() not in HOP_BY_HOP]
+
+
+@dataclass
+class _Forward:
+    start: wire.ToClientRequestStart
+    body: asyncio.Queue[wire.ToClientRequestChunk | None] = field(default_factory=asyncio.Queue)
+    acked: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class RunnerTunnel:
+    def __init__(self, ports: ActorPorts, link: TunnelLink) -> None:
+        self._ports = ports
+        self._link = link
+        self._forwards: dict[str, _Forward] = {}
+        # No pool limit and no read timeout: an actor may stream (server-sent events) for
+        # as long as its client listens.
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=5.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            follow_redirects=False,
+            trust_env=False,
+        )
+
+    @property
+    def open_requests(self) -> int:
+        return len(self._forwards)
+
+    def received(self, message: wire.ToClientRequestStart | wire.ToClientRequestChunk
+                 | wire.ToClientRequestEnd | wire.ToClientRequestAbort) -> None:  # fmt: skip
+        """A new tunnel message (each once, in order: the link sees to that)."""
+        if isinstance(message, wire.ToClientRequestStart):
+            forward = _Forward(message)
+            self._forwards[message.request_id] = forward
+            forward.task = asyncio.get_running_loop().create_task(self._forward(forward))
+            return
+        found = self._forwards.get(message.request_id)
+        if found is None:  # over already (answered 503, or failed): take and drop
+            self._link.tunnel_consumed(message.request_id, message.seq, 0, final=True)
+            return
+        if isinstance(message, wire.ToClientRequestChunk):
+            found.body.put_nowait(message)
+        elif isinstance(message, wire.ToClientRequestEnd):
+            found.body.put_nowait(None)
+            self._link.tunnel_consumed(message.request_id, message.seq, 0, final=True)
+        else:
+            self._link.tunnel_consumed(message.request_id, message.seq, 0, final=True)
+            if found.task is not None:
+                found.task.cancel()
+
+    def acked(self, request_id: str) -> None:
+        """The coordinator consumed some of the response: there may be room for more."""
+        forward = self._forwards.get(request_id)
+        if forward is not None:
+            forward.acked.set()
+
+    def abort_all(self) -> None:
+        """The work stopped (the lease ran out): the requests are over with it."""
+        for forward in list(self._forwards.values()):
+            if forward.task is not None:
+                forward.task.cancel()
+
+    async def aclose(self) -> None:
+        self.abort_all()
+        tasks = [f.task for f in self._forwards.values() if f.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._client.aclose()
+
+    # ---- one request -----------------------------------------------------------------------
+
+    async def _forward(self, forward: _Forward) -> None:
+        start = forward.start
+        request_id = start.request_id
+        try:
+            port = self._ports.port_of(start.actor_id, start.generation)
+            if port is None:
+                self._answer_error(
+                    request_id, 503, ACTOR_NOT_HERE, "the actor is not on this runner"
+                )
+            else:
+                await self._exchange(forward, port)
+            await self._until_acknowledged(forward)
+        except asyncio.CancelledError:
+            pass  # aborted by the client, or the work stopped: nothing more is said
+        except Exception:
+            log.exception("tunnelled request %s failed", request_id)
+        finally:
+            self._forwards.pop(request_id, None)
+            self._link.tunnel_forget(request_id)
+
+    async def _exchange(self, forward: _Forward, port: int) -> None:
+        start = forward.start
+        request_id = start.request_id
+        names = {name.lower() for name, _ in start.headers}
+        has_body = "content-length" in names or "transfer-encoding" in names
+        request = self._client.build_request(
+            start.method,
+            f"http://127.0.0.1:{port}{start.path}",
+            headers=forwarded(start.headers),
+            content=self._body(forward) if has_body else None,
+        )
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.ConnectError:
+            # Refused: the actor's process is gone or not listening; it never saw this.
+            self._answer_error(request_id, 503, ACTOR_UNREACHABLE, "the actor's port refused")
+            return
+        except httpx.TransportError as exc:
+            self._answer_error(request_id, 502, ACTOR_FAILED, f"the actor failed: {exc!r}")
+            return
+        try:
+            headers = tuple(
+                (k, v) for k, v in response.headers.multi_items() if k not in HOP_BY_HOP
+            )
+            self._send(wire.ToServerResponseStart(request_id, 0, response.status_code, headers))
+            async for data in response.aiter_raw(MAX_TUNNEL_CHUNK_BYTES):
+                await self._room_for(forward, len(data))
+                self._send(wire.ToServerResponseChunk(request_id, 0, data, False))
+            self._send(wire.ToServerResponseEnd(request_id, 0))
+        except httpx.TransportError as exc:
+            reason = f"the actor's response broke off: {exc!r}"
+            self._send(wire.ToServerResponseAbort(request_id, 0, ACTOR_FAILED, reason))
+        finally:
+            await response.aclose()
+
+    async def _body(self, forward: _Forward) -> AsyncIterator[bytes]:
+        # The actor's port answered: the gateway may send the body now (until then it may
+        # still retry elsewhere without it).
+        self._link.tunnel_consumed(forward.start.request_id, 0, 0, final=True)
+        while (chunk := await forward.body.get()) is not None:
+            yield chunk.data
+            # Taken by the connection to the actor: the coordinator may send more.
+            self._link.tunnel_consumed(chunk.request_id, chunk.seq, len(chunk.data), final=False)
+
+    async def _room_for(self, forward: _Forward, nbytes: int) -> None:
+        while self._link.tunnel_room(forward.start.request_id) < nbytes:
+            forward.acked.clear()
+            await forward.acked.wait()
+
+    async def _until_acknowledged(self, forward: _Forward) -> None:
+        """Keep the request until the coordinator has everything: a socket may break first,
+        and then the link sends the rest again on the next one."""
+        while self._link.tunnel_unacknowledged(forward.start.request_id):
+            forward.acked.clear()
+            await forward.acked.wait()
+
+    def _answer_error(self, request_id: str, status: int, code: str, message: str) -> None:
+        body = json.dumps({"error": {"code": code, "message": message}}).encode()
+        headers = (("content-type", "application/json"), (ERROR_HEADER, code))
+        self._send(wire.ToServerResponseStart(request_id, 0, status, headers))
+        self._send(wire.ToServerResponseChunk(request_id, 0, body, False))
+        self._send(wire.ToServerResponseEnd(request_id, 0))
+
+    def _send(self, message: TunnelReply) -> None:
+        self._link.tunnel_send(message)

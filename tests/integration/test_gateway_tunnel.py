@@ -1,0 +1,253 @@
+"""The gateway's tunnel over real sockets: a real coordinator (uvicorn), the runner's real
+``WebSocketTransport`` and an actor that is a real HTTP server on loopback. Requests and
+responses stream both ways, a client that goes away aborts the actor's request, a runner
+without the actor answers 503 and the gateway finds it again, and a link cut mid-request
+loses nothing: the tunnel's replay completes it."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from api_fixtures import TOKEN, live_server, wait_until, with_token
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from corral.actors.lifecycle import ActorState, CrashPolicy, Life
+from corral.actors.model import Actor, NewActor
+from corral.coordinator.app import create_app
+from corral.coordinator.settings import CoordinatorSettings
+from corral.errors import NotFound
+from corral.ids import ActorId
+from corral.runner.core import Runner
+from corral.runner.settings import RunnerSettings
+from corral.runner.websocket import WebSocketTransport
+
+pytestmark = pytest.mark.anyio
+STEP_S = 15.0
+ACTOR = ActorId("act_0123456789ab")
+
+
+# ---- an actor: a real HTTP server -----------------------------------------------------------
+
+
+@dataclass
+class ActorApp:
+    hits: dict[str, int] = field(default_factory=dict)
+    disconnected: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        app.router.routes.append(Route("/echo", Echo(), methods=["POST"]))
+
+        @app.get("/count/{name}")
+        async def count(name: str, request: Request) -> dict[str, Any]:
+            self.hits[name] = self.hits.get(name, 0) + 1
+            return {"name": name, "hits": self.hits[name], "query": str(request.url.query),
+                    "auth": request.headers.get("authorization")}  # fmt: skip
+
+        @app.get("/stream")
+        async def stream(n: int, size: int) -> StreamingResponse:
+            async def parts() -> AsyncIterator[bytes]:
+                for i in range(n):
+                    yield bytes([i % 256]) * size
+
+            return StreamingResponse(parts())
+
+        @app.get("/hang")
+        async def hang(request: Request) -> dict[str, str]:
+            message = await request.receive()  # the body (none), then the disconnect
+            while message["type"] != "http.disconnect":
+                message = await request.receive()
+            self.disconnected.set()
+            return {}
+
+        return app
+
+
+class Echo:
+    """Each part of the body is written back as it is read (plain ASGI: Starlette's
+    streaming response would read the body for disconnects itself)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", b"application/octet-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        more = True
+        while more:
+            message = await receive()
+            more = message["type"] == "http.request" and message.get("more_body", False)
+            data = message.get("body", b"")
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class Directory:
+    """The coordinator's actors as the gateway sees them, for one actor that is connectable
+    on one runner (the lifecycle behind it has tests of its own)."""
+
+    def __init__(self) -> None:
+        self.placed_on: str | None = None
+        self.generation = 1
+        self.state = ActorState.RUNNING
+
+    def actor(self) -> Actor:
+        life = Life(
+            state=self.state,
+            crash_policy=CrashPolicy.SLEEP,
+            generation=self.generation,
+            runner_id=self.placed_on,
+        )
+        return Actor(ACTOR, "echo", "k", None, "default", 0.0, life)
+
+    def changed(self, actor_id: str) -> asyncio.Event:
+        return asyncio.Event()
+
+    async def get(self, actor_id: str) -> Actor:
+        if actor_id != ACTOR:
+            raise NotFound(f"no actor {actor_id}", code="actor_not_found")
+        return self.actor()
+
+    async def wake(self, actor_id: str) -> Actor:
+        return self.actor()
+
+    async def create(self, spec: NewActor) -> tuple[Actor, bool]:
+        return self.actor(), False
+
+    async def list(self, **filters: Any) -> list[Actor]:
+        return [self.actor()] if filters.get("key") == "k" else []
+
+
+class ActorRunner(Runner):
+    ports: dict[tuple[str, int], int]
+
+    def port_of(self, actor_id: str, generation: int) -> int | None:
+        return self.ports.get((actor_id, generation))
+
+
+@dataclass
+class World:
+    client: httpx.AsyncClient
+    transport: WebSocketTransport
+    runner: ActorRunner
+    directory: Directory
+    actor: ActorApp
+    actor_port: int
+
+
+@pytest.fixture
+def actor_server() -> Iterator[tuple[ActorApp, int]]:
+    actor = ActorApp()
+    with live_server(actor.app()) as url:
+        yield actor, int(url.rsplit(":", 1)[1])
+
+
+@pytest.fixture
+async def world(tmp_path: Any, actor_server: tuple[ActorApp, int]) -> AsyncIterator[World]:
+    actor, port = actor_server
+    settings = with_token(
+        CoordinatorSettings(db_url=f"sqlite:///{tmp_path}/c.db", poll_timeout_s=5.0)
+    )
+    app = create_app(settings, reconcile=False)
+    with live_server(app, ws="websockets-sansio", graceful_shutdown_s=2) as url:
+        directory = Directory()
+        app.state.coordinator.actors = directory
+        runner = ActorRunner(
+            RunnerSettings(coordinator_url=url, token=TOKEN, transport="websocket", slots=1)
+        )
+        runner.ports = {(ACTOR, 1): port}
+        transport = runner.transport
+        assert isinstance(transport, WebSocketTransport)
+        await asyncio.wait_for(transport.open(), STEP_S)
+        directory.placed_on = transport.runner_id
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=STEP_S) as client:
+            try:
+                yield World(client, transport, runner, directory, actor, port)
+            finally:
+                await transport.close()
+
+
+async def test_a_request_and_its_response_go_through_the_tunnel(world: World) -> None:
+    response = await world.client.get(f"/gateway/{ACTOR}/count/a?x=1&y=2")
+    assert response.status_code == 200
+    body = response.json()
+    assert body == {"name": "a", "hits": 1, "query": "x=1&y=2", "auth": None}  # token kept back
+    by_key = await world.client.get("/gateway/echo/count/a?key=k&z=3")
+    assert by_key.json()["hits"] == 2 and by_key.json()["query"] == "z=3"
+
+
+async def test_bodies_stream_both_ways_in_chunks(world: World) -> None:
+    payload = bytes(range(256)) * 8192  # 2 MiB: many chunks, more than the window
+    response = await world.client.post(f"/gateway/{ACTOR}/echo", content=payload)
+    assert response.status_code == 200
+    assert hashlib.sha256(response.content).digest() == hashlib.sha256(payload).digest()
+
+    async def parts() -> AsyncIterator[bytes]:  # a chunked upload of unknown length
+        for i in range(40):
+            yield bytes([i]) * 50_000
+
+    streamed = await world.client.post(f"/gateway/{ACTOR}/echo", content=parts())
+    assert streamed.content == b"".join(bytes([i]) * 50_000 for i in range(40))
+    big = await world.client.get(f"/gateway/{ACTOR}/stream", params={"n": 300, "size": 10_000})
+    assert len(big.content) == 3_000_000 and big.content[-1] == 299 % 256
+
+
+async def test_a_client_that_goes_away_aborts_the_actors_request(world: World) -> None:
+    request = asyncio.ensure_future(world.client.get(f"/gateway/{ACTOR}/hang"))
+    await wait_until(lambda: world.transport.tunnel.open_requests == 1, what="the request")
+    request.cancel()  # the client disconnects
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    await wait_until(world.actor.disconnected.is_set, timeout=STEP_S, what="the actor sees it")
+    await wait_until(lambda: world.transport.tunnel.open_requests == 0, what="the request over")
+
+
+async def test_a_runner_without_the_actor_answers_503_and_the_gateway_finds_it_again(
+    world: World,
+) -> None:
+    world.directory.generation = 2  # the runner only has generation 1
+    response = await world.client.get(f"/gateway/{ACTOR}/count/b")
+    assert response.status_code == 503
+    assert response.headers["x-corral-error"] == "actor_not_here"
+    assert json.loads(response.content)["error"]["code"] == "actor_not_here"
+    assert "b" not in world.actor.hits  # the actor never saw it
+    world.runner.ports[(ACTOR, 2)] = world.actor_port  # it moved to generation 2 meanwhile
+    assert (await world.client.get(f"/gateway/{ACTOR}/count/b")).json()["hits"] == 1
+
+
+async def test_unknown_and_destroyed_actors_are_404_with_stable_codes(world: World) -> None:
+    unknown = await world.client.get("/gateway/act_ffffffffffff/x")
+    assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "actor_not_found")
+    no_key = await world.client.get("/gateway/echo/x?key=other")
+    assert (no_key.status_code, no_key.json()["error"]["code"]) == (404, "actor_not_found")
+    world.directory.state = ActorState.DESTROYED
+    gone = await world.client.get(f"/gateway/{ACTOR}/x")
+    assert (gone.status_code, gone.json()["error"]["code"]) == (404, "actor_destroyed")
+
+
+async def test_a_link_cut_mid_response_loses_nothing(world: World) -> None:
+    async with world.client.stream(
+        "GET", f"/gateway/{ACTOR}/stream", params={"n": 400, "size": 20_000}
+    ) as response:
+        received = bytearray()
+        cut = False
+        async for part in response.aiter_bytes():
+            received += part
+            if not cut and len(received) > 1_000_000:
+                assert world.transport._ws is not None
+                world.transport._ws.transport.abort()  # the runner's socket breaks
+                cut = True
+    assert cut and len(received) == 8_000_000
+    expected = b"".join(bytes([i % 256]) * 20_000 for i in range(400))
+    assert hashlib.sha256(received).digest() == hashlib.sha256(expected).digest()
