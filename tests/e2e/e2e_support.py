@@ -23,7 +23,7 @@ from typing import IO, Any, TypeVar
 
 import httpx
 
-from corral.client import CorralClient
+from corral.client import Client
 
 BIN_DIR = Path(sys.executable).parent
 CORRAL = str(BIN_DIR / "corral")
@@ -258,6 +258,44 @@ class Runner(Proc):
         super().__init__(name, argv, env, root)
 
 
+class JsonClient:
+    """``corral.Client`` answering with the API's JSON (dicts), as the tests read it."""
+
+    def __init__(self, url: str, token: str, timeout_s: float = 20.0) -> None:
+        self.typed = Client(url, token=token, timeout_s=timeout_s)
+        self.url = self.typed.url
+
+    def close(self) -> None:
+        self.typed.close()
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.typed.request(method, path, **kwargs)
+
+    def create_run(self, type: str, **fields: Any) -> dict[str, Any]:
+        return self.typed.create_run(type, **fields).to_json()
+
+    def create_runs(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [created.to_json() for created in self.typed.create_runs(specs)]
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        return self.typed.get_run(run_id).to_json()
+
+    def list_runs(self, **filters: Any) -> dict[str, Any]:
+        return self.typed.list_runs(**filters).to_json()
+
+    def cancel_run(self, run_id: str) -> dict[str, Any]:
+        return self.typed.cancel_run(run_id).to_json()
+
+    def logs(self, run_id: str, after: int = 0) -> dict[str, Any]:
+        return self.typed.logs(run_id, after).to_json()
+
+    def session_result(self, session: str) -> dict[str, Any]:
+        return self.typed.session_result(session).to_json()
+
+    def runners(self) -> list[dict[str, Any]]:
+        return [runner.to_json() for runner in self.typed.list_runners()]
+
+
 class Cluster:
     """The processes of one test: coordinators, runners, CLI calls, and a client."""
 
@@ -267,7 +305,7 @@ class Cluster:
         self.ledger_path = Path(self.env["FAKE_CLAUDE_LEDGER"])
         self.procs: list[Proc] = []
         self.coordinator: Coordinator | None = None
-        self._client: CorralClient | None = None
+        self._client: JsonClient | None = None
 
     # ---- processes -----------------------------------------------------------------------
 
@@ -341,9 +379,9 @@ class Cluster:
     # ---- clients -------------------------------------------------------------------------
 
     @property
-    def client(self) -> CorralClient:
+    def client(self) -> JsonClient:
         if self._client is None:
-            self._client = CorralClient(self.url, token=TOKEN, timeout_s=20.0)
+            self._client = JsonClient(self.url, TOKEN)
         return self._client
 
     def reset_client(self) -> None:

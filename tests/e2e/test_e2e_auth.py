@@ -12,7 +12,7 @@ from pathlib import Path
 
 from e2e_support import CORRAL, Cluster, Coordinator, Runner, free_port, wait_until
 
-from corral.client import CorralClient
+from corral.client import Client
 
 
 def corral(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -103,7 +103,7 @@ def test_corral_token_is_what_the_coordinator_accepts(cluster: Cluster) -> None:
     cluster.procs.append(stray)
     stray.start()
     wait_until(lambda: "revoked token" in stray.log(), 30, what="the runner to be refused")
-    with CorralClient(coordinator.url, token=cluster.env["CORRAL_TOKEN"]) as client:
-        assert client.runners() == []
+    with Client(coordinator.url, token=cluster.env["CORRAL_TOKEN"]) as client:
+        assert client.list_runners() == []
     # With the right one it is.
     cluster.start_runner("right")

@@ -7,7 +7,7 @@ import signal
 
 from e2e_support import CORRAL, Cluster, Proc, free_port, wait_until
 
-from corral.client import CorralClient
+from corral.client import Client
 from corral.credentials import read_token
 
 
@@ -23,17 +23,13 @@ def test_up_runs_work_and_stops_on_sigterm(cluster: Cluster) -> None:
     # Its admin token is where the README's quick start (run in the same directory) finds it.
     token = read_token(up.cwd)
     assert token is not None and token not in up.log()
-    with CorralClient(f"http://127.0.0.1:{port}", token=token) as client:
-        (runner,) = wait_until(client.runners, 30, what="the local runner")
-        assert (runner["transport"], runner["state"]) == ("websocket", "active")
-        run_id = client.create_run(type="command", command=["sh", "-c", "echo from-up"])["run_id"]
-        run = wait_until(
-            lambda: (r := client.get_run(run_id))["status"] in ("completed", "failed") and r,
-            30,
-            what="the run to end",
-        )
-        assert run["status"] == "completed", run
-        assert [line["text"] for line in client.logs(run_id)["lines"]] == ["from-up"]
+    with Client(f"http://127.0.0.1:{port}", token=token) as client:
+        (runner,) = wait_until(client.list_runners, 30, what="the local runner")
+        assert (runner.transport, runner.state) == ("websocket", "active")
+        run_id = client.run_command(["sh", "-c", "echo from-up"]).run_id
+        run = client.wait_run(run_id)  # the log stream's end, not a poll
+        assert run.status == "completed", run
+        assert [line.text for line in client.logs(run_id).lines] == ["from-up"]
     up.send(signal.SIGTERM)
     assert up.wait(30) == 0
     assert "stopped" in up.log()

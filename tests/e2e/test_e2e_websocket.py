@@ -41,7 +41,7 @@ from e2e_support import (
 from faultproxy import FaultProxy
 
 from corral import __version__
-from corral.client import CorralClient
+from corral.client import Client
 
 WS = ("--transport", "websocket")
 
@@ -105,14 +105,14 @@ def test_fault_proxy_forwards_delays_and_cuts(cluster: Cluster) -> None:
     coordinator = start_coordinator(cluster)
     with FaultProxy(coordinator.port, delay_s=0.05) as proxy:
         assert cluster.client.call("GET", "/health") == {"status": "ok"}  # direct
-        with CorralClient(proxy.url, token=TOKEN) as through:
+        with Client(proxy.url, token=TOKEN) as through:
             started = time.monotonic()
-            assert through.call("GET", "/health") == {"status": "ok"}
+            assert through.request("GET", "/health") == {"status": "ok"}
             assert time.monotonic() - started >= 0.1  # 50 ms each way
             assert proxy.open_connections() == 1  # kept alive
             assert proxy.cut_all() == 1
             assert proxy.open_connections() == 0
-            assert through.call("GET", "/health") == {"status": "ok"}  # a new connection
+            assert through.request("GET", "/health") == {"status": "ok"}  # a new connection
         assert proxy.stats.accepted == 2 and proxy.stats.cuts["both"] == 1
 
 

@@ -19,20 +19,20 @@ def agents() -> None:
 def agents_list(url: str, as_json: bool) -> None:
     """The profiles loaded now; after editing corral.toml, `kill -HUP` the coordinator."""
     with connect(url) as client:
-        found = client.call("GET", "/agents")
+        found = client.agent_profiles()
     if as_json:
         print_json(found)
         return
     rows = [
         [
-            a["name"],
-            a["executor"],
-            a["model"] or "",
-            ",".join(a["allowed_tools"]),
-            "" if a["max_turns"] is None else str(a["max_turns"]),
-            money(a["budget_usd"]),
+            a.name,
+            a.executor,
+            a.model or "",
+            ",".join(a.allowed_tools),
+            "" if a.max_turns is None else str(a.max_turns),
+            money(a.budget_usd),
         ]
-        for a in found["agents"]
+        for a in found.agents
     ]
     current().table(["agent", "executor", "model", "tools", "max turns", "budget"], rows)
-    click.echo(f"from {found['config'] or 'the built-in profile only'}", err=True)
+    click.echo(f"from {found.config or 'the built-in profile only'}", err=True)

@@ -55,23 +55,23 @@ def doctor(url: str, claude_bin: str, as_json: bool) -> None:
 def _run_checks(url: str, claude_bin: str, check: Check) -> None:
     with connect(url) as client:
         try:
-            stats = client.call("GET", "/stats")
-            runners = client.runners()
+            stats = client.stats()
+            runners = client.list_runners()
         except (Unauthorized, Forbidden) as exc:
             check(False, f"coordinator at {url} refuses this token: {exc.message}", TOKEN_FIX)
             return
         except CorralError as exc:
             check(False, f"coordinator at {url}: {exc.message}", "start it: corral up")
             return
-    check(True, f"coordinator at {url} answers (corral {stats['version']}, here {__version__})", "")
-    schema = stats["schema_version"]
+    check(True, f"coordinator at {url} answers (corral {stats.version}, here {__version__})", "")
+    schema = stats.schema_version or 0
     check(
         schema >= LATEST_VERSION,
         f"database schema version {schema} (this corral's newest: {LATEST_VERSION})",
         "restart the coordinator with this version: it migrates at start",
     )
-    live = [r for r in runners if r["state"] == "active"]
-    names = ", ".join(f"{r['name']} ({r['slots_total']} slots)" for r in live)
+    live = [r for r in runners if r.state == "active"]
+    names = ", ".join(f"{r.name} ({r.slots_total} slots)" for r in live)
     check(
         bool(live),
         f"{len(live)} live runner(s){': ' + names if names else ''}",

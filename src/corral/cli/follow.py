@@ -14,12 +14,11 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 import click
 
 from corral.cli.transcript import Transcript
-from corral.client import CorralClient
+from corral.client import Client, LogLine, Run, Runner
 from corral.errors import NotFound, Unavailable
 from corral.runs import TERMINAL
 
@@ -33,77 +32,75 @@ TAIL_LINES = 5
 TAIL_AFTER = 20  # more lines than this streamed: the last ones are shown again at a failure
 
 
-def exit_status(run: dict[str, Any]) -> int:
-    status = run["status"]
+def exit_status(run: Run) -> int:
+    status = run.status
     if status == "completed":
         return 0
     if status == "timed_out":
         return EXIT_TIMED_OUT
     if status == "cancelled":
         return EXIT_CANCELLED
-    code = run.get("exit_code")
-    return code if isinstance(code, int) and 0 < code < 256 else 1
+    code = run.exit_code
+    return code if code is not None and 0 < code < 256 else 1
 
 
 def label_text(labels: list[str]) -> str:
     return f"[{', '.join(labels)}]"
 
 
-def waiting_reason(
-    run: dict[str, Any], runners: list[dict[str, Any]], holder: str | None = None
-) -> str:
+def waiting_reason(run: Run, runners: list[Runner], holder: str | None = None) -> str:
     """Why a pending run is not running yet, from what the coordinator knows of runners;
     ``holder``: the runner id holding a resumed session (only a runner of its name may
     take the resume)."""
     if holder is not None:
         return _holder_reason(runners, holder)
-    labels = sorted(run.get("labels") or [])
-    live = [r for r in runners if r["state"] == "active"]
+    labels = sorted(run.labels)
+    live = [r for r in runners if r.state == "active"]
     wanted = f"a runner with labels {label_text(labels)}" if labels else "a runner"
-    matching = [r for r in live if set(labels) <= set(r["labels"])]
+    matching = [r for r in live if set(labels) <= set(r.labels)]
     if not live:
         return f"waiting for {wanted}: no runner is connected"
     if not matching:
         return f"waiting for {wanted}: no live runner has them"
-    if all(r["slots_used"] >= r["slots_total"] for r in matching):
+    if all(r.slots_used >= r.slots_total for r in matching):
         return f"waiting for {wanted}: every slot of the {len(matching)} that match is busy"
     return f"waiting for {wanted} to claim it"
 
 
-def _holder_reason(runners: list[dict[str, Any]], holder: str) -> str:
-    name = next((r["name"] for r in runners if r["runner_id"] == holder), holder)
-    live = [r for r in runners if r["name"] == name and r["state"] == "active"]
+def _holder_reason(runners: list[Runner], holder: str) -> str:
+    name = next((r.name for r in runners if r.runner_id == holder), holder)
+    live = [r for r in runners if r.name == name and r.state == "active"]
     wanted = f"waiting for runner {name}, which holds the session"
     if not live:
         return f"{wanted}: it is not connected"
-    if all(r["slots_used"] >= r["slots_total"] for r in live):
+    if all(r.slots_used >= r.slots_total for r in live):
         return f"{wanted}: its slots are busy"
     return f"{wanted}, to claim it"
 
 
-def no_match_warning(client: CorralClient, labels: list[str]) -> str | None:
+def no_match_warning(client: Client, labels: list[str]) -> str | None:
     """At submit time: a warning when no live runner could take a run with ``labels``."""
-    live = [r for r in client.runners() if r["state"] == "active"]
+    live = [r for r in client.list_runners() if r.state == "active"]
     if not live:
         return "no runner is connected: the run waits until one is"
-    if labels and not any(set(labels) <= set(r["labels"]) for r in live):
+    if labels and not any(set(labels) <= set(r.labels) for r in live):
         return f"no live runner has labels {label_text(labels)}: the run waits until one does"
     return None
 
 
 def line_printer(
     run_type: str, *, raw: bool = False, as_json: bool = False, split_streams: bool = True
-) -> Callable[[dict[str, Any]], None]:
+) -> Callable[[LogLine], None]:
     """How a run's output lines are shown: as they are (a command's; ``--raw``), as JSON
     objects (``--json``), or an agent's stream-json as a readable transcript."""
     transcript = None if raw or as_json or run_type == "command" else Transcript()
 
-    def show(item: dict[str, Any]) -> None:
+    def show(item: LogLine) -> None:
         if as_json:
-            click.echo(json.dumps(item))
+            click.echo(json.dumps(item.to_json()))
             return
-        to_stderr = split_streams and item["stream"] == "stderr"
-        texts = [item["text"]] if transcript is None else transcript.render(item["text"])
+        to_stderr = split_streams and item.stream == "stderr"
+        texts = [item.text] if transcript is None else transcript.render(item.text)
         for text in texts:
             print(text, file=sys.stderr if to_stderr else sys.stdout, flush=True)
 
@@ -115,13 +112,13 @@ class Follower:
 
     def __init__(
         self,
-        client: CorralClient,
+        client: Client,
         run_id: str,
         *,
         stream: bool,
         split_streams: bool = True,  # a command's stderr lines to stderr (--wait)
         say: Callable[[str], None] | None = None,
-        show: Callable[[dict[str, Any]], None] | None = None,
+        show: Callable[[LogLine], None] | None = None,
     ) -> None:
         self.client = client
         self.run_id = run_id
@@ -135,7 +132,7 @@ class Follower:
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._said: tuple[str, float] | None = None
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Run:
         """The finished run; Ctrl-C says how to cancel it and exits 130."""
         try:
             return self._follow()
@@ -146,17 +143,17 @@ class Follower:
             )
             raise SystemExit(EXIT_INTERRUPTED) from None
 
-    def _follow(self) -> dict[str, Any]:
+    def _follow(self) -> Run:
         while True:
             try:
                 run = self.client.get_run(self.run_id)
                 self.connected = True
-                self.status = run["status"]
-                if run["status"] == "pending":
+                self.status = run.status
+                if run.status == "pending":
                     self._waiting(run)
                     time.sleep(PENDING_POLL_S)
                     continue
-                if not self.stream and run["status"] not in TERMINAL:
+                if not self.stream and run.status not in TERMINAL:
                     time.sleep(PENDING_POLL_S)
                     continue
                 ended = self._stream() if self.stream else run
@@ -168,36 +165,34 @@ class Follower:
             if ended is not None:
                 return ended
 
-    def _stream(self) -> dict[str, Any] | None:
+    def _stream(self) -> Run | None:
         """Print lines until the end (returned); None if the stream stopped short."""
         for item in self.client.follow_logs(self.run_id, self.after):
-            if item["event"] == "end":
-                run: dict[str, Any] = item["run"]
-                return run
-            self.after = item["id"]
+            if isinstance(item, Run):
+                return item
+            self.after = item.id
             self.printed += 1
-            self.tail.append(item["text"])
+            self.tail.append(item.text)
             self.show(item)
         return None  # the coordinator closed the stream (shutting down): follow again
 
-    def _waiting(self, run: dict[str, Any]) -> None:
-        reason = waiting_reason(run, self.client.runners(), self._holder(run))
+    def _waiting(self, run: Run) -> None:
+        reason = waiting_reason(run, self.client.list_runners(), self._holder(run))
         now = time.monotonic()
         if self._said and self._said[0] == reason and now - self._said[1] < REPEAT_WAITING_S:
             return
         self._said = (reason, now)
         self.say(f"{self.run_id} {reason}")
 
-    def _holder(self, run: dict[str, Any]) -> str | None:
+    def _holder(self, run: Run) -> str | None:
         """The runner holding the session a resume continues (None for other runs)."""
-        if run["type"] != "resume_session" or not run["session_id"]:
+        if run.type != "resume_session" or not run.session_id:
             return None
         try:
-            session = self.client.call("GET", f"/sessions/{run['session_id']}")
+            session = self.client.get_session(run.session_id)
         except NotFound:
             return None
-        holder: str | None = session["runner_id"]
-        return holder
+        return session.runner_id
 
     def _reconnect(self, exc: Unavailable) -> None:
         self.say(f"{exc.message}; reconnecting (Ctrl-C to stop waiting)")
@@ -213,9 +208,9 @@ class Follower:
             self._said = None
             return
 
-    def report_end(self, run: dict[str, Any]) -> int:
+    def report_end(self, run: Run) -> int:
         """The closing line (and a failure's reason); returns the exit status."""
-        status = run["status"]
+        status = run.status
         if status == "completed":
             self.say(f"{self.run_id} completed")
             return 0
@@ -223,6 +218,6 @@ class Follower:
             self.say("last lines:")
             for line in self.tail:
                 self.say(f"  {line}")
-        reason = run.get("error") or ""
+        reason = run.error or ""
         self.say(f"{self.run_id} {status}" + (f": {reason}" if reason else ""))
         return exit_status(run)

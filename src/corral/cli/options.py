@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from corral.client import DEFAULT_URL, CorralClient
+from corral.client import DEFAULT_URL, Client
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -82,10 +82,10 @@ def given_token() -> str | None:
     return token
 
 
-def connect(url: str) -> CorralClient:
+def connect(url: str) -> Client:
     """A client of the coordinator at ``url`` with the token the user gave (or the local
     ``.corral/credentials``)."""
-    return CorralClient(url, token=given_token())
+    return Client(url, token=given_token())
 
 
 def comma_list(text: str) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 import click
+from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
@@ -83,7 +84,18 @@ def plain_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2))
+    """JSON as the API answers it (the client's models printed as their JSON)."""
+    click.echo(json.dumps(plain(data), indent=2))
+
+
+def plain(data: Any) -> Any:
+    if isinstance(data, BaseModel):
+        return data.model_dump(mode="json")
+    if isinstance(data, list | tuple):
+        return [plain(item) for item in data]
+    if isinstance(data, dict):
+        return {key: plain(value) for key, value in data.items()}
+    return data
 
 
 def money(usd: float | None) -> str:
@@ -98,9 +110,9 @@ def money(usd: float | None) -> str:
     return f"${usd:.4f}"
 
 
-def local_time(iso: str | None) -> str:
+def local_time(when: datetime | str | None) -> str:
     """An API time (ISO 8601, UTC) in local time with its zone: ``2026-11-26 06:01:02 CET``."""
-    if not iso:
+    if not when:
         return ""
-    stamp = datetime.fromisoformat(iso).astimezone()
+    stamp = (datetime.fromisoformat(when) if isinstance(when, str) else when).astimezone()
     return stamp.strftime("%Y-%m-%d %H:%M:%S %Z")

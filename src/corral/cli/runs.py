@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from collections.abc import Iterator
 
 import click
 
@@ -11,7 +11,7 @@ from corral.cli.follow import Follower, line_printer
 from corral.cli.options import connect, coordinator_url, json_option, limit_option
 from corral.cli.output import current, local_time, money, print_json
 from corral.cli.plan_progress import first_line
-from corral.client import CorralClient
+from corral.client import Client, LogLine, Run
 from corral.errors import InvalidRequest, NotFound
 from corral.runs import TERMINAL
 
@@ -36,16 +36,16 @@ def runs_list(url: str, status: str | None, session: str | None, limit: int, as_
         return
     rows = [
         [
-            run["run_id"],
-            run["type"],
-            run["status"],
-            run["runner_id"] or "",
-            str(run["attempts"]),
-            local_time(run["created_at"]),
-            money(run["cost_usd"]),
-            first_line(run["error"]),
+            run.run_id,
+            run.type,
+            run.status,
+            run.runner_id or "",
+            str(run.attempts),
+            local_time(run.created_at),
+            money(run.cost_usd),
+            first_line(run.error),
         ]
-        for run in page["runs"]
+        for run in page.runs
     ]
     headers = ["run", "type", "status", "runner", "attempts", "created", "cost", "error"]
     current().table(headers, rows)
@@ -66,33 +66,33 @@ def runs_get(url: str, as_json: bool, run_id: str) -> None:
         click.echo(f"{name + ':':<12}{value}")
 
 
-def describe(run: dict[str, Any]) -> list[tuple[str, str]]:
+def describe(run: Run) -> list[tuple[str, str]]:
     """The fields of a run worth reading, in reading order, the empty ones left out."""
-    status = run["status"]
-    if run["exit_code"] is not None and status != "completed":
-        status += f" (exit {run['exit_code']})"
-    if run["cancel_requested"] and run["status"] not in TERMINAL:
+    status: str = run.status
+    if run.exit_code is not None and status != "completed":
+        status += f" (exit {run.exit_code})"
+    if run.cancel_requested and run.status not in TERMINAL:
         status += " (cancel requested)"
     fields = [
-        ("run", run["run_id"]),
-        ("type", run["type"]),
+        ("run", run.run_id),
+        ("type", run.type),
         ("status", status),
-        ("command", shlex.join(run["command"]) if run["command"] else ""),
-        ("session", run["session_name"] or run["session_id"] or ""),
-        ("agent", run["agent_name"] or ""),
-        ("prompt", first_line(run["prompt"])),
-        ("task", run["task_id"] or ""),
-        ("labels", ", ".join(run["labels"])),
-        ("directory", run["project_dir"] or ""),
-        ("runner", run["runner_id"] or ""),
-        ("attempts", f"{run['attempts']} of {run['max_attempts']}"),
-        ("created", local_time(run["created_at"])),
-        ("started", local_time(run["started_at"])),
-        ("finished", local_time(run["finished_at"])),
-        ("cost", money(run["cost_usd"])),
-        ("turns", str(run["num_turns"]) if run["num_turns"] is not None else ""),
-        ("error", run["error"] or ""),
-        ("result", first_line(run["result"])),
+        ("command", shlex.join(run.command) if run.command else ""),
+        ("session", run.session_name or run.session_id or ""),
+        ("agent", run.agent_name or ""),
+        ("prompt", first_line(run.prompt)),
+        ("task", run.task_id or ""),
+        ("labels", ", ".join(run.labels)),
+        ("directory", run.project_dir or ""),
+        ("runner", run.runner_id or ""),
+        ("attempts", f"{run.attempts} of {run.max_attempts}"),
+        ("created", local_time(run.created_at)),
+        ("started", local_time(run.started_at)),
+        ("finished", local_time(run.finished_at)),
+        ("cost", money(run.cost_usd)),
+        ("turns", str(run.num_turns) if run.num_turns is not None else ""),
+        ("error", run.error or ""),
+        ("result", first_line(run.result)),
     ]
     return [(name, value) for name, value in fields if value]
 
@@ -108,7 +108,7 @@ def runs_cancel(url: str, as_json: bool, run_id: str) -> None:
     if as_json:
         print_json(run)
         return
-    state = "cancel requested" if run["status"] not in TERMINAL else run["status"]
+    state = "cancel requested" if run.status not in TERMINAL else run.status
     click.echo(f"{run_id} {state}")
 
 
@@ -135,20 +135,20 @@ def runs_retry(url: str, as_json: bool, run_id: str) -> None:
     """Run a finished run again, as a new run with the same spec; prints the new id."""
     with connect(url) as client:
         run = client.get_run(run_id)
-        if run["status"] not in TERMINAL:
-            raise InvalidRequest(f"{run_id} is {run['status']}: only a finished run is retried")
-        if run["type"] == "task":
+        if run.status not in TERMINAL:
+            raise InvalidRequest(f"{run_id} is {run.status}: only a finished run is retried")
+        if run.type == "task":
             raise InvalidRequest(f"{run_id} is a task's run: retry it with `corral tasks retry`")
-        spec = {key: run[key] for key in _RETRIED if run[key] not in (None, [])}
-        if run["type"] == "resume_session":
-            spec["session_id"] = run["session_id"]
-        elif run["session_name"]:
-            spec["session_name"] = run["session_name"]
+        spec = {key: getattr(run, key) for key in _RETRIED if getattr(run, key) not in (None, [])}
+        if run.type == "resume_session":
+            spec["session_id"] = run.session_id
+        elif run.session_name:
+            spec["session_name"] = run.session_name
         created = client.create_run(**spec)
     if as_json:
         print_json(created)
     else:
-        click.echo(created["run_id"])
+        click.echo(created.run_id)
 
 
 @click.command()
@@ -169,7 +169,7 @@ def logs(url: str, follow: bool, raw: bool, as_json: bool, run_id: str) -> None:
     """
     with connect(url) as client:
         run = client.get_run(run_id)
-        show = line_printer(run["type"], raw=raw, as_json=as_json, split_streams=False)
+        show = line_printer(run.type, raw=raw, as_json=as_json, split_streams=False)
         if follow:
             follower = Follower(client, run_id, stream=True, split_streams=False, show=show)
             code = follower.report_end(follower.run())
@@ -180,14 +180,14 @@ def logs(url: str, follow: bool, raw: bool, as_json: bool, run_id: str) -> None:
             show(item)
 
 
-def _all_lines(client: CorralClient, run_id: str) -> Any:
+def _all_lines(client: Client, run_id: str) -> Iterator[LogLine]:
     after = 0
     while True:
         page = client.logs(run_id, after)
-        yield from page["lines"]
-        if not page["lines"]:
+        yield from page.lines
+        if not page.lines:
             return
-        after = page["next_after"]
+        after = page.next_after
 
 
 @click.command("wait")
@@ -226,19 +226,19 @@ def result(url: str, as_json: bool, session: str) -> None:
     if as_json:
         print_json(found)
         return
-    click.echo(found["result"] or "")
-    if found["is_error"]:
+    click.echo(found.result or "")
+    if found.is_error:
         raise SystemExit(1)
 
 
-def _why_no_result(client: CorralClient, session: str) -> str:
+def _why_no_result(client: Client, session: str) -> str:
     """A session is recorded once its agent has started: say what became of its runs."""
-    runs = client.list_runs(session=session, limit=1)["runs"]
+    runs = client.list_runs(session=session, limit=1).runs
     if not runs:
         return f"no session {session!r}: no run was ever started with that name or id"
     run = runs[0]
-    status = run["status"]
+    status = run.status
     if status in ("pending", "claimed", "running"):
-        return f"session {session!r} has no result yet: its run {run['run_id']} is {status}"
-    why = f": {first_line(run['error'])}" if run["error"] else ""
-    return f"session {session!r} has no result: its run {run['run_id']} {status}{why}"
+        return f"session {session!r} has no result yet: its run {run.run_id} is {status}"
+    why = f": {first_line(run.error)}" if run.error else ""
+    return f"session {session!r} has no result: its run {run.run_id} {status}{why}"

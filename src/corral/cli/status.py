@@ -11,7 +11,7 @@ import click
 from corral.cli.options import connect, coordinator_url, json_option
 from corral.cli.output import current, local_time, money, print_json
 from corral.cli.plan_progress import first_line
-from corral.client import CorralClient
+from corral.client import Client, Run, Runner, Stats
 
 STATE_ORDER = ("pending", "claimed", "running", "completed", "failed", "timed_out", "cancelled")
 RECENT_FAILURES = 5
@@ -29,65 +29,66 @@ def status(url: str, as_json: bool) -> None:
         print_json(found)
         return
     out = current()
-    stats = found["stats"]
-    click.echo(f"coordinator  {client.url}  (corral {stats['version']})")
-    live = [r for r in found["runners"] if r["state"] in ("active", "draining")]
-    used = sum(r["slots_used"] for r in live)
-    total = sum(r["slots_total"] for r in live)
+    stats: Stats = found["stats"]
+    runners: list[Runner] = found["runners"]
+    failures: list[Run] = found["recent_failures"]
+    click.echo(f"coordinator  {client.url}  (corral {stats.version})")
+    live = [r for r in runners if r.state in ("active", "draining")]
+    used = sum(r.slots_used for r in live)
+    total = sum(r.slots_total for r in live)
     click.echo(f"runners      {len(live)} live, {used}/{total} slots in use")
     if live:
         out.table(
             ["runner", "name", "state", "slots", "labels"],
             [
                 [
-                    r["runner_id"],
-                    r["name"],
-                    r["state"],
-                    f"{r['slots_used']}/{r['slots_total']}",
-                    ",".join(r["labels"]),
+                    r.runner_id,
+                    r.name,
+                    r.state,
+                    f"{r.slots_used}/{r.slots_total}",
+                    ",".join(r.labels),
                 ]
                 for r in live
             ],
         )
-    counts = stats["runs"]
+    counts = stats.runs
     by_state = "  ".join(f"{s} {counts[s]}" for s in STATE_ORDER if counts.get(s))
     click.echo(f"runs         {by_state or 'none yet'}")
     click.echo(f"cost today   {money(found['cost_today_usd'])}")
-    failures = found["recent_failures"]
     if failures:
         click.echo("recent failures")
         out.table(
             ["run", "status", "finished", "error"],
             [
-                [r["run_id"], r["status"], local_time(r["finished_at"]), first_line(r["error"])]
+                [r.run_id, r.status, local_time(r.finished_at), first_line(r.error)]
                 for r in failures
             ],
         )
 
 
-def gather(client: CorralClient) -> dict[str, Any]:
+def gather(client: Client) -> dict[str, Any]:
     return {
         "url": client.url,
-        "stats": client.call("GET", "/stats"),
-        "runners": client.runners(),
-        "recent_failures": client.list_runs(status="failed,timed_out", limit=RECENT_FAILURES)[
-            "runs"
-        ],
+        "stats": client.stats(),
+        "runners": client.list_runners(),
+        "recent_failures": client.list_runs(
+            status=["failed", "timed_out"], limit=RECENT_FAILURES
+        ).runs,
         "cost_today_usd": cost_today(client),
     }
 
 
-def cost_today(client: CorralClient) -> float:
+def cost_today(client: Client) -> float:
     """What the runs created since local midnight cost (newest first: stop at yesterday)."""
     midnight = datetime.now().astimezone().replace(hour=0, minute=0, second=0, microsecond=0)
     total = 0.0
     before = None
     while True:
         page = client.list_runs(limit=PAGE, before=before)
-        for run in page["runs"]:
-            if datetime.fromisoformat(run["created_at"]) < midnight:
+        for run in page.runs:
+            if run.created_at is None or run.created_at < midnight:
                 return total
-            total += run["cost_usd"] or 0.0
-        before = page["next"]
+            total += run.cost_usd or 0.0
+        before = page.next
         if before is None:
             return total

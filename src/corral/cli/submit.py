@@ -10,7 +10,7 @@ import click
 from corral.cli.follow import Follower, line_printer, no_match_warning
 from corral.cli.options import connect, coordinator_url, labels_from, option
 from corral.cli.output import print_json
-from corral.client import CorralClient
+from corral.client import Client, RunCreated
 from corral.errors import Conflict, NotFound
 
 # A first word that is one of corral's own commands is almost surely a typo of one.
@@ -32,26 +32,26 @@ _TOP_COMMANDS = (
 )
 
 
-def _created(client: CorralClient, created: dict[str, Any], wait: bool, as_json: bool) -> None:
-    run_id = created["run_id"]
+def _created(client: Client, created: RunCreated, wait: bool, as_json: bool) -> None:
+    run_id = created.run_id
     if not wait:
         if as_json:
             print_json(created)
         else:
             click.echo(run_id)
         run = client.get_run(run_id)
-        if warning := no_match_warning(client, list(run["labels"])):
+        if warning := no_match_warning(client, run.labels):
             click.echo(f"warning: {warning}", err=True)
         return
     click.echo(f"{run_id} queued", err=True)  # first: the id is known whatever happens next
-    show = line_printer(client.get_run(run_id)["type"])
+    show = line_printer(client.get_run(run_id).type)
     follower = Follower(client, run_id, stream=True, show=show)
     run = follower.run()
     code = follower.report_end(run)
     if as_json:
         print_json(run)
-    elif run.get("result"):
-        click.echo(run["result"])  # an agent's answer, last: `| tail -1` gets it
+    elif run.result:
+        click.echo(run.result)  # an agent's answer, last: `| tail -1` gets it
     if code:
         raise SystemExit(code)
 
@@ -135,13 +135,13 @@ def _clean(fields: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def _refuse_taken_name(client: CorralClient, name: str) -> None:
+def _refuse_taken_name(client: Client, name: str) -> None:
     try:
-        session = client.call("GET", f"/sessions/{name}")
+        session = client.get_session(name)
     except NotFound:
         return
     raise Conflict(
-        f"session {name!r} exists (last run {session['last_run_id']}): continue it with "
+        f"session {name!r} exists (last run {session.last_run_id}): continue it with "
         f"`corral resume {name} PROMPT`, or start another with the same name with --new",
         code="session_exists",
     )
@@ -163,7 +163,7 @@ def start(url: str, wait: bool, as_json: bool, new: bool, **fields: Any) -> None
     with connect(url) as client:
         if fields["session_name"] and not new:
             _refuse_taken_name(client, fields["session_name"])
-        created = client.create_run(type="start_session", **_clean(fields))
+        created = client.create_run("start_session", **_clean(fields))
         _created(client, created, wait, as_json)
 
 
@@ -182,7 +182,7 @@ def resume(url: str, wait: bool, as_json: bool, session: str, **fields: Any) -> 
     """Resume SESSION (its id or name) with PROMPT, on the runner that holds it."""
     fields.pop("project_dir", None)  # a resume runs where the session lives
     with connect(url) as client:
-        created = client.create_run(type="resume_session", session_id=session, **_clean(fields))
+        created = client.create_run("resume_session", session_id=session, **_clean(fields))
         _created(client, created, wait, as_json)
 
 
@@ -222,5 +222,5 @@ def run_command(
     corral run --wait --label gpu -- python train.py
     """
     with connect(url) as client:
-        created = client.create_run(type="command", command=list(command), **_clean(fields))
+        created = client.create_run("command", command=list(command), **_clean(fields))
         _created(client, created, wait, as_json)

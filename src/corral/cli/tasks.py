@@ -7,7 +7,7 @@ import json
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from rich.tree import Tree
 
 from corral.cli.options import comma_list, connect, option, token_option
 from corral.cli.plan_progress import ACTIVE, EXIT_PAUSED, first_line, state_label, summary, watch
-from corral.client import CorralClient
+from corral.client import Client, NewTask, Project, Task
 from corral.errors import InvalidRequest
 from corral.runner.settings import RunnerSettings
 from corral.tasks.embedded import (
@@ -43,23 +43,19 @@ class Context:
         self.db = db or str(repo / ".corral" / "corral.db")
 
     @contextlib.contextmanager
-    def client(self, runner: RunnerSettings | None = None) -> Iterator[CorralClient]:
+    def client(self, runner: RunnerSettings | None = None) -> Iterator[Client]:
         if self.url:
             with connect(self.url) as client:
                 yield client
             return
         with (
             Embedded(self.db, runner=runner) as embedded,
-            CorralClient(embedded.url, token=embedded.token) as client,
+            Client(embedded.url, token=embedded.token) as client,
         ):
             yield client
 
-    def project(self, client: CorralClient, **settings: Any) -> dict[str, Any]:
-        body = {"repo_path": str(self.repo), "target_branch": self.branch, **settings}
-        project: dict[str, Any] = client.call(
-            "POST", "/projects", json={k: v for k, v in body.items() if v is not None}
-        )
-        return project
+    def project(self, client: Client, **settings: Any) -> Project:
+        return client.ensure_project(str(self.repo), self.branch, **settings)
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -140,22 +136,17 @@ def add(
 ) -> None:
     """Add one task."""
     key = key or re.sub(r"[^A-Za-z0-9._-]+", "-", title.lower()).strip("-.")[:64] or "task"
-    task = {
-        "id": key,
-        "title": title,
-        "prompt": prompt,
-        "priority": priority,
-        "agent": agent,
-        "max_attempts": max_attempts,
-        "after": [a.strip() for a in after.split(",") if a.strip()],
-    }
+    task = NewTask(
+        id=key,
+        title=title,
+        prompt=prompt,
+        priority=priority,
+        agent=agent,
+        max_attempts=max_attempts,
+        after=[a.strip() for a in after.split(",") if a.strip()],
+    )
     with obj.client() as client:
-        project = obj.project(client)
-        client.call(
-            "POST",
-            f"/projects/{project['project_id']}/tasks",
-            json={"tasks": [{k: v for k, v in task.items() if v is not None}]},
-        )
+        client.add_tasks(obj.project(client).project_id, [task])
     click.echo(key)
 
 
@@ -167,18 +158,18 @@ def plan(obj: Context, path: Path) -> None:
     loaded = load_plan(path)
     if loaded.target_branch:
         obj.branch = loaded.target_branch
-    tasks_json = [
-        {
-            "id": t.key,
-            "title": t.title,
-            "prompt": t.prompt,
-            "after": list(t.after),
-            "priority": t.priority,
-            "labels": list(t.labels),
-            "agent": t.agent,
-            "max_attempts": t.max_attempts,
-            "budget_usd": t.budget_usd,
-        }
+    new_tasks = [
+        NewTask(
+            id=t.key,
+            title=t.title,
+            prompt=t.prompt,
+            after=list(t.after),
+            priority=t.priority,
+            labels=list(t.labels),
+            agent=t.agent,
+            max_attempts=t.max_attempts,
+            budget_usd=t.budget_usd,
+        )
         for t in loaded.tasks
     ]
     with obj.client() as client:
@@ -188,17 +179,10 @@ def plan(obj: Context, path: Path) -> None:
             on_no_changes=loaded.on_no_changes,
             budget_usd=loaded.budget_usd,
         )
-        result = client.call(
-            "POST",
-            f"/projects/{project['project_id']}/tasks",
-            json={
-                "tasks": [{k: v for k, v in t.items() if v is not None} for t in tasks_json],
-                "digest": loaded.digest,
-            },
-        )
+        result = client.add_tasks(project.project_id, new_tasks, digest=loaded.digest)
     click.echo(
-        f"{len(result['created'])} added, {len(result['updated'])} updated, "
-        f"{len(result['unchanged'])} unchanged ({obj.branch})"
+        f"{len(result.created)} added, {len(result.updated)} updated, "
+        f"{len(result.unchanged)} unchanged ({obj.branch})"
     )
 
 
@@ -285,14 +269,12 @@ def run(
             retry_backoff_s=retry_backoff_s,
             resolve_conflicts=resolve_conflicts,
         )
-        pid = project["project_id"]
+        pid = project.project_id
         # A pause lasts until `tasks resume`: starting claims only if it is not paused.
-        client.call("POST", f"/projects/{pid}/start", json={"workers": workers})
-        state, interrupted = watch(
-            lambda: client.call("GET", f"/projects/{pid}/tasks"), started, console
-        )
-        client.call("POST", f"/projects/{pid}/stop")
-        state = client.call("GET", f"/projects/{pid}/tasks")
+        client.start_plan(pid, workers)
+        state, interrupted = watch(lambda: client.plan_status(pid).to_json(), started, console)
+        client.stop_plan(pid)
+        state = client.plan_status(pid).to_json()
     code = summary(console, state, time.monotonic() - started, interrupted)
     _checkout_note(obj, tip_before, sync_checkout)
     raise SystemExit(code)
@@ -330,15 +312,16 @@ def _checkout_note(obj: Context, tip_before: str, sync: bool) -> None:
         console.print(f"updated your checkout of {obj.branch} to {tip[:12]}")
 
 
-def _project_id(obj: Context, client: CorralClient) -> str:
-    return str(obj.project(client)["project_id"])
+def _project_id(obj: Context, client: Client) -> str:
+    return obj.project(client).project_id
 
 
 def _plan_state(obj: Context) -> dict[str, Any]:
     """The plan's tasks. Without a coordinator of its own, a task under way while no
     ``tasks run`` is alive on this repository was left by one that died: interrupted."""
     with obj.client() as client:
-        state: dict[str, Any] = client.call("GET", f"/projects/{_project_id(obj, client)}/tasks")
+        # plan_progress renders the API's JSON, and marks interrupted tasks in it
+        state = client.plan_status(_project_id(obj, client)).to_json()
     if not obj.url and not run_in_progress(obj.repo):
         for task in state["tasks"]:
             task["interrupted"] = task.get("interrupted") or task["status"] in ACTIVE
@@ -416,36 +399,45 @@ def graph(obj: Context, as_json: bool) -> None:
     console.print(tree)
 
 
-def _task_command(name: str, doc: str) -> click.Command:
+def _task_command(name: str, act: Callable[[Client, str, str], Task], doc: str) -> click.Command:
     @click.command(name, help=doc)
     @click.argument("key")
     @click.pass_obj
     def command(obj: Context, key: str) -> None:
         with obj.client() as client:
-            task = client.call("POST", f"/projects/{_project_id(obj, client)}/tasks/{key}/{name}")
-        click.echo(f"{key} {task['status']}")
+            task = act(client, _project_id(obj, client), key)
+        click.echo(f"{key} {task.status}")
 
     return command
 
 
-def _project_command(name: str, doc: str) -> click.Command:
+def _project_command(name: str, act: Callable[[Client, str], bool], doc: str) -> click.Command:
     @click.command(name, help=doc)
     @click.pass_obj
     def command(obj: Context) -> None:
         with obj.client() as client:
-            client.call("POST", f"/projects/{_project_id(obj, client)}/{name}")
+            act(client, _project_id(obj, client))
         click.echo(f"{obj.branch} {name}d")
 
     return command
 
 
-tasks.add_command(_task_command("retry", "Retry a failed, conflicted or cancelled task."))
-tasks.add_command(_task_command("cancel", "Cancel a task; its dependents will not run."))
+tasks.add_command(
+    _task_command("retry", Client.retry_task, "Retry a failed, conflicted or cancelled task.")
+)
+tasks.add_command(
+    _task_command("cancel", Client.cancel_task, "Cancel a task; its dependents will not run.")
+)
 tasks.add_command(
     _project_command(
         "pause",
+        Client.pause_plan,
         "Claim no new tasks until `corral tasks resume`. Tasks under way finish and are "
         f"merged; a `tasks run` then exits with status {EXIT_PAUSED}, and so does a new one.",
     )
 )
-tasks.add_command(_project_command("resume", "Claim tasks again (`corral tasks run` goes on)."))
+tasks.add_command(
+    _project_command(
+        "resume", Client.resume_plan, "Claim tasks again (`corral tasks run` goes on)."
+    )
+)

@@ -31,11 +31,11 @@ def tokens() -> None:
 )
 def create(url: str, role: str, name: str, labels: str | None) -> None:
     """Create a token; prints it once (only its hash is kept)."""
-    body = {"role": role, "name": name, "labels": None if labels is None else comma_list(labels)}
+    labelled = None if labels is None else comma_list(labels)
     with connect(url) as client:
-        created = client.call("POST", "/tokens", json=body)
-    click.echo(f"{created['token_id']} ({role}{f', {name}' if name else ''})", err=True)
-    click.echo(created["token"])
+        created = client.create_token(role, name=name, labels=labelled)
+    click.echo(f"{created.token_id} ({role}{f', {name}' if name else ''})", err=True)
+    click.echo(created.token)
 
 
 @tokens.command("list")
@@ -44,18 +44,18 @@ def create(url: str, role: str, name: str, labels: str | None) -> None:
 def list_tokens(url: str, as_json: bool) -> None:
     """Every token (never their secrets), revoked ones too."""
     with connect(url) as client:
-        found = client.call("GET", "/tokens")["tokens"]
+        found = client.list_tokens()
     if as_json:
         print_json(found)
         return
     rows = [
         (
-            t["token_id"],
-            t["name"],
-            t["role"],
-            "" if t["labels"] is None else ",".join(t["labels"]) or "(none)",
-            local_time(t["created_at"]),
-            local_time(t["revoked_at"]),
+            t.token_id,
+            t.name,
+            t.role,
+            "" if t.labels is None else ",".join(t.labels) or "(none)",
+            local_time(t.created_at),
+            local_time(t.revoked_at),
         )
         for t in found
     ]
@@ -68,5 +68,5 @@ def list_tokens(url: str, as_json: bool) -> None:
 def revoke(url: str, token_id: str) -> None:
     """Refuse TOKEN_ID from now on; runners connected with it are disconnected."""
     with connect(url) as client:
-        client.call("POST", f"/tokens/{token_id}/revoke")
+        client.revoke_token(token_id)
     click.echo(f"{token_id} revoked")

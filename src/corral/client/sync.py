@@ -1,0 +1,276 @@
+"""``corral.Client``: the coordinator's REST API from blocking Python code."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from corral.client import calls
+from corral.client.calls import DEFAULT_URL, Call
+from corral.client.models import (
+    Agent,
+    AgentProfiles,
+    CreatedToken,
+    LogLine,
+    LogPage,
+    NewTask,
+    PlanStatus,
+    Project,
+    Run,
+    RunCreated,
+    Runner,
+    RunPage,
+    Session,
+    SessionResult,
+    Stats,
+    Task,
+    TasksAdded,
+    Token,
+)
+from corral.credentials import auth_headers, read_token
+from corral.errors import Unavailable
+from corral.tokens import Role
+
+T = TypeVar("T")
+
+
+class Client:
+    """A client of one coordinator. Every method sends one request (``wait_run`` and
+    ``follow_logs`` hold one open) and returns typed models; a refusal raises the API's
+    error as a ``corral.errors.CorralError`` whose ``.code`` is the stable code
+    (``session_not_found``, ``unknown_agent``, …); an unreachable coordinator raises
+    ``Unavailable``.
+
+    >>> from corral import Client
+    >>> with Client("http://127.0.0.1:8765") as corral:          # doctest: +SKIP
+    ...     created = corral.run_command(["sh", "-c", "echo hi"])
+    ...     run = corral.wait_run(created.run_id)
+    ...     print(run.status, [line.text for line in corral.logs(run.run_id).lines])
+    completed ['hi']
+
+    ``token``: the bearer token; left out, the one in ``.corral/credentials`` of the
+    current directory (where a local coordinator writes its own); ``""``: none.
+    ``transport``: an ``httpx`` transport (tests).
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=auth_headers(read_token() if token is None else token),
+            timeout=timeout_s,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, call: Call[T]) -> T:
+        try:
+            response = self._http.request(
+                call.method, call.path, params=call.params or None, json=call.body
+            )
+        except httpx.TransportError as exc:
+            raise calls.unreachable(self.url, exc) from exc
+        return call.parse(calls.decode(response))
+
+    def request(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None
+    ) -> Any:
+        """Any endpoint, for what has no method here: the decoded JSON answer."""
+        return self._send(calls.raw(method, path, params, json))
+
+    # ---- runs --------------------------------------------------------------------------------
+
+    def create_run(self, type: str, **fields: Any) -> RunCreated:
+        """Queue a run of ``type`` (``start_session``, ``resume_session`` or ``command``);
+        answers at once. ``fields``: those of ``POST /runs`` (``prompt``, ``labels``, …)."""
+        return self._send(calls.create_run(calls.run_spec(type, **fields)))
+
+    def start_session(self, prompt: str, **fields: Any) -> RunCreated:
+        """Start an agent session; ``session_name``, ``agent_name``, ``project_dir`` …
+
+        >>> corral.start_session("Summarise README.md", session_name="demo")  # doctest: +SKIP
+        RunCreated(run_id='run_…', status=<RunStatus.PENDING: 'pending'>)
+        """
+        return self.create_run("start_session", prompt=prompt, **fields)
+
+    def resume_session(self, session: str, prompt: str, **fields: Any) -> RunCreated:
+        """Continue ``session`` (its id or name) on the runner and directory that hold it."""
+        return self.create_run("resume_session", session_id=session, prompt=prompt, **fields)
+
+    def run_command(self, command: Sequence[str], **fields: Any) -> RunCreated:
+        """Run a command (an argv) on a runner; ``labels``, ``timeout_s``, ``env`` …"""
+        return self.create_run("command", command=command, **fields)
+
+    def create_runs(self, specs: Sequence[dict[str, Any]]) -> list[RunCreated]:
+        """Queue many runs in one transaction: all are created, or none."""
+        return self._send(calls.create_runs(specs))
+
+    def get_run(self, run_id: str) -> Run:
+        return self._send(calls.get_run(run_id))
+
+    def list_runs(
+        self,
+        *,
+        status: str | Iterable[str] | None = None,
+        session: str | None = None,
+        runner_id: str | None = None,
+        before: str | None = None,
+        limit: int = 50,
+    ) -> RunPage:
+        """Newest first; pass ``page.next`` as ``before`` for the next page."""
+        return self._send(
+            calls.list_runs(
+                status=status, session=session, runner_id=runner_id, before=before, limit=limit
+            )
+        )
+
+    def cancel_run(self, run_id: str) -> Run:
+        """Cancel a pending run at once, or ask its runner to stop it."""
+        return self._send(calls.cancel_run(run_id))
+
+    def logs(self, run_id: str, after: int = 0, limit: int = 1000) -> LogPage:
+        """Output lines after the line id ``after``; ``page.next_after`` reads on."""
+        return self._send(calls.logs(run_id, after, limit))
+
+    def follow_logs(self, run_id: str, after: int = 0) -> Iterator[LogLine | Run]:
+        """Each output line as it is written, then the finished ``Run``. A stream the
+        coordinator closed early (it is shutting down) ends without the ``Run``."""
+        try:
+            with self._http.stream(
+                "GET", calls.logs_path(run_id), params=calls.follow_params(after), timeout=None
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    calls.decode(response)
+                for line in response.iter_lines():
+                    if line:
+                        yield calls.log_event(json.loads(line))
+        except httpx.TransportError as exc:
+            raise Unavailable(f"lost the coordinator at {self.url}: {exc}") from exc
+
+    def wait_run(self, run_id: str) -> Run:
+        """Block until the run has ended; returns it (however it ended)."""
+        while True:
+            for item in self.follow_logs(run_id, calls.SKIP_ALL_LINES):
+                if isinstance(item, Run):
+                    return item
+            run = self.get_run(run_id)  # the stream was cut short: it may have ended
+            if run.finished:
+                return run
+
+    # ---- sessions, runners, agents -------------------------------------------------------------
+
+    def list_sessions(self, limit: int = 50) -> list[Session]:
+        """The most recently updated sessions first."""
+        return self._send(calls.list_sessions(limit))
+
+    def get_session(self, session: str) -> Session:
+        """A session by id or name (the most recent with that name)."""
+        return self._send(calls.get_session(session))
+
+    def session_result(self, session: str) -> SessionResult:
+        """The session's latest finished result."""
+        return self._send(calls.session_result(session))
+
+    def list_runners(self) -> list[Runner]:
+        return self._send(calls.list_runners())
+
+    def drain_runner(self, runner_id: str, grace_s: float | None = None) -> Runner:
+        return self._send(calls.drain_runner(runner_id, grace_s))
+
+    def stop_runner(self, runner_id: str) -> Runner:
+        return self._send(calls.stop_runner(runner_id))
+
+    def agent_profiles(self) -> AgentProfiles:
+        """The agent profiles loaded and the ``corral.toml`` they came from."""
+        return self._send(calls.list_agents())
+
+    def list_agents(self) -> list[Agent]:
+        return self.agent_profiles().agents
+
+    def stats(self) -> Stats:
+        return self._send(calls.stats())
+
+    # ---- task graphs ---------------------------------------------------------------------------
+
+    def ensure_project(self, repo_path: str, target_branch: str, **settings: Any) -> Project:
+        """The project of a repository and branch, created on first use."""
+        return self._send(calls.ensure_project(repo_path, target_branch, settings))
+
+    def list_projects(self) -> list[Project]:
+        return self._send(calls.list_projects())
+
+    def get_project(self, project_id: str) -> Project:
+        return self._send(calls.get_project(project_id))
+
+    def add_tasks(
+        self,
+        project_id: str,
+        tasks: Sequence[NewTask | dict[str, Any]],
+        *,
+        digest: str | None = None,
+    ) -> TasksAdded:
+        """Add tasks to a plan (importing the same tasks again changes nothing).
+
+        >>> corral.add_tasks(pid, [NewTask(id="a", title="A")])  # doctest: +SKIP
+        TasksAdded(created=['a'], updated=[], unchanged=[])
+        """
+        return self._send(calls.add_tasks(project_id, tasks, digest))
+
+    def plan_status(self, project_id: str) -> PlanStatus:
+        """The project (with counts per status) and every task."""
+        return self._send(calls.plan_status(project_id))
+
+    def get_task(self, project_id: str, key: str) -> Task:
+        return self._send(calls.get_task(project_id, key))
+
+    def start_plan(self, project_id: str, workers: int) -> list[str]:
+        """Work through the plan with up to ``workers`` tasks at once; the tasks scheduled."""
+        return self._send(calls.start_plan(project_id, workers))
+
+    def stop_plan(self, project_id: str) -> Project:
+        return self._send(calls.stop_plan(project_id))
+
+    def pause_plan(self, project_id: str) -> bool:
+        return self._send(calls.pause_plan(project_id, True))
+
+    def resume_plan(self, project_id: str) -> bool:
+        return self._send(calls.pause_plan(project_id, False))
+
+    def retry_task(self, project_id: str, key: str) -> Task:
+        return self._send(calls.task_action(project_id, key, "retry"))
+
+    def cancel_task(self, project_id: str, key: str) -> Task:
+        return self._send(calls.task_action(project_id, key, "cancel"))
+
+    # ---- tokens (admin) ------------------------------------------------------------------------
+
+    def create_token(
+        self, role: Role | str, *, name: str = "", labels: Sequence[str] | None = None
+    ) -> CreatedToken:
+        """A new token; its secret (``.token``) is in this answer only."""
+        return self._send(calls.create_token(role, name, labels))
+
+    def list_tokens(self) -> list[Token]:
+        return self._send(calls.list_tokens())
+
+    def revoke_token(self, token_id: str) -> Token:
+        return self._send(calls.revoke_token(token_id))
