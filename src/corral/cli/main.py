@@ -19,6 +19,7 @@ from corral.cli import (
     agents,
     doctor,
     gc,
+    mcp,
     runners,
     runs,
     servers,
@@ -78,6 +79,7 @@ for command in (
     agents.agents,
     doctor.doctor,
     tokens.tokens,
+    mcp.mcp,
 ):
     cli.add_command(command)
 

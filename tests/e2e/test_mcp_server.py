@@ -1,0 +1,238 @@
+"""``corral mcp`` end to end: the official SDK's own client (``ClientSession``) over stdio
+and over streamable HTTP, against a real coordinator and runner with the fake Claude CLI.
+
+Every tool is called as an agent would; bad input (a missing or wrong-typed argument, an
+unknown agent or session, a name in use) answers a tool error carrying the API's stable
+code, and stores nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from e2e_support import CORRAL, TOKEN, Cluster, Proc, free_port, wait_until
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult, TextContent
+
+TOOLS = {
+    "start_agent_session",
+    "resume_agent_session",
+    "get_agent_session_status",
+    "get_agent_session_result",
+    "list_agent_sessions",
+    "list_agents",
+    "cancel_run",
+    "run_command",
+    "add_tasks",
+    "plan_status",
+}
+Scenario = Callable[[ClientSession], Awaitable[None]]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextlib.asynccontextmanager
+async def _stdio(cluster: Cluster) -> AsyncIterator[ClientSession]:
+    """``corral mcp`` as Claude Code starts it: a child process speaking on stdio."""
+    params = StdioServerParameters(
+        command=CORRAL,
+        args=["mcp", "--url", cluster.url],
+        env=cluster.env,  # CORRAL_TOKEN: the token the server sends
+        cwd=str(cluster.root),
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+def _start_http(cluster: Cluster) -> int:
+    port = free_port()
+    env = {k: v for k, v in cluster.env.items() if k != "CORRAL_TOKEN"}  # callers bring theirs
+    argv = [CORRAL, "mcp", "--http", "--port", str(port), "--url", cluster.url]
+    server = Proc("mcp-http", argv, env, cluster.root)
+    cluster.procs.append(server)
+    server.start()
+    wait_until(lambda: _port_open(port) or not server.alive(), 30, what="corral mcp --http")
+    assert server.alive(), server.log()
+    return port
+
+
+@contextlib.asynccontextmanager
+async def _http(port: int, token: str | None = TOKEN) -> AsyncIterator[ClientSession]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60.0, read=300.0)) as http,
+        streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+def _over(cluster: Cluster, transport: str, scenario: Scenario) -> None:
+    port = _start_http(cluster) if transport == "http" else 0
+
+    async def main() -> None:
+        connect = _http(port) if transport == "http" else _stdio(cluster)
+        async with connect as session:
+            await scenario(session)
+
+    anyio.run(main)
+
+
+async def _ok(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await session.call_tool(tool, arguments)
+    assert not result.is_error, _text(result)
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def _refused(session: ClientSession, tool: str, **arguments: Any) -> str:
+    """The stable code of a refused call, after checking that it is a tool error."""
+    result = await session.call_tool(tool, arguments)
+    assert result.is_error, result
+    assert result.structured_content is not None, _text(result)
+    error = result.structured_content["error"]
+    assert _text(result) == f"{error['code']}: {error['message']}"
+    code: str = error["code"]
+    return code
+
+
+def _text(result: CallToolResult) -> str:
+    return "".join(c.text for c in result.content if isinstance(c, TextContent))
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_every_tool_against_a_real_coordinator(cluster: Cluster, transport: str) -> None:
+    cluster.start_coordinator()
+    cluster.start_runner("runner-a", slots=2)
+    repo = cluster.root / "repo"
+    repo.mkdir()
+
+    async def scenario(session: ClientSession) -> None:
+        assert {t.name for t in (await session.list_tools()).tools} == TOOLS
+        agents = await _ok(session, "list_agents")
+        assert [a["name"] for a in agents["agents"]] == ["claude"]
+
+        done = await _ok(session, "start_agent_session", session_name="lead", prompt="plan it")
+        assert (done["status"], done["result"]) == ("completed", "turn 1: plan it")
+        again = await _ok(session, "resume_agent_session", session_name="lead", prompt="more")
+        assert (again["result"], again["session_id"]) == ("turn 2: more", done["session_id"])
+
+        started = await _ok(
+            session,
+            "start_agent_session",
+            session_name="child-1",
+            prompt="look [fake:sleep=1]",
+            execution_mode="async_poll",
+        )
+        assert started["status"] == "pending" and started["result"] is None
+        status = await _ok(
+            session, "get_agent_session_status", session_name="child-1", wait_seconds=60
+        )
+        assert (status["status"], status["run_id"]) == ("finished", started["run_id"])
+        result = await _ok(session, "get_agent_session_result", session_name="child-1")
+        assert (result["result"], result["is_error"]) == ("turn 1: look [fake:sleep=1]", False)
+        missing = await _ok(session, "get_agent_session_status", session_name="nobody")
+        assert missing["status"] == "not_existent"
+        listed = await _ok(session, "list_agent_sessions")
+        assert {s["session_name"] for s in listed["sessions"]} == {"lead", "child-1"}
+
+        echoed = await _ok(session, "run_command", command=["sh", "-c", "echo hi; exit 3"])
+        assert (echoed["status"], echoed["exit_code"], echoed["output"]) == ("failed", 3, ["hi"])
+        queued = await _ok(
+            session, "run_command", command=["sleep", "60"], execution_mode="async_poll"
+        )
+        cancelled = await _ok(session, "cancel_run", run_id=queued["run_id"])
+        assert cancelled["run_id"] == queued["run_id"]
+        assert cancelled["status"] == "cancelled" or cancelled["cancel_requested"]
+
+        tasks = [
+            {"id": "schema", "title": "Schema"},
+            {"id": "api", "title": "API", "after": ["schema"]},
+        ]
+        added = await _ok(
+            session, "add_tasks", repo_path=str(repo), target_branch="main", tasks=tasks
+        )
+        assert sorted(added["created"]) == ["api", "schema"]
+        plan = await _ok(session, "plan_status", repo_path=str(repo), target_branch="main")
+        assert {t["id"]: t["status"] for t in plan["tasks"]} == {
+            "schema": "ready",
+            "api": "blocked",
+        }
+
+    _over(cluster, transport, scenario)
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_bad_input_is_a_tool_error_with_its_code_and_stores_nothing(
+    cluster: Cluster, transport: str
+) -> None:
+    cluster.start_coordinator()
+    cluster.start_runner("runner-a")
+    lead = cluster.client.create_run(type="start_session", prompt="hi", session_name="lead")
+    cluster.wait_run(lead["run_id"])
+    before = (cluster.client.list_runs(limit=500), cluster.client.call("GET", "/sessions"))
+
+    async def scenario(session: ClientSession) -> None:
+        refusals = {
+            "missing prompt": await _refused(session, "start_agent_session", session_name="x"),
+            "wrong type": await _refused(
+                session, "get_agent_session_status", session_name="lead", wait_seconds="soon"
+            ),
+            "bad name": await _refused(
+                session, "start_agent_session", session_name="a b", prompt="hi"
+            ),
+            "empty command": await _refused(session, "run_command", command=[]),
+            "unknown agent": await _refused(
+                session, "start_agent_session", session_name="x", prompt="hi", agent_name="nope"
+            ),
+            "unknown session": await _refused(
+                session, "resume_agent_session", session_name="nobody", prompt="hi"
+            ),
+            "no result": await _refused(session, "get_agent_session_result", session_name="nobody"),
+            "name in use": await _refused(
+                session, "start_agent_session", session_name="lead", prompt="hi"
+            ),
+            "unknown run": await _refused(session, "cancel_run", run_id="run_000000000000"),
+            "no plan": await _refused(
+                session, "plan_status", repo_path="/nowhere", target_branch="main"
+            ),
+        }
+        assert refusals == {
+            "missing prompt": "invalid_request",
+            "wrong type": "invalid_request",
+            "bad name": "invalid_request",
+            "empty command": "invalid_request",
+            "unknown agent": "unknown_agent",
+            "unknown session": "session_not_found",
+            "no result": "session_not_found",
+            "name in use": "session_exists",
+            "unknown run": "run_not_found",
+            "no plan": "project_not_found",
+        }
+
+    _over(cluster, transport, scenario)
+    after = (cluster.client.list_runs(limit=500), cluster.client.call("GET", "/sessions"))
+    assert json.dumps(after, sort_keys=True) == json.dumps(before, sort_keys=True)
+
+
+def test_http_without_a_token_is_refused_by_the_coordinator(cluster: Cluster) -> None:
+    cluster.start_coordinator()
+    port = _start_http(cluster)
+
+    async def main() -> None:
+        async with _http(port, token=None) as session:
+            assert await _refused(session, "list_agents") == "unauthorized"
+
+    anyio.run(main)
