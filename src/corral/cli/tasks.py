@@ -16,18 +16,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from corral.cli.options import comma_list, connect, option, token_option
-from corral.cli.plan_progress import ACTIVE, EXIT_PAUSED, first_line, state_label, summary, watch
-from corral.client import Client, NewTask, Project, Task
-from corral.errors import InvalidRequest
-from corral.runner.settings import RunnerSettings
-from corral.tasks.embedded import (
+from corral.cli.embedded import (
     Embedded,
     run_in_progress,
     run_lock,
     runner_name,
     stop_dead_local_runners,
 )
+from corral.cli.options import comma_list, connect, option, token_option
+from corral.cli.plan_progress import ACTIVE, EXIT_PAUSED, first_line, state_label, summary, watch
+from corral.client import Client, NewTask, Project, Task
+from corral.errors import InvalidRequest
+from corral.runner.settings import RunnerSettings
 from corral.tasks.plan import load_plan
 
 console = Console()

@@ -1,4 +1,4 @@
-"""An in-process coordinator (and optionally a local runner) for task commands.
+"""The process ``corral tasks`` assembles: an in-process coordinator, maybe a local runner.
 
 ``corral tasks …`` needs no server set up first: without ``--url`` it starts the
 coordinator on a free loopback port over the repository's own database
