@@ -1,13 +1,13 @@
 """Tasks: what a task is, and the one table of the status transitions it may take.
 
-    blocked ──(last blocker completed)──▶ ready ──claim──▶ claimed ──▶ in_progress
-       │                                    ▲                            │
-       └──(a blocker failed)──▶ blocked_by_failure                       ▼
-                                 (back to blocked/ready on retry)     merging ──▶ completed
-    in_progress | merging ──(attempt failed, attempts left)──▶ ready (after a backoff)
-    in_progress | merging ──(no attempts left)──▶ failed ──retry──▶ ready
-    merging ──(conflict)──▶ merge_conflict ──retry──▶ ready
-    any unfinished ──cancel──▶ cancelled ──retry──▶ ready | blocked
+    blocked ──(last blocker completed)──▶ ready ──claim──▶ claimed ──▶ in_progress ──▶ merging
+    blocked | ready ──(a blocker failed)──▶ blocked_by_failure
+    claimed | in_progress | merging ──(attempt done)──▶ completed | merge_conflict
+                                    ──(attempt failed, attempts left)──▶ ready (after a backoff)
+                                    ──(no attempts left)──▶ failed
+    failed | merge_conflict | cancelled ──retry──▶ ready | blocked
+    blocked_by_failure ──(its failed blockers retried)──▶ ready | blocked
+    any but completed and cancelled ──cancel──▶ cancelled
 
 A transition not in ``TRANSITIONS`` raises ``IllegalTransition`` and changes nothing.
 """
