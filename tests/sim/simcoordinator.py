@@ -1,5 +1,6 @@
-"""The simulated coordinator: the real ``ServerSession`` and ``LinkCore`` inside a model of
-``SocketLink`` (``coordinator/socket.py``) and of ``Coordinator.reconcile_once``.
+"""The simulated coordinator: the real ``RunnerChannel``, ``LinkCore`` and ``Connections``
+inside a model of ``SocketPump`` (``coordinator/socket.py``) and of
+``Coordinator.reconcile_once``.
 
 The real pump awaits each store call in a thread while its other coroutines run. Here a
 store call is an ``Op`` that completes at a later step of the scheduler, so the same
@@ -8,11 +9,13 @@ events, acks and a drain in order while frames keep being read; the push loop's 
 beside them; a session tick may close the link while an op is in flight — the op's store
 effect still happens (a thread is not interrupted) but what follows it in the cancelled
 coroutine does not, nor does queued work. ``_forget`` runs once no op is in flight.
+What the pump keeps of the protocol (the push cursor, finishing reports, cancels sent,
+who was replaced) is the channel's: nothing of it is copied here.
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,23 +24,22 @@ from simnet import CLOSE, Socket
 from simrunner import ACK_INTERVAL_S, LOST_AFTER_S, PING_INTERVAL_S
 from simstore import CrashingStore
 
-from corral.coordinator.link_core import Applied, LinkCore, Registration, finishes
-from corral.coordinator.notifier import RUNS_AVAILABLE
+from corral.coordinator.connections import Connections
+from corral.coordinator.link_core import (
+    ApplyEvents,
+    ChannelOutput,
+    LinkCore,
+    Pushed,
+    PushWork,
+    Registration,
+    RunnerChannel,
+    Wake,
+)
+from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import CorralError
-from corral.ids import RunId
 from corral.protocol import messages as wire
-from corral.protocol.outputs import (
-    Alive,
-    Apply,
-    Close,
-    CommandsAcked,
-    Register,
-    Send,
-    ServerOutput,
-    Stopping,
-)
-from corral.protocol.server import ServerSession
+from corral.protocol.outputs import Alive, Close, CommandsAcked, Register, Send, Stopping
 from corral.store import Store
 
 if TYPE_CHECKING:
@@ -66,21 +68,13 @@ class Op:
 
 
 class ServerLink:
-    def __init__(self, socket: Socket, seq: int, now: float, settings: CoordinatorSettings) -> None:
-        self.seq = seq
+    """The model of one ``SocketPump``: its loops' store calls in flight, and its channel."""
+
+    token_id = None
+
+    def __init__(self, socket: Socket, channel: RunnerChannel) -> None:
         self.socket = socket
-        self.session = ServerSession(
-            now,
-            lost_threshold_s=settings.ws_lost_after_s,
-            ping_interval_s=settings.ws_ping_interval_s,
-            ack_interval_s=settings.ws_ack_interval_s,
-        )
-        self.runner_id: Any = None
-        self.cancels_sent: set[RunId] = set()
-        self.sent_idx = 0  # the push loop's cursor over the runner's stored commands
-        self.finishing: Counter[tuple[str, int]] = Counter()  # final reports read, not applied
-        self.draining = False
-        self.left = False  # the runner closed as one that shuts down
+        self.channel = channel
         self.read_op: Op | None = None  # the registration: no frame is read meanwhile
         self.work: deque[Callable[[], Op]] = deque()  # the store worker's queue
         self.work_op: Op | None = None
@@ -90,6 +84,14 @@ class ServerLink:
         self.push_by = 0.0  # the push loop's wait times out then (poll_timeout_s)
         self.closed = False
         self.forgotten = False
+
+    @property
+    def seq(self) -> int:
+        return self.channel.seq
+
+    @property
+    def runner_id(self) -> Any:
+        return self.channel.runner_id
 
     @property
     def name(self) -> str:
@@ -109,16 +111,14 @@ class SimCoordinator:
         self.up_since = world.now
         self.restart_at: float | None = None
         self.links: list[ServerLink] = []
-        self.by_runner: dict[str, ServerLink] = {}
-        self.pinged: dict[str, None] = {}
+        self.connections = Connections()
         self.next_reconcile = world.now
-        self.seq = 0
 
     # ---- sockets and frames --------------------------------------------------------------
 
     def accept(self, socket: Socket) -> None:
-        self.seq += 1
-        link = ServerLink(socket, self.seq, self.world.now, self.settings)
+        channel = RunnerChannel.open(self.connections.accepted(), self.world.now, self.settings)
+        link = ServerLink(socket, channel)
         socket.link = link
         self.links.append(link)
 
@@ -130,7 +130,8 @@ class SimCoordinator:
         assert link is not None
         text = socket.up.popleft()
         if text is CLOSE:
-            link.left = socket.runner_reason == wire.REASON_RUNNER_SHUTDOWN
+            code = wire.CLOSE_NORMAL if socket.runner_reason else 1006
+            link.channel.disconnected(code, socket.runner_reason)
             self.world.log(f"{link.name} reads the runner's close ({socket.runner_reason!r})")
             self.close(link)
             return
@@ -142,9 +143,9 @@ class SimCoordinator:
         try:
             message = wire.decode(text, side="server")
         except wire.ProtocolError as exc:
-            self.handle(link, link.session.receive_error(exc))
+            self.handle(link, link.channel.receive_error(exc))
             return
-        self.handle(link, link.session.receive(message, self.world.now))
+        self.handle(link, link.channel.receive(message, self.world.now))
 
     def close(self, link: ServerLink) -> None:
         if not link.closed:
@@ -153,9 +154,9 @@ class SimCoordinator:
             link.socket.close_from_server()
             self.forget_if_idle(link)
 
-    # ---- what the session asks -----------------------------------------------------------
+    # ---- what the channel asks -----------------------------------------------------------
 
-    def handle(self, link: ServerLink, outputs: list[ServerOutput]) -> None:
+    def handle(self, link: ServerLink, outputs: list[ChannelOutput]) -> None:
         world, core = self.world, self.core
         for out in outputs:
             if link.closed:
@@ -172,16 +173,13 @@ class SimCoordinator:
                     lambda init=init: core.register(init, world.now),
                     lambda reg, link=link: self.registered(link, reg),
                 )
-            elif isinstance(out, Apply):
-                events, rid = out.events, link.runner_id
-                if ended := finishes(events):  # their slots are free: fill them meanwhile
-                    link.finishing.update(ended)
-                    link.wake = True
+            elif isinstance(out, ApplyEvents):
+                rid = link.runner_id
                 link.work.append(
-                    lambda rid=rid, events=events, link=link: self.op(
+                    lambda rid=rid, out=out, link=link: self.op(
                         "apply",
-                        lambda: self.apply(link, rid, events),
-                        lambda applied: self.applied(link, applied),
+                        lambda: core.apply(rid, out.last_idx, out.events, world.now),
+                        lambda applied: self.handle(link, link.channel.applied(applied)),
                     )
                 )
             elif isinstance(out, CommandsAcked):
@@ -192,15 +190,25 @@ class SimCoordinator:
                     )
                 )
             elif isinstance(out, Alive):
-                self.pinged[link.runner_id] = None
+                self.connections.note_ping(link.runner_id)
             elif isinstance(out, Stopping):
-                link.draining = link.wake = True
                 rid = link.runner_id
                 link.work.append(
                     lambda rid=rid: self.op(
                         "draining", lambda: core.draining(rid, world.now), lambda _: None
                     )
                 )
+            elif isinstance(out, PushWork):
+                link.wake = True
+            elif isinstance(out, Wake):
+                for topic in out.topics:
+                    self.notify(topic)
+
+    def notify(self, topic: str) -> None:
+        """The notifier: a push loop waits on new runs and on its runner's orders."""
+        for link in self.links:
+            if topic == RUNS_AVAILABLE or topic == runner_topic(link.runner_id):
+                link.wake = True
 
     def op(self, kind: str, run: Callable[[], Any], then: Callable[[Any], None]) -> Op:
         rng = self.world.rng
@@ -232,57 +240,25 @@ class SimCoordinator:
 
     def registered(self, link: ServerLink, reg: Registration) -> None:
         world = self.world
-        link.runner_id = reg.runner_id
-        previous = self.by_runner.get(reg.runner_id)
-        if previous is not None and previous is not link and previous.seq > link.seq:
-            world.log(f"{link.name} registered after the newer {previous.name}: evicts itself")
-            self.handle(link, link.session.evict())
+        link.channel.runner_id = reg.runner_id
+        evicted = self.connections.take_over(reg.runner_id, link)  # type: ignore[arg-type]
+        if evicted is link:
+            world.log(f"{link.name} registered after a newer socket: evicts itself")
+            self.handle(link, link.channel.evict())
             return
-        self.by_runner[reg.runner_id] = link
-        if previous is not None and previous is not link:
-            world.log(f"{link.name} evicts {previous.name}")
-            self.handle(previous, previous.session.evict())
-        init = link.session.init
-        assert init is not None
-        floor = init.last_command_idx if init.runner_id == reg.runner_id else 0
-        link.sent_idx = max([c.idx for c in reg.missed], default=floor)
-        self.handle(
-            link,
-            link.session.registered(reg.runner_id, reg.last_event_idx, reg.missed, world.now),
-        )
-        self.wake_all()
-        link.pushing = link.wake = True
+        if evicted is not None:
+            assert isinstance(evicted, ServerLink)
+            world.log(f"{link.name} evicts {evicted.name}")
+            self.handle(evicted, evicted.channel.evict())
+        link.pushing = True
+        self.handle(link, link.channel.registered(reg, world.now))
 
-    def apply(self, link: ServerLink, runner_id: Any, events: Any) -> Applied:
-        try:
-            return self.core.apply(runner_id, events, self.world.now)
-        finally:
-            link.finishing.subtract(finishes(events))
-            link.finishing = +link.finishing
-
-    def applied(self, link: ServerLink, applied: Applied) -> None:
-        if RUNS_AVAILABLE in applied.wake:
-            self.wake_all()
-        if applied.finished or applied.abandon:
-            link.wake = True  # the push loop sends the abandon commands
-            if applied.abandon:
-                self.announce(link)
-        self.handle(link, link.session.applied(applied.last_idx))
-
-    def pushed(self, link: ServerLink, result: list[wire.Indexed] | CorralError) -> None:
+    def pushed(self, link: ServerLink, result: Pushed | CorralError) -> None:
         if isinstance(result, CorralError):
             self.world.log(f"{link.name} push: {result.code}: closes")
             self.close(link)
             return
-        if result:
-            self.handle(link, link.session.push(result))
-            link.sent_idx = max(link.sent_idx, result[-1].idx)
-            self.announce(link)
-
-    def announce(self, link: ServerLink) -> None:
-        """Commands were stored through a socket that is not the runner's newest: wake it."""
-        if self.by_runner.get(link.runner_id) is not link:
-            self.wake_runner(link.runner_id)
+        self.handle(link, link.channel.pushed(result))
 
     def forget_if_idle(self, link: ServerLink) -> None:
         if not link.closed or link.forgotten or link.ops():
@@ -290,12 +266,11 @@ class SimCoordinator:
         link.forgotten = True
         self.links.remove(link)
         rid = link.runner_id
-        if rid is None or self.by_runner.get(rid) is not link:
+        if not self.connections.forget(rid, link):  # type: ignore[arg-type]
             return
-        del self.by_runner[rid]
-        if self.core.gone(rid, link.draining and link.left, self.world.now):
+        if self.core.gone(rid, link.channel.stopped_for_good, self.world.now):
             self.world.log(f"{link.name} left: stopped")
-            self.wake_all()
+            self.notify(RUNS_AVAILABLE)
 
     # ---- loops ---------------------------------------------------------------------------
 
@@ -315,34 +290,21 @@ class SimCoordinator:
             if link.pushing and link.push_op is None and (link.wake or now >= link.push_by):
                 link.wake = False
                 link.push_by = now + self.settings.poll_timeout_s
-                rid, claim, sent = link.runner_id, not link.draining, link.cancels_sent
-                after, ending = link.sent_idx, frozenset(link.finishing)
+                rid, request = link.runner_id, link.channel.push_request()
                 link.push_op = self.op(
                     "push",
-                    lambda rid=rid, claim=claim, sent=sent, after=after, ending=ending: (
-                        self.core.push_work(
-                            rid, self.world.now, sent, claim=claim, after=after, finishing=ending
-                        )
+                    lambda rid=rid, request=request: self.core.push_work(
+                        rid, self.world.now, request
                     ),
                     lambda result, link=link: self.pushed(link, result),
                 )
 
-    def wake_all(self) -> None:
-        for link in self.links:
-            link.wake = True
-
-    def wake_runner(self, runner_id: str) -> None:
-        for link in self.links:
-            if link.runner_id == runner_id:
-                link.wake = True
-
     def tick(self, link: ServerLink) -> None:
-        self.handle(link, link.session.tick(self.world.now))
+        self.handle(link, link.channel.tick(self.world.now))
 
     def reconcile(self) -> None:
         now = self.world.now
-        pinged, self.pinged = list(self.pinged), {}
-        if pinged:
+        if pinged := self.connections.take_pinged():
             self.store.touch_runners(pinged, now)
         done = self.store.reconcile(
             now,
@@ -353,7 +315,7 @@ class SimCoordinator:
         if done.changed:
             self.world.log(f"reconcile: lost {done.lost_runners}, requeued {done.requeued}")
         if self.store.has_claimable(now):  # as reconcile_once: only then are pollers woken
-            self.wake_all()
+            self.notify(RUNS_AVAILABLE)
         self.next_reconcile = now + self.settings.reconcile_interval_s
 
     def deadlines(self) -> list[float]:
@@ -363,7 +325,7 @@ class SimCoordinator:
             times.append(self.restart_at)
         for link in self.links:
             if not link.closed:
-                deadline = link.session.next_deadline()
+                deadline = link.channel.session.next_deadline()
                 if deadline is not None:
                     times.append(deadline)
                 if link.socket.cut and link.socket.notice_at > now:
@@ -390,8 +352,7 @@ class SimCoordinator:
             if not link.socket.cut:
                 world.cut(link.socket, notice=0.0)
         self.links.clear()
-        self.by_runner.clear()
-        self.pinged.clear()
+        self.connections = Connections()
         self.up = False
         self.restart_at = world.now + world.rng.uniform(0.5, 6.0)
 

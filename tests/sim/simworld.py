@@ -1,7 +1,7 @@
 """The deterministic simulation of corral's runner link (DESIGN.md §7).
 
 One ``World`` per seed: a virtual clock, a seeded scheduler, a coordinator
-(``simcoordinator``: real ``ServerSession``, ``LinkCore`` and ``Store`` on SQLite) and
+(``simcoordinator``: real ``RunnerChannel``, ``LinkCore`` and ``Store`` on SQLite) and
 1–3 runner hosts (``simrunner``: real ``RunnerConnection``), joined by ``simnet`` sockets.
 Each step the scheduler picks one thing that can happen — deliver a frame, finish a
 store call, let time pass (timers: pings, acks, backoff, lost timers, reconcile every
@@ -23,7 +23,7 @@ Invariants:
 - liveness: once the faults stop (the coordinator back up, hosts reachable, crashed
   runners restarted), every run ends: completed, or cancelled if a client asked.
 
-What is modelled rather than real: the two pumps (``SocketLink``, the runner's
+What is modelled rather than real: the two pumps (``SocketPump``, the runner's
 ``WebSocketTransport`` and core), the network, and processes. Each model follows its
 module, with the differences said in its docstring.
 """
@@ -46,6 +46,7 @@ from simnet import CLOSE, Socket
 from simrunner import LOST_AFTER_S, RunnerProcess
 from simstore import open_copy, sequential_ids
 
+from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
 from corral.errors import IllegalTransition
 from corral.runs import TERMINAL, TRANSITIONS, NewRun, RunStatus, RunType
 
@@ -297,7 +298,7 @@ class World:
         if coordinator.up and now >= coordinator.next_reconcile:
             coordinator.reconcile()
         for link in list(coordinator.links):
-            deadline = link.session.next_deadline()
+            deadline = link.channel.session.next_deadline()
             if not link.closed and deadline is not None and now >= deadline:
                 coordinator.tick(link)
         for runner in self.runners:
@@ -319,7 +320,7 @@ class World:
             self.status[run.id] = str(RunStatus.PENDING)
             self.history[run.id] = [f"pending at {self.now - T0:.3f}"]
             self.log(f"client creates {run.id}")
-            self.coordinator.wake_all()
+            self.coordinator.notify(RUNS_AVAILABLE)
             return
         run_id = self.created[i] if i < len(self.created) else None
         if run_id is None:
@@ -332,7 +333,7 @@ class World:
             return
         self.log(f"client cancels {run_id} ({run.status})")
         if run.runner_id:
-            self.coordinator.wake_runner(run.runner_id)
+            self.coordinator.notify(runner_topic(run.runner_id))
 
     # ---- runner processes ----------------------------------------------------------------
 
@@ -411,7 +412,7 @@ class World:
                         )
                     holders[attempt.run_id] = runner.label
         for link in self.coordinator.links:
-            if link.session.gaps:
+            if link.channel.session.gaps:
                 self.violation(f"{link.name} received an event index gap")
         (version,) = self.watch.execute("PRAGMA data_version").fetchone()
         if version != self.data_version:

@@ -11,7 +11,6 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from corral import __version__
-from corral.coordinator import socket
 from corral.coordinator.auth import Access, require
 from corral.coordinator.schemas import (
     CreateRun,
@@ -174,7 +173,7 @@ async def drain_runner(
 ) -> dict[str, Any]:
     """Take no new work on this runner; it finishes what it has (up to grace_s) and leaves."""
     coordinator = _coordinator(request)
-    await socket.drain(coordinator, runner_id, body.grace_s if body else 120.0)
+    await coordinator.drain_runner(runner_id, body.grace_s if body else 120.0)
     return runner_json(await coordinator._db(coordinator.store.get_runner, runner_id))
 
 
@@ -182,7 +181,7 @@ async def drain_runner(
 async def stop_runner(runner_id: str, request: Request) -> dict[str, Any]:
     """Stop a runner now: its runs go back to pending for other runners."""
     coordinator = _coordinator(request)
-    await socket.stop(coordinator, runner_id)
+    await coordinator.stop_runner(runner_id)
     return runner_json(await coordinator._db(coordinator.store.get_runner, runner_id))
 
 

@@ -7,7 +7,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import Field
 
-from corral.coordinator import socket
 from corral.coordinator.auth import Access, require
 from corral.coordinator.schemas import iso
 from corral.coordinator.service import Coordinator
@@ -70,5 +69,5 @@ async def revoke_token(token_id: str, request: Request) -> dict[str, Any]:
         coordinator.store.tokens.revoke, token_id, coordinator.clock.now()
     )
     coordinator.auth.forget(token.id)
-    await socket.close_token(coordinator, token.id)
+    await coordinator.close_token(token.id)
     return token_json(token)

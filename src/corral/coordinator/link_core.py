@@ -1,34 +1,46 @@
-"""The coordinator's end of the runner link as plain store operations: ``LinkCore``.
+"""The coordinator's end of one runner socket, without I/O: ``RunnerChannel`` (pure) and
+``LinkCore`` (its store operations).
 
-``ServerSession`` (pure) decides what to ask; ``LinkCore`` does it against the store,
-synchronously and with the time passed in; ``SocketLink`` (the async pump) calls it in a
-thread. The deterministic simulation (``tests/sim``) calls the same methods directly with
-a virtual clock, so what it checks is what the coordinator runs.
+``RunnerChannel`` wraps the protocol's ``ServerSession`` and keeps what the coordinator
+knows of the socket beyond the protocol: the runner it registered as, the push cursor
+(commands sent so far), the final reports read but not yet applied (their slots are free
+on the runner), the cancels already sent, whether the runner drains or left, whether a
+newer socket replaced it. Like the session it is fed (``receive(message, now)``,
+``tick(now)``, what the store answered) and answers with outputs for the pump to carry
+out, in order. ``LinkCore`` does what those outputs ask against the store, synchronously
+and with the time passed in. ``SocketPump`` (``socket.py``) only moves frames, runs
+``LinkCore`` in a thread and waits; the deterministic simulation (``tests/sim``) drives
+the same two objects with a virtual clock, so what it checks is what the coordinator runs.
 
-    Register ──▶ register()      runner row, last applied event, unacknowledged commands
-    Apply    ──▶ apply()         each event's effect, ``last_event_idx``, and an abandon_run
-                                 command for every event refused as lease_lost: one
-                                 transaction (``apply_reports``)
+    Register     ──▶ register()      runner row, last applied event, unacknowledged commands
+    ApplyEvents  ──▶ apply()         each event's effect, ``last_event_idx``, and an
+                                     abandon_run command for every event refused as
+                                     lease_lost: one transaction (``apply_reports``)
     CommandsAcked ──▶ acknowledge()
-    (woken)  ──▶ push_work()     pending runs claimed into start commands, cancel commands,
-                                 then every stored command after the socket's cursor
-    Stopping ──▶ draining()      and once the runner has closed its socket, gone()
-    KvRequested ──▶ (the pump calls ``store.kv.apply_op``)
+    PushWork     ──▶ push_work()     pending runs claimed into start commands, cancel
+                                     commands, then every stored command after the cursor
+    Stopping     ──▶ draining()      and once the runner has closed its socket, gone()
+    KvRequested  ──▶ (the pump calls ``store.kv.apply_op``)
+    Wake         ──▶ (the pump notifies those topics)
+
+Events are parsed once, as they are read (``parse_events``): a malformed one closes the
+socket before anything of its frame is stored.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
 from corral.actors.wire import ActorEvent, lifecycle_event
 from corral.coordinator.actors import actor_wakeups, host_and_serve
-from corral.coordinator.notifier import RUNS_AVAILABLE, logs_topic
+from corral.coordinator.notifier import RUNS_AVAILABLE, logs_topic, runner_topic
 from corral.coordinator.schemas import (
     FinishedEvent,
     LogsEvent,
@@ -41,7 +53,21 @@ from corral.coordinator.schemas import (
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import CorralError, Unavailable
 from corral.ids import RunId, RunnerId
+from corral.protocol import messages as wire
 from corral.protocol.messages import MALFORMED_EVENT, Indexed, ProtocolError, ToServerInit
+from corral.protocol.outputs import (
+    Alive,
+    Apply,
+    Close,
+    CommandsAcked,
+    KvRequested,
+    Register,
+    Send,
+    ServerOutput,
+    Stopping,
+    Tunnelled,
+)
+from corral.protocol.server import ServerSession
 from corral.runners import RunnerState
 from corral.runs import Run, RunStatus
 from corral.store import LogLine, Store
@@ -49,6 +75,7 @@ from corral.store.link import Command
 
 log = logging.getLogger("corral.coordinator")
 Outcome = tuple[CorralError | None, Run | None]  # an event refused, or the run it finished
+Slot = tuple[str, int]  # (run, attempt) the runner holds
 
 _EVENTS: TypeAdapter[RunnerEvent] = TypeAdapter(RunnerEvent)
 
@@ -65,6 +92,214 @@ class Applied:
     abandon: list[Indexed]  # the abandon_run commands stored for them (push_work sends them)
     wake: list[str]  # notifier topics: log followers, and pollers if a run went back
     finished: bool  # a run ended: the runner may have a free slot
+
+
+@dataclass(frozen=True)
+class PushRequest:
+    """What one round of the push loop asks of ``LinkCore.push_work``."""
+
+    claim: bool  # False for a draining runner: it takes nothing new
+    after: int  # the cursor: commands up to here were sent on this socket
+    finishing: frozenset[Slot]  # final reports read, not yet applied: their slots are free
+    cancels_sent: frozenset[RunId]  # a cancel goes out once per socket
+
+
+@dataclass(frozen=True)
+class Pushed:
+    commands: list[Indexed]  # to send, in index order
+    cancels: list[RunId]  # the runs whose cancel commands are among them
+
+
+# ---- what the channel asks beyond the session's outputs ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyEvents:
+    """Commit these parsed events in order (``LinkCore.apply``), then call
+    ``RunnerChannel.applied`` with what it answered."""
+
+    last_idx: int
+    events: tuple[RunnerEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PushWork:
+    """Run a round of the push loop (``RunnerChannel.push_request``): slots may be free,
+    or commands were stored that this socket has not sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """Notify these topics: waiting polls, log followers, the runner's newest socket."""
+
+    topics: tuple[str, ...]
+
+
+ChannelOutput = (
+    Send[wire.ToClientMessage]
+    | Close
+    | Register
+    | ApplyEvents
+    | CommandsAcked
+    | Alive
+    | Stopping
+    | KvRequested
+    | Tunnelled
+    | PushWork
+    | Wake
+)
+
+
+@dataclass
+class RunnerChannel:
+    """One runner socket on the coordinator, pure: the protocol session and what was sent
+    and read on it. ``seq`` orders the sockets as they opened: of two sockets registering
+    as the same runner, the newer one wins (``Connections.take_over``).
+
+    The push loop sends the store's command queue from a cursor rather than what its last
+    round added: a command stored by an ``apply`` (abandon_run) or by an older socket of
+    the same runner (still open because the coordinator has not yet noticed it broke) is
+    never lost or sent after a higher index, which the runner would drop as a duplicate
+    (found by ``tests/sim``)."""
+
+    seq: int
+    session: ServerSession
+    runner_id: RunnerId | None = None
+    draining: bool = False  # it said it stops, or was told to: no more claims
+    left: bool = False  # the runner closed as one that shuts down (its work has stopped)
+    replaced: bool = False  # a newer socket of the runner took over (or this one lost)
+    _sent_idx: int = 0  # commands sent on this socket, up to here
+    _cancels_sent: set[RunId] = field(default_factory=set)
+    _finishing: Counter[Slot] = field(default_factory=Counter)  # read, not yet applied
+    _applying: deque[list[Slot]] = field(default_factory=deque)  # each ApplyEvents' finishes
+
+    @classmethod
+    def open(cls, seq: int, now: float, settings: CoordinatorSettings) -> RunnerChannel:
+        session = ServerSession(
+            now,
+            lost_threshold_s=settings.ws_lost_after_s,
+            ping_interval_s=settings.ws_ping_interval_s,
+            ack_interval_s=settings.ws_ack_interval_s,
+        )
+        return cls(seq, session)
+
+    @property
+    def stopped_for_good(self) -> bool:
+        """It said it was stopping, and then it left: stopped (not if the socket broke)."""
+        return self.draining and self.left
+
+    # ---- fed by the pump ------------------------------------------------------------------
+
+    def receive(self, message: wire.ToServerMessage, now: float) -> list[ChannelOutput]:
+        return self._lift(self.session.receive(message, now))
+
+    def receive_error(self, error: ProtocolError) -> list[ChannelOutput]:
+        return self._lift(self.session.receive_error(error))
+
+    def tick(self, now: float) -> list[ChannelOutput]:
+        return self._lift(self.session.tick(now))
+
+    def disconnected(self, code: int, reason: str | None) -> None:
+        """The runner closed its end (``code``, ``reason``)."""
+        self.left = code == wire.CLOSE_NORMAL and reason == wire.REASON_RUNNER_SHUTDOWN
+
+    def registered(self, registration: Registration, now: float) -> list[ChannelOutput]:
+        """The store knows the runner, and this socket is its newest: greet it; the push
+        loop starts, from after the commands it is sent again now."""
+        init = self.session.init
+        assert init is not None  # Register comes from the Init
+        runner_id = self.runner_id = registration.runner_id
+        floor = init.last_command_idx if init.runner_id == runner_id else 0
+        self._sent_idx = max([c.idx for c in registration.missed], default=floor)
+        greeting = self.session.registered(
+            runner_id, registration.last_event_idx, registration.missed, now
+        )
+        # Resumes bound to this runner's name may run now; its free slots want work.
+        return [*self._lift(greeting), Wake((RUNS_AVAILABLE,)), PushWork()]
+
+    def applied(self, applied: Applied) -> list[ChannelOutput]:
+        """``LinkCore.apply`` committed the oldest ``ApplyEvents`` handed out."""
+        self._finishing.subtract(self._applying.popleft())
+        self._finishing = +self._finishing  # drop the zeros
+        out: list[ChannelOutput] = []
+        topics = list(applied.wake)
+        if applied.abandon:
+            topics.extend(self._announce())
+        if topics:
+            out.append(Wake(tuple(topics)))
+        if applied.finished or applied.abandon:
+            out.append(PushWork())  # a slot may be free; abandon_run commands wait
+        return [*out, *self._lift(self.session.applied(applied.last_idx))]
+
+    def push_request(self) -> PushRequest:
+        return PushRequest(
+            claim=not self.draining,
+            after=self._sent_idx,
+            finishing=frozenset(self._finishing),
+            cancels_sent=frozenset(self._cancels_sent),
+        )
+
+    def pushed(self, pushed: Pushed) -> list[ChannelOutput]:
+        """``LinkCore.push_work`` stored and read these commands: send them."""
+        self._cancels_sent.update(pushed.cancels)  # only once stored
+        if not pushed.commands:
+            return []
+        out = self._lift(self.session.push(pushed.commands))
+        self._sent_idx = max(self._sent_idx, pushed.commands[-1].idx)
+        if topics := self._announce():
+            out.append(Wake(topics))
+        return out
+
+    def kv_answered(self, request_id: int, result: dict[str, Any]) -> list[ChannelOutput]:
+        return self._lift(self.session.kv_answered(request_id, result))
+
+    # ---- orders from the rest of the coordinator -------------------------------------------
+
+    def drain(self, grace_s: float) -> list[ChannelOutput]:
+        """Forced drain: no new work; the runner finishes (up to ``grace_s``) and leaves."""
+        self.draining = True
+        return self._lift(self.session.drain(grace_s))
+
+    def stop(self) -> list[ChannelOutput]:
+        return self._lift(self.session.stop())
+
+    def evict(self) -> list[ChannelOutput]:
+        """A newer socket of the same runner took over: this one must not reconnect."""
+        self.replaced = True
+        return self._lift(self.session.evict())
+
+    # ---- inside --------------------------------------------------------------------------
+
+    def _announce(self) -> tuple[str, ...]:
+        """New commands are stored: if this socket is not the runner's newest, wake the
+        newest, which sends them."""
+        if self.replaced and self.runner_id is not None:
+            return (runner_topic(self.runner_id),)
+        return ()
+
+    def _lift(self, outputs: list[ServerOutput]) -> list[ChannelOutput]:
+        lifted: list[ChannelOutput] = []
+        for out in outputs:
+            if isinstance(out, Apply):
+                try:
+                    events = parse_events(out.events)
+                except ProtocolError as exc:  # never acknowledged: nothing is stored
+                    log.warning("runner %s: refused: %s", self.runner_id, exc.reason)
+                    return [*lifted, *self._lift(self.session.receive_error(exc))]
+                ended = [(e.run_id, e.attempt) for e in events if isinstance(e, FinishedEvent)]
+                self._applying.append(ended)
+                lifted.append(ApplyEvents(out.events[-1].idx, tuple(events)))
+                if ended:
+                    # Those slots are free on the runner: fill them while the reports are
+                    # being committed, not after.
+                    self._finishing.update(ended)
+                    lifted.append(PushWork())
+            elif isinstance(out, Stopping):
+                self.draining = True  # no more claims from now on; the store learns in turn
+                lifted += [out, PushWork()]
+            else:
+                lifted.append(out)
+        return lifted
 
 
 class LinkCore:
@@ -105,22 +340,17 @@ class LinkCore:
         )
         return Registration(runner.id, state.last_event_idx if same else 0, _indexed(missed))
 
-    def apply(self, runner_id: RunnerId, events: Sequence[Indexed], now: float) -> Applied:
-        """Commit the effect of new events in order and record them as applied, in one
-        transaction (``apply_reports``). Raises ``ProtocolError`` (``malformed_event``),
-        applying none of them, if one is not an event the runner protocol defines."""
-        return self.apply_parsed(runner_id, events[-1].idx, parse_events(events), now)
-
-    def apply_parsed(
-        self, runner_id: RunnerId, last: int, parsed: Sequence[RunnerEvent], now: float
+    def apply(
+        self, runner_id: RunnerId, last: int, events: Sequence[RunnerEvent], now: float
     ) -> Applied:
-        """``apply`` of events already parsed (``parse_events``), the last one ``last``."""
+        """Commit the effect of the runner's events (parsed: ``parse_events``) in order and
+        record them as applied up to ``last``, in one transaction (``apply_reports``)."""
         return apply_reports(
             self.store,
             runner_id,
-            parsed,
+            events,
             now,
-            then=lambda outcomes: self._after_apply(runner_id, parsed, outcomes, last, now),
+            then=lambda outcomes: self._after_apply(runner_id, events, outcomes, last, now),
         ).applied
 
     def _after_apply(
@@ -165,47 +395,35 @@ class LinkCore:
         """Number and store commands; the push loop sends them (``push_work``)."""
         return _indexed(self.store.link.push(runner_id, bodies, now))
 
-    def push_work(
-        self,
-        runner_id: RunnerId,
-        now: float,
-        cancels_sent: set[RunId],
-        *,
-        claim: bool = True,
-        after: int = 0,
-        finishing: Collection[tuple[str, int]] = (),
-    ) -> list[Indexed]:
+    def push_work(self, runner_id: RunnerId, now: float, request: PushRequest) -> Pushed:
         """Pending runs claimed into the runner's free slots (with their start commands, one
         transaction), a cancel command for each newly requested cancel; then every stored
-        command after ``after`` (the last one this socket sent), in order, to send.
+        command after ``request.after`` (the last one this socket sent), in order, to send.
 
         The store's queue is what is sent, not what this call added: commands stored by an
         ``apply``, or by an older socket of the runner that had not yet noticed it was
         replaced, go out too, and never after a higher index (the runner would drop them).
         Commits come in index order (numbering locks the runner's row), so this read never
-        sees a command without those before it.
-
-        ``cancels_sent`` (this socket's, updated here) keeps a cancel from being sent twice;
-        ``claim=False`` for a draining runner; ``finishing``: the runs whose final reports
-        the socket has read but not yet applied (``finishes``): their slots count as free,
-        so new work goes out while those reports are still being committed. Raises
-        ``CorralError`` (runner_lost) when the runner was declared lost or stopped
-        meanwhile: it must connect again."""
+        sees a command without those before it. Raises ``CorralError`` (runner_lost) when
+        the runner was declared lost or stopped meanwhile: it must connect again."""
         link = self.store.link
         with self.store.db.transaction():  # one commit for the claim, cancels and read
             added = (
-                link.claim_into_commands(runner_id, now, _start_body, finishing) if claim else []
+                link.claim_into_commands(runner_id, now, _start_body, request.finishing)
+                if request.claim
+                else []
             )
-            new = [r for r in self.store.cancel_requests(runner_id) if r not in cancels_sent]
-            if new:
-                bodies = [{"type": "cancel_run", "run_id": r} for r in new]
+            cancels = [
+                r for r in self.store.cancel_requests(runner_id) if r not in request.cancels_sent
+            ]
+            if cancels:
+                bodies = [{"type": "cancel_run", "run_id": r} for r in cancels]
                 added += link.push(runner_id, bodies, now)
             # Numbering holds the runner's row: what was added here is contiguous. If it
             # starts right after the cursor, it is all there is to send (no read back).
-            if not added or added[0].idx != after + 1:
-                added = link.unacknowledged(runner_id, after)
-        cancels_sent.update(new)  # only once stored: a failed commit stores none of them
-        return _indexed(added)
+            if not added or added[0].idx != request.after + 1:
+                added = link.unacknowledged(runner_id, request.after)
+        return Pushed(_indexed(added), cancels)
 
     def draining(self, runner_id: RunnerId, now: float) -> None:
         """The runner shuts down gracefully: no new work for it."""
@@ -224,15 +442,6 @@ class LinkCore:
         with contextlib.suppress(CorralError):
             self.store.set_runner_state(runner_id, RunnerState.STOPPED, now)
         return True
-
-
-def finishes(events: Sequence[Indexed]) -> list[tuple[str, int]]:
-    """(run, attempt) of each final report among ``events``: a slot the runner has freed."""
-    return [
-        (str(e.body.get("run_id")), e.body["attempt"])
-        for e in events
-        if e.body.get("type") == "finished" and type(e.body.get("attempt")) is int
-    ]
 
 
 def parse_events(events: Sequence[Indexed]) -> list[RunnerEvent]:

@@ -40,6 +40,7 @@ from corral.coordinator.settings import CoordinatorSettings
 from corral.coordinator.tunnel import TunnelHub
 from corral.errors import CorralError, Forbidden, LeaseLost
 from corral.ids import RunId, RunnerId
+from corral.protocol.messages import CLOSE_POLICY_VIOLATION
 from corral.runners import Runner, RunnerState
 from corral.runs import AgentSpec, Run, RunReport
 from corral.store import Held, LogEntry, LogLine, Reconciled, RunnerSync, Store
@@ -260,6 +261,26 @@ class Coordinator:
         )
         self.notifier.notify(RUNS_AVAILABLE)
         return runner
+
+    async def drain_runner(self, runner_id: str, grace_s: float) -> None:
+        """Forced drain: no new work; the runner finishes (up to ``grace_s``) and leaves."""
+        await self._db(
+            self.store.set_runner_state, runner_id, RunnerState.DRAINING, self.clock.now()
+        )
+        if (link := self.connections.by_runner.get(runner_id)) is not None:
+            await link.drain(grace_s)
+
+    async def stop_runner(self, runner_id: str) -> None:
+        """Stop a runner now: what it holds goes back to pending; its socket is closed."""
+        await self.deregister(runner_id)
+        if (link := self.connections.by_runner.get(runner_id)) is not None:
+            await link.stop()
+
+    async def close_token(self, token_id: str) -> None:
+        """A token was revoked: the sockets opened with it are closed (they cannot reconnect)."""
+        for link in list(self.connections.by_runner.values()):
+            if link.token_id == token_id:
+                await link.close(CLOSE_POLICY_VIOLATION, "corral.token_revoked")
 
     async def started(self, run_id: str, runner_id: str, attempt: int) -> Run:
         return await self._db(self.store.mark_started, run_id, runner_id, attempt, self.clock.now())

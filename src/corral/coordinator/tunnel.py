@@ -7,8 +7,8 @@ that breaks loses nothing: when the runner's next socket registers, ``resume`` s
 again whatever it had not acknowledged. The gateway (``gateway.py``) holds a
 ``TunnelRequest``: it sends the request's parts and takes the response's as they come.
 
-    gateway ──open/send──▶ TunnelHub ──flush──▶ SocketLink (the runner's newest socket)
-    gateway ◀──next()──── inbox ◀──receive── SocketLink's read loop (Tunnelled)
+    gateway ──open/send──▶ TunnelHub ──flush──▶ LiveLink (the runner's newest socket)
+    gateway ◀──next()──── inbox ◀──receive── SocketPump's read loop (Tunnelled)
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from corral.protocol.limits import TUNNEL_WINDOW_BYTES
 from corral.protocol.tunnel import Receipt, TunnelLedger, cost
 
 if TYPE_CHECKING:
-    from corral.coordinator.connections import Connections
-    from corral.coordinator.socket import SocketLink
+    from corral.coordinator.connections import Connections, LiveLink
 
 log = logging.getLogger("corral.coordinator")
 
@@ -54,7 +53,7 @@ class _Runner:
     ledger: TunnelLedger[TunnelPart, wire.ToClientTunnelAck]
     requests: dict[str, TunnelRequest] = field(default_factory=dict)
     flushing: asyncio.Lock = field(default_factory=asyncio.Lock)
-    link: SocketLink | None = None  # the socket resumed last; messages go there
+    link: LiveLink | None = None  # the socket resumed last; messages go there
 
 
 class TunnelRequest:
@@ -132,7 +131,7 @@ class TunnelHub:
 
     # ---- the runner's sockets (called by socket.py) ----------------------------------------
 
-    async def resume(self, runner_id: str, link: SocketLink) -> None:
+    async def resume(self, runner_id: str, link: LiveLink) -> None:
         """A socket of the runner registered: from now on messages go there, beginning with
         everything the runner has not acknowledged (the last socket may have lost it)."""
         runner = self.runner(runner_id)
@@ -143,7 +142,7 @@ class TunnelHub:
                 await link.send_message(ack)
         await self.flush(runner_id)
 
-    async def receive(self, link: SocketLink, reply: wire.ToServerTunnel) -> None:
+    async def receive(self, link: LiveLink, reply: wire.ToServerTunnel) -> None:
         """A tunnel message from ``link``'s runner (the socket's read loop)."""
         runner_id = link.runner_id
         assert runner_id is not None  # tunnel messages come only after registration
@@ -186,7 +185,7 @@ class TunnelHub:
             with contextlib.suppress(Exception):
                 await link.send_message(message)
 
-    def _link(self, runner_id: str) -> SocketLink | None:
+    def _link(self, runner_id: str) -> LiveLink | None:
         runner = self._runners.get(runner_id)
         current = self._connections.by_runner.get(runner_id)
         if runner is None or current is None or current is not runner.link:
