@@ -236,3 +236,20 @@ def test_http_without_a_token_is_refused_by_the_coordinator(cluster: Cluster) ->
             assert await _refused(session, "list_agents") == "unauthorized"
 
     anyio.run(main)
+
+
+def test_an_agent_starts_a_sub_agent_through_the_mcp_server_its_runner_gives_it(
+    cluster: Cluster,
+) -> None:
+    cluster.start_coordinator()
+    agents = cluster.client.typed.create_token("client", name="agents").token
+    # Two slots: the parent holds one while its sync sub-agent runs in the other.
+    cluster.start_runner("runner-a", slots=2, extra=["--agent-token", agents])
+    parent = cluster.client.create_run(
+        type="start_session", session_name="lead", prompt="plan [fake:subagent=helper:look]"
+    )
+    run = cluster.wait_run(parent["run_id"], timeout=60)
+    assert run["status"] == "completed", run
+    assert run["result"] == "turn 1: plan [fake:subagent=helper:look] | helper: turn 1: look"
+    child = cluster.client.session_result("helper")
+    assert child["result"] == "turn 1: look"

@@ -9,7 +9,7 @@ import pytest
 from claude_support import agent_run
 
 from corral.agents.base import ResultSeen, SessionSeen, StopReason
-from corral.agents.claude import ClaudeExecutor
+from corral.agents.claude import AgentMcp, ClaudeExecutor
 from corral.errors import InvalidRequest
 from corral.runs import AgentSpec, Run, RunStatus, RunType
 
@@ -159,6 +159,30 @@ def test_env_merges_run_env_and_strips_claude_code_markers() -> None:
         "ANTHROPIC_API_KEY": "k",
     }
     assert base["CLAUDECODE"] == "1"  # the caller's dict is left alone
+
+
+def test_an_agent_token_gives_the_agent_corrals_mcp_server_without_showing_the_token() -> None:
+    mcp = AgentMcp(command=("/venv/bin/corral", "mcp", "--url", "http://c:8765"), token="crl_x")
+    spec = ClaudeExecutor(mcp=mcp).prepare(
+        make_run(type=RunType.RESUME_SESSION, session_id=SID), {}
+    )
+    at = spec.argv.index("--mcp-config")
+    assert spec.argv[at + 2 : at + 4] == ("--resume", SID)  # the config is one word
+    assert json.loads(spec.argv[at + 1]) == {
+        "mcpServers": {
+            "corral": {
+                "type": "stdio",
+                "command": "/venv/bin/corral",
+                "args": ["mcp", "--url", "http://c:8765"],
+                "env": {"CORRAL_TOKEN": "${CORRAL_TOKEN}"},
+            }
+        }
+    }
+    assert not any("crl_x" in arg for arg in spec.argv)
+    assert spec.env["CORRAL_TOKEN"] == "crl_x"
+    assert "crl_x" not in repr(mcp)
+    plain = executor().prepare(make_run(), {})
+    assert "--mcp-config" not in plain.argv and "CORRAL_TOKEN" not in plain.env
 
 
 # --- observer: feed ------------------------------------------------------------------

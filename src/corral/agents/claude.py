@@ -57,6 +57,26 @@ _RATE_LIMIT = re.compile(r"usage limit|rate limit|\b429\b|overloaded", re.IGNORE
 _RESET_AT = re.compile(r"\|\s*(\d{9,13})\s*$")
 
 
+@dataclasses.dataclass(frozen=True)
+class AgentMcp:
+    """corral's MCP server for an agent: how to start it (stdio) and the token it sends."""
+
+    command: tuple[str, ...]
+    token: str = dataclasses.field(repr=False)
+
+    def config(self) -> str:
+        """``--mcp-config``: the token is named, not written (``${CORRAL_TOKEN}``, from the
+        agent's environment), so it never shows in a process list."""
+        program, *args = self.command
+        server = {
+            "type": "stdio",
+            "command": program,
+            "args": args,
+            "env": {"CORRAL_TOKEN": "${CORRAL_TOKEN}"},
+        }
+        return json.dumps({"mcpServers": {"corral": server}})
+
+
 class ClaudeExecutor:
     host_env = HOST_ENV
     missing_program_hint = (
@@ -69,8 +89,10 @@ class ClaudeExecutor:
         result_grace_s: float = 5.0,
         rate_limit_backoff_s: float = 60.0,
         now: Callable[[], float] = time.time,
+        mcp: AgentMcp | None = None,
     ) -> None:
         self.binary = binary
+        self.mcp = mcp
         self.result_grace_s = result_grace_s
         self.rate_limit_backoff_s = rate_limit_backoff_s
         self.now = now
@@ -95,6 +117,8 @@ class ClaudeExecutor:
             if agent.max_turns is not None:
                 argv += ["--max-turns", str(agent.max_turns)]
             argv += agent.extra_args
+        if self.mcp is not None:
+            argv += ["--mcp-config", self.mcp.config()]
         if run.type is RunType.RESUME_SESSION:
             if not run.session_id:
                 raise InvalidRequest(f"run {run.id} resumes no session", run_id=run.id)
@@ -106,6 +130,8 @@ class ClaudeExecutor:
             for name, value in {**base_env, **(agent.env if agent else {}), **run.env}.items()
             if not name.startswith(_STRIPPED_PREFIX) and name not in _STRIPPED_NAMES
         }
+        if self.mcp is not None:
+            env["CORRAL_TOKEN"] = self.mcp.token
         return ProcessSpec(
             argv=tuple(argv),
             cwd=run.project_dir,

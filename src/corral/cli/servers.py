@@ -189,6 +189,15 @@ def runner_options(fn: click.decorators.FC) -> click.decorators.FC:
                 help="The Claude Code executable.",
             ),
             option(
+                "--agent-token",
+                env="AGENT_TOKEN",
+                default=None,
+                show_default=False,
+                help="A client token (corral tokens create --role client) this runner's "
+                "agents get for corral's MCP server, to start sub-agents; without it they "
+                "get no corral MCP server.",
+            ),
+            option(
                 "--drain-grace",
                 env="DRAIN_GRACE",
                 default=120.0,
@@ -222,6 +231,7 @@ def _runner_settings(
     slots: int,
     labels: str,
     claude_bin: str,
+    agent_token: str | None,
     drain_grace: float,
     pass_env: str,
     transport: str,
@@ -230,6 +240,7 @@ def _runner_settings(
         coordinator_url=url,
         slots=slots,
         claude_bin=claude_bin,
+        agent_token=agent_token,
         drain_grace_s=drain_grace,
         transport=transport,
         labels=labels_from([labels]),

@@ -13,10 +13,13 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from corral.agents.claude import AgentMcp
 from corral.agents.registry import executor_for
 from corral.errors import CorralError
 from corral.ids import RunId, RunnerId
@@ -158,6 +161,7 @@ class Runner:
                 run,
                 claude_bin=self.settings.claude_bin,
                 result_grace_s=self.settings.result_grace_s,
+                mcp=agent_mcp(self.settings),
             )
         except CorralError as exc:
             executor = _Unrunnable(str(exc))
@@ -252,4 +256,16 @@ def _run_from_assignment(data: dict[str, Any]) -> Run:
         claimed_at=None,
         started_at=None,
         finished_at=None,
+    )
+
+
+def agent_mcp(settings: RunnerSettings) -> AgentMcp | None:
+    """corral's MCP server as this runner's agents start it: this runner's ``corral``,
+    the coordinator's URL, the agent token (none given: no server)."""
+    if settings.agent_token is None:
+        return None
+    beside = Path(sys.executable).parent / "corral"  # the corral of this runner's install
+    program = str(beside) if beside.exists() else "corral"
+    return AgentMcp(
+        command=(program, "mcp", "--url", settings.coordinator_url), token=settings.agent_token
     )

@@ -16,6 +16,9 @@ class RunnerSettings:
     slots: int = 4
     labels: tuple[str, ...] = ()
     claude_bin: str = "claude"
+    # A client token the runner's agents get for corral's MCP server (``corral mcp``), so
+    # that an agent can start sub-agents; None: agents get no corral MCP server.
+    agent_token: str | None = field(default=None, repr=False)
     # Names (fnmatch patterns) of the runner's environment its runs may see, beyond the
     # allow-list of ``corral.runner.environment``.
     pass_env: tuple[str, ...] = ()
