@@ -22,6 +22,7 @@ from corral.cli import (
     mcp,
     runners,
     runs,
+    serverless,
     servers,
     sessions,
     status,
@@ -80,6 +81,7 @@ for command in (
     doctor.doctor,
     tokens.tokens,
     mcp.mcp,
+    serverless.serverless_endpoint,
 ):
     cli.add_command(command)
 

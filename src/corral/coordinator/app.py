@@ -23,6 +23,7 @@ from corral.clock import Clock, SystemClock
 from corral.coordinator import (
     api_clients,
     api_metrics,
+    api_pools,
     api_runners,
     api_tasks,
     api_tokens,
@@ -66,6 +67,7 @@ def create_app(
             [
                 asyncio.create_task(coordinator.reconcile_forever()),
                 asyncio.create_task(coordinator.collect_forever()),
+                asyncio.create_task(coordinator.autoscaler.run_forever()),
             ]
             if reconcile
             else []
@@ -98,6 +100,7 @@ def create_app(
     app.include_router(compat_ao.token_router, responses=errors)
     app.include_router(socket.router)
     app.include_router(gateway.router)
+    app.include_router(api_pools.router, responses=errors)
     app.include_router(api_tokens.router, responses=errors)
     app.include_router(api_metrics.router, responses=errors)
     app.add_exception_handler(CorralError, _corral_error)

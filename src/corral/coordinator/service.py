@@ -19,6 +19,7 @@ import anyio.to_thread
 from corral.clock import Clock
 from corral.coordinator.actors import Actors, actor_wakeups
 from corral.coordinator.auth import Authenticator, Principal
+from corral.coordinator.autoscaler import Autoscaler
 from corral.coordinator.claims import ClaimBoard
 from corral.coordinator.connections import Connections
 from corral.coordinator.link_core import apply_reports, finished_wakeups, wakeups
@@ -69,6 +70,7 @@ class Coordinator:
         self.connections = Connections()
         self.actors = Actors(store, self.notifier, clock)
         self.tunnels = TunnelHub(self.connections)  # the gateway's requests to runners
+        self.autoscaler = Autoscaler(self)  # serverless pools' runners
         self.auth = Authenticator(store.tokens, settings.token, cache_s=settings.token_cache_s)
         self._runner_tokens: dict[str, str] = {}  # runner id → its token id (never changes)
         self.started_at = clock.now()  # runners' silence counts from here (reconcile_once)

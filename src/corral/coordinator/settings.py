@@ -39,3 +39,11 @@ class CoordinatorSettings:
     # Host names requests may name, beyond loopback and the bound address ("*": any).
     allowed_hosts: tuple[str, ...] = ()
     token_cache_s: float = 2.0  # a revoke reaches other coordinator processes this late
+    # Serverless pools: how often the autoscaler looks, and the URL their endpoints' runners
+    # connect to (None: http://host:port).
+    autoscale_interval_s: float = 0.5
+    public_url: str | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return self.public_url or f"http://{self.host}:{self.port}"

@@ -6,7 +6,8 @@ lists and mappings are JSON text, so both dialects store the same values.
 Migration 2 adds task graphs, 3 the WebSocket runner link, 4 actors' KV, 5 tokens (and the
 token each runner registered with), 6 actors: their lifecycle, placements (the single
 truth of where an actor runs), the pending queue of each pool and what each runner hosts,
-7 the event log (its SQL differs by dialect: a function makes it).
+7 the event log (its SQL differs by dialect: a function makes it), 8 pools: serverless
+endpoints, the lease of the coordinator scaling each, and their recent errors.
 """
 
 from __future__ import annotations
@@ -276,6 +277,27 @@ CREATE INDEX actor_hosts_by_pool ON actor_hosts (pool);
     ),
     # The event log and the triggers that write it (corral.store.event_triggers).
     (7, event_triggers.migration),
+    (
+        8,
+        """
+CREATE TABLE pools (
+    name         TEXT PRIMARY KEY,
+    serverless   TEXT,
+    scaler       TEXT,
+    scaler_until {real},
+    created_at   {real} NOT NULL,
+    updated_at   {real} NOT NULL
+);
+CREATE TABLE pool_errors (
+    id      {serial},
+    pool    TEXT NOT NULL,
+    kind    TEXT NOT NULL,
+    message TEXT NOT NULL,
+    at      {real} NOT NULL
+);
+CREATE INDEX pool_errors_by_pool ON pool_errors (pool, id);
+""",
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -19,6 +19,7 @@ from corral.sessions import Session
 from corral.store.actors import ActorStore
 from corral.store.db import Database, Row, Tx, open_database
 from corral.store.link import LinkStore
+from corral.store.pools import PoolStore
 from corral.store.retention import Collected, Retention, collect
 from corral.store.rows import (
     dumps,
@@ -102,6 +103,8 @@ class Store:
         self.tokens = TokenStore(db)
         self.link = LinkStore(self)
         self.actors = ActorStore(db, self.link.push)
+        self.pools = PoolStore(db)
+        self.actors.is_serverless = self.pools.is_serverless
 
     @classmethod
     def open(cls, url: str) -> Store:

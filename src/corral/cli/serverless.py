@@ -1,0 +1,32 @@
+"""``corral serverless-endpoint``: the endpoint of a serverless pool (``/start`` streams)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from corral.cli.log_format import configure_logging, log_format_option
+from corral.cli.options import option
+from corral.runner.serverless import ServerlessEndpoint, serve
+from corral.runner.settings import RunnerSettings
+
+
+@click.command("serverless-endpoint")
+@option("--host", env="ENDPOINT_HOST", default="127.0.0.1", help="Address to listen on.")
+@option("--port", env="ENDPOINT_PORT", default=8790, type=click.IntRange(1, 65535),
+        help="Port to listen on: the pool's url is http://HOST:PORT.")  # fmt: skip
+@option(
+    "--drain-grace",
+    env="DRAIN_GRACE",
+    default=10.0,
+    type=float,
+    help="Seconds before a stream's lifespan ends that its runner drains, and how long "
+    "its work then has.",
+)
+@log_format_option
+def serverless_endpoint(host: str, port: int, drain_grace: float, log_format: str) -> None:
+    """Serve a serverless pool's GET /start: a runner for the life of each stream."""
+    configure_logging(log_format)
+    endpoint = ServerlessEndpoint(RunnerSettings(), drain_grace_s=drain_grace)
+    asyncio.run(serve(endpoint, host, port))
