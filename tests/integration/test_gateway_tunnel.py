@@ -16,8 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
+import websockets
 from api_fixtures import TOKEN, live_server, wait_until, with_token
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -64,6 +65,21 @@ class ActorApp:
                     yield bytes([i % 256]) * size
 
             return StreamingResponse(parts())
+
+        @app.websocket("/ws")
+        async def talk(ws: WebSocket) -> None:
+            await ws.accept(subprotocol="chat")
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                if message.get("text") == "bye":
+                    await ws.close(1000)
+                    return
+                if message.get("text") is not None:
+                    await ws.send_text(message["text"].upper())
+                else:
+                    await ws.send_bytes(message["bytes"][::-1])
 
         @app.get("/hang")
         async def hang(request: Request) -> dict[str, str]:
@@ -148,7 +164,7 @@ class World:
 @pytest.fixture
 def actor_server() -> Iterator[tuple[ActorApp, int]]:
     actor = ActorApp()
-    with live_server(actor.app()) as url:
+    with live_server(actor.app(), ws="websockets-sansio") as url:
         yield actor, int(url.rsplit(":", 1)[1])
 
 
@@ -251,3 +267,19 @@ async def test_a_link_cut_mid_response_loses_nothing(world: World) -> None:
     assert cut and len(received) == 8_000_000
     expected = b"".join(bytes([i % 256]) * 20_000 for i in range(400))
     assert hashlib.sha256(received).digest() == hashlib.sha256(expected).digest()
+
+
+async def test_a_websocket_is_tunnelled_message_by_message(world: World) -> None:
+    url = str(world.client.base_url).replace("http://", "ws://") + f"/gateway/{ACTOR}/ws"
+    async with websockets.connect(
+        url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, subprotocols=["chat"]
+    ) as ws:
+        assert ws.subprotocol == "chat"
+        await ws.send("hello")
+        assert await ws.recv() == "HELLO"
+        await ws.send(b"\x00\x01\x02")
+        assert await ws.recv() == b"\x02\x01\x00"
+        await ws.send("bye")  # the actor closes: so does the gateway
+        with pytest.raises(websockets.ConnectionClosedOK):
+            await ws.recv()
+    await wait_until(lambda: world.transport.tunnel.open_requests == 0, what="the tunnel over")

@@ -13,6 +13,10 @@ Seed 002, as the gateway sees it:
         (the actor never saw the request; backoff, at most ``MAX_ATTEMPTS`` tries)
     the response streams back as it comes; the client going away aborts the request
 
+A WebSocket upgrade on the same paths is tunnelled too: accepted once the actor accepted
+it (its subprotocol passed on), then one tunnel chunk per message (at most 64 KiB) both
+ways; either side closing closes the other (1013: the actor could not be reached).
+
 A request body is sent only once the runner has the actor's port (it acknowledged the
 request start), so a retry never needs what the client has already sent. Errors have
 stable codes: ``actor_not_found`` and ``actor_destroyed`` (404), ``actor_not_ready`` (503:
@@ -29,9 +33,9 @@ import time
 from typing import Annotated, Any, Protocol
 from urllib.parse import parse_qsl, urlencode
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, WebSocket
 from starlette.responses import JSONResponse, Response
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from corral.actors.lifecycle import ActorState
 from corral.actors.model import Actor, NewActor, Placement
@@ -55,7 +59,10 @@ _NOT_FORWARDED = (HOP_BY_HOP - {"transfer-encoding"}) | {"authorization"}
 _NOT_RETURNED = HOP_BY_HOP | {"date", "server"}
 _GATEWAY_PARAMS = ("key", "create")
 _BODY_QUEUE_CHUNKS = 4  # client body read ahead of the tunnel (then the client waits)
-_GONE: Message = {"type": "http.disconnect"}
+WS_CLOSE_NORMAL = 1000
+WS_CLOSE_TOO_BIG = 1009
+WS_CLOSE_INTERNAL_ERROR = 1011
+WS_CLOSE_TRY_AGAIN = 1013  # not connected to the actor (unknown, not ready, refused)
 
 
 class ActorDirectory(Protocol):
@@ -91,6 +98,19 @@ async def gateway(
     """Forward the request to the actor (woken if need be); its response streams back."""
     coordinator = request.app.state.coordinator
     return Forward(coordinator.actors, coordinator.tunnels, target, path, coordinator.settings)
+
+
+@router.websocket("/gateway/{target}/{path:path}")
+async def gateway_websocket(
+    websocket: WebSocket,
+    target: str,
+    path: str,
+    _: Annotated[Principal, require(Access.WRITE)],
+) -> None:
+    """A WebSocket to the actor (woken if need be), tunnelled message by message."""
+    coordinator = websocket.app.state.coordinator
+    forward = Forward(coordinator.actors, coordinator.tunnels, target, path, coordinator.settings)
+    await forward.websocket(websocket)
 
 
 class Forward(Response):
@@ -167,13 +187,7 @@ class Forward(Response):
                     scope["method"], path, headers, False,
                 )  # fmt: skip
                 first = await self._start(request, start, has_body)
-                if (
-                    isinstance(first, wire.ToServerResponseStart)
-                    and first.status == 503
-                    and any(name.lower() == ERROR_HEADER for name, _ in first.headers)
-                    and not request.started()
-                    and attempt + 1 < MAX_ATTEMPTS
-                ):
+                if _retryable(first) and not request.started() and attempt + 1 < MAX_ATTEMPTS:
                     log.info("actor %s not on runner %s: again", actor_id, placement.runner_id)
                     await asyncio.sleep(RETRY_BASE_S * 2**attempt)
                     continue
@@ -285,6 +299,90 @@ class Forward(Response):
         except Exception:  # best effort: the runner may be gone too
             log.debug("abort of %s not sent", request.request_id, exc_info=True)
 
+    # ---- WebSockets ------------------------------------------------------------------------
+
+    async def websocket(self, ws: WebSocket) -> None:
+        """Open the actor's WebSocket through the tunnel, then pass messages both ways."""
+        scope = ws.scope
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        try:
+            actor_id, query = await self._actor_id(query)
+            path = "/" + self.path + (f"?{urlencode(query)}" if query else "")
+            headers = tuple(
+                (name.decode("latin-1"), value.decode("latin-1"))
+                for name, value in scope["headers"]
+                if name.decode("latin-1").lower() not in _NOT_FORWARDED
+            )
+            for attempt in range(MAX_ATTEMPTS):
+                placement = await self._connectable(actor_id)
+                request = self.tunnels.open(placement.runner_id)
+                try:
+                    start = wire.ToClientRequestStart(
+                        request.request_id, 0, actor_id, placement.generation,
+                        "GET", path, headers, True,
+                    )  # fmt: skip
+                    await request.send(start)
+                    first = await self._next(request)
+                    if _retryable(first) and attempt + 1 < MAX_ATTEMPTS:
+                        await asyncio.sleep(RETRY_BASE_S * 2**attempt)
+                        continue
+                    if not isinstance(first, wire.ToServerResponseStart) or first.status != 101:
+                        await ws.close(WS_CLOSE_TRY_AGAIN, "the actor refused the WebSocket")
+                        return
+                    protocol = next(
+                        (v for k, v in first.headers if k.lower() == "sec-websocket-protocol"),
+                        None,
+                    )
+                    await ws.accept(subprotocol=protocol)
+                    await request.consumed(first, 0)
+                    await self._relay(request, ws)
+                    return
+                finally:
+                    request.close()
+        except CorralError as exc:
+            await ws.close(WS_CLOSE_TRY_AGAIN, exc.code)
+        except ClientGone:
+            pass
+
+    async def _relay(self, request: TunnelRequest, ws: WebSocket) -> None:
+        client = asyncio.ensure_future(self._from_client(request, ws))
+        try:
+            while True:
+                reply = await self._next(request)
+                if isinstance(reply, wire.ToServerResponseChunk):
+                    if reply.text:
+                        await ws.send_text(reply.data.decode())
+                    else:
+                        await ws.send_bytes(reply.data)
+                    await request.consumed(reply, len(reply.data))
+                    continue
+                await request.consumed(reply, 0)
+                failed = isinstance(reply, wire.ToServerResponseAbort)
+                await ws.close(WS_CLOSE_INTERNAL_ERROR if failed else WS_CLOSE_NORMAL)
+                return
+        except ClientGone:
+            await self._abort(request)
+        finally:
+            client.cancel()
+
+    async def _from_client(self, request: TunnelRequest, ws: WebSocket) -> None:
+        try:
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    await request.send(wire.ToClientRequestEnd(request.request_id, 0))
+                    return
+                text, data = message.get("text"), message.get("bytes") or b""
+                payload = text.encode() if text is not None else data
+                if len(payload) > MAX_TUNNEL_CHUNK_BYTES:
+                    await ws.close(WS_CLOSE_TOO_BIG, "message over 64 KiB")
+                    await request.send(wire.ToClientRequestEnd(request.request_id, 0))
+                    return
+                chunk = wire.ToClientRequestChunk(request.request_id, 0, payload, text is not None)
+                await request.send(chunk)
+        finally:
+            self.gone.set()
+
     # ---- finding and waking the actor ------------------------------------------------------
 
     async def _actor_id(self, query: list[tuple[str, str]]) -> tuple[str, list[tuple[str, str]]]:
@@ -334,6 +432,15 @@ class Forward(Response):
                     code="actor_not_ready",
                 )
             moved = True
+
+
+def _retryable(reply: Reply) -> bool:
+    """The runner did not have the actor (it never saw the request): try again."""
+    return (
+        isinstance(reply, wire.ToServerResponseStart)
+        and reply.status == 503
+        and any(name.lower() == ERROR_HEADER for name, _ in reply.headers)
+    )
 
 
 def _asleep(state: ActorState) -> bool:

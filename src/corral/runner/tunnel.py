@@ -10,8 +10,10 @@ not accepting connections) is answered 503 with an ``x-corral-error`` header: th
 never saw it, so the gateway may find the actor again and retry. A failure once the actor
 may have seen it is a 502 (before the response started) or a ``ToServerResponseAbort``
 (after), never retried. ``ToClientRequestAbort`` (the client went away) closes the
-connection to the actor. Numbering, acknowledgements and replay are the link's
-(``RunnerConnection``); this module only moves bytes.
+connection to the actor. A WebSocket upgrade (``websocket``) opens one to the actor: its
+messages are the chunks both ways (101 once open; the end closes it). Numbering,
+acknowledgements and replay are the link's (``RunnerConnection``); this module only moves
+bytes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
+import websockets
+from websockets.asyncio.client import ClientConnection
+from websockets.typing import Subprotocol
 
 from corral.protocol import messages as wire
 from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES
@@ -153,6 +158,8 @@ class RunnerTunnel:
                 self._answer_error(
                     request_id, 503, ACTOR_NOT_HERE, "the actor is not on this runner"
                 )
+            elif start.websocket:
+                await self._websocket(forward, port)
             else:
                 await self._exchange(forward, port)
             await self._until_acknowledged(forward)
@@ -198,6 +205,65 @@ class RunnerTunnel:
             self._send(wire.ToServerResponseAbort(request_id, 0, ACTOR_FAILED, reason))
         finally:
             await response.aclose()
+
+    async def _websocket(self, forward: _Forward, port: int) -> None:
+        """A WebSocket upgrade: open one to the actor, then pass messages both ways (one
+        message a chunk, at most ``MAX_TUNNEL_CHUNK_BYTES``) until either side closes."""
+        start = forward.start
+        request_id = start.request_id
+        protocols = [
+            p.strip()
+            for name, value in start.headers
+            if name.lower() == "sec-websocket-protocol"
+            for p in value.split(",")
+        ]
+        headers = [
+            (k, v)
+            for k, v in forwarded(start.headers)
+            if not k.lower().startswith("sec-websocket-")
+        ]
+        try:
+            actor = await websockets.connect(
+                f"ws://127.0.0.1:{port}{start.path}",
+                additional_headers=headers,
+                subprotocols=[Subprotocol(p) for p in protocols] or None,
+                max_size=MAX_TUNNEL_CHUNK_BYTES,
+                open_timeout=10,
+            )
+        except OSError:
+            self._answer_error(request_id, 503, ACTOR_UNREACHABLE, "the actor's port refused")
+            return
+        except websockets.InvalidStatus as exc:
+            status = exc.response.status_code
+            self._answer_error(request_id, status, ACTOR_FAILED, f"the actor refused: {status}")
+            return
+        except (websockets.WebSocketException, TimeoutError) as exc:
+            self._answer_error(request_id, 502, ACTOR_FAILED, f"the actor failed: {exc!r}")
+            return
+        accepted = (("sec-websocket-protocol", actor.subprotocol),) if actor.subprotocol else ()
+        self._send(wire.ToServerResponseStart(request_id, 0, 101, accepted))
+        self._link.tunnel_consumed(request_id, 0, 0, final=True)  # messages may come now
+        inbound = asyncio.ensure_future(self._to_actor(forward, actor))
+        try:
+            async for message in actor:
+                data = message.encode() if isinstance(message, str) else message
+                await self._room_for(forward, len(data))
+                text = isinstance(message, str)
+                self._send(wire.ToServerResponseChunk(request_id, 0, data, text))
+            self._send(wire.ToServerResponseEnd(request_id, 0))
+        except websockets.ConnectionClosedError as exc:
+            reason = f"the actor's WebSocket broke: {exc!r}"
+            self._send(wire.ToServerResponseAbort(request_id, 0, ACTOR_FAILED, reason))
+        finally:
+            inbound.cancel()
+            await actor.close()
+
+    async def _to_actor(self, forward: _Forward, actor: ClientConnection) -> None:
+        """The client's messages to the actor; the client closing closes it."""
+        while (chunk := await forward.body.get()) is not None:
+            await actor.send(chunk.data.decode() if chunk.text else chunk.data)
+            self._link.tunnel_consumed(chunk.request_id, chunk.seq, len(chunk.data), final=False)
+        await actor.close()
 
     async def _body(self, forward: _Forward) -> AsyncIterator[bytes]:
         # The actor's port answered: the gateway may send the body now (until then it may
