@@ -21,10 +21,13 @@ from corral.coordinator.schemas import (
     EventsBody,
     LeaseRef,
     LogsBody,
+    LogsEvent,
     ReportBody,
     RunnerHeartbeat,
     RunnerRef,
+    SessionEvent,
     SessionSeenBody,
+    StartedEvent,
     run_assignment_json,
     runner_json,
 )
@@ -32,7 +35,7 @@ from corral.coordinator.service import Coordinator
 from corral.errors import InvalidRequest
 from corral.ids import RunId, RunnerId
 from corral.runs import RunStatus
-from corral.store import Held, LogLine, RunnerSync
+from corral.store import Held, RunnerSync
 
 router = APIRouter(
     prefix="/runner", tags=["runner protocol"], dependencies=[require(Access.RUNNER)]
@@ -145,23 +148,25 @@ async def deregister(body: RunnerRef, request: Request) -> dict[str, Any]:
 @router.post("/runs/{run_id}/started")
 async def started(run_id: str, body: LeaseRef, request: Request) -> dict[str, Any]:
     attempt = await _attempt(run_id, body, request)
-    await _coordinator(request).started(run_id, body.runner_id, attempt)
+    event = StartedEvent(type="started", run_id=run_id, attempt=attempt)
+    await _coordinator(request).apply_event(body.runner_id, event)
     return {"ok": True}
 
 
 @router.post("/runs/{run_id}/session")
 async def session_seen(run_id: str, body: SessionSeenBody, request: Request) -> dict[str, Any]:
     attempt = await _attempt(run_id, body, request)
-    await _coordinator(request).session_seen(run_id, body.runner_id, attempt, body.session_id)
+    event = SessionEvent(type="session", run_id=run_id, attempt=attempt, session_id=body.session_id)
+    await _coordinator(request).apply_event(body.runner_id, event)
     return {"ok": True}
 
 
 @router.post("/runs/{run_id}/logs")
 async def logs(run_id: str, body: LogsBody, request: Request) -> dict[str, Any]:
-    lines = [LogLine(ln.line_no, ln.stream, ln.text, ln.ts) for ln in body.lines]
     attempt = await _attempt(run_id, body, request)
-    stored = await _coordinator(request).append_logs(run_id, body.runner_id, attempt, lines)
-    return {"ok": True, "lines": stored}
+    event = LogsEvent(type="logs", run_id=run_id, attempt=attempt, lines=body.lines)
+    await _coordinator(request).apply_event(body.runner_id, event)
+    return {"ok": True, "lines": len(body.lines)}
 
 
 @router.post("/runs/{run_id}/completed")
@@ -202,7 +207,8 @@ async def _report(
     attempt = await _attempt(run_id, body, request)
     if body.attempt is None and status is RunStatus.COMPLETED:
         await seed_wire.start_if_claimed(coordinator, run_id, body.runner_id)
-    run = await coordinator.report(run_id, body.runner_id, attempt, body.to_report(status))
+    run = await coordinator.apply_event(body.runner_id, body.finished(run_id, attempt, status))
+    assert run is not None  # a final report returns the run it finished
     return {"ok": True, "status": run.status}
 
 

@@ -42,12 +42,18 @@ from corral.coordinator.compat_ao_schemas import (
     AoTokenRequest,
 )
 from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
-from corral.coordinator.schemas import RegisterRunner, run_assignment_json
+from corral.coordinator.schemas import (
+    FinalStatus,
+    FinishedEvent,
+    RegisterRunner,
+    SessionEvent,
+    run_assignment_json,
+)
 from corral.coordinator.service import Coordinator
 from corral.errors import InvalidRequest, LeaseLost, NotFound
 from corral.ids import RunId, RunnerId
 from corral.runners import Runner, RunnerState
-from corral.runs import Run, RunReport, RunStatus, RunType
+from corral.runs import Run, RunStatus, RunType
 
 # Its runner and the executors it starts call all of these: a runner (or admin) token.
 router = APIRouter(
@@ -254,8 +260,10 @@ async def completed(run_id: str, body: AoCompleted, request: Request) -> dict[st
     attempt = await seed_wire.lease_attempt(coordinator, run_id, body.runner_id, None)
     await seed_wire.start_if_claimed(coordinator, run_id, body.runner_id)
     run = await coordinator._db(coordinator.store.get_run, run_id)
-    report = RunReport(status=RunStatus.COMPLETED, result=run.result)
-    await coordinator.report(run_id, body.runner_id, attempt, report)
+    report = FinishedEvent(
+        type="finished", run_id=run_id, attempt=attempt, status="completed", result=run.result
+    )
+    await coordinator.apply_event(body.runner_id, report)
     return {"ok": True}
 
 
@@ -266,13 +274,15 @@ async def stopped(run_id: str, body: AoStopped, request: Request) -> dict[str, A
     coordinator = await _as_runner(request, body.runner_id)
     attempt = await seed_wire.lease_attempt(coordinator, run_id, body.runner_id, None)
     run = await coordinator._db(coordinator.store.get_run, run_id)
+    status: FinalStatus
     if run.cancel_requested or run.status is RunStatus.CANCELLED:
-        report = RunReport(status=RunStatus.CANCELLED, error=f"stopped ({body.signal})")
+        status, error = "cancelled", f"stopped ({body.signal})"
     else:
-        report = RunReport(
-            status=RunStatus.PENDING, error=f"its runner stopped it ({body.signal}) unasked"
-        )
-    await coordinator.report(run_id, body.runner_id, attempt, report)
+        status, error = "pending", f"its runner stopped it ({body.signal}) unasked"
+    report = FinishedEvent(
+        type="finished", run_id=run_id, attempt=attempt, status=status, error=error
+    )
+    await coordinator.apply_event(body.runner_id, report)
     return {"ok": True}
 
 
@@ -300,7 +310,7 @@ async def bind(session_id: str, body: AoBind, request: Request) -> dict[str, Any
     holder = await coordinator._db(coordinator.store.get_runner, run.runner_id)
     if body.hostname and body.hostname != holder.hostname:
         raise LeaseLost(f"session {session_id} runs on {holder.hostname}, not {body.hostname}")
-    await coordinator.session_seen(run.id, run.runner_id, run.attempts, body.executor_session_id)
+    await _session_seen(coordinator, run, body.executor_session_id)
     return {"ok": True, "session": await _session_json(coordinator, session_id)}
 
 
@@ -332,9 +342,7 @@ async def update_metadata(session_id: str, body: AoMetadata, request: Request) -
     if body.executor_session_id is not None:
         run = await _run_in_progress(request, session_id)
         assert run.runner_id is not None
-        await coordinator.session_seen(
-            run.id, run.runner_id, run.attempts, body.executor_session_id
-        )
+        await _session_seen(coordinator, run, body.executor_session_id)
     return {"ok": True, "session": await _session_json(coordinator, session_id)}
 
 
@@ -405,6 +413,15 @@ async def _run_in_progress(request: Request, session_id: str) -> Run:
     if run.runner_id is not None:
         await coordinator.check_runner(principal_of(request), run.runner_id)
     return run
+
+
+async def _session_seen(coordinator: Coordinator, run: Run, agent_session: str) -> None:
+    """The executor told its agent session: the run's ``session`` event."""
+    assert run.runner_id is not None
+    event = SessionEvent(
+        type="session", run_id=run.id, attempt=run.attempts, session_id=agent_session
+    )
+    await coordinator.apply_event(run.runner_id, event)
 
 
 async def _session_json(coordinator: Coordinator, session_id: str) -> dict[str, Any]:

@@ -378,7 +378,7 @@ class LinkCore:
         return Applied(
             last_idx=last,
             abandon=abandon,
-            wake=wakeups(parsed, outcomes) + actor_wakeups(runner_id, parsed),
+            wake=wakeups(runner_id, parsed, outcomes),
             finished=any(e.type == "finished" for e in parsed),
         )
 
@@ -523,19 +523,17 @@ def _apply(store: Store, runner_id: str, event: RunnerEvent, now: float) -> Run 
     return None
 
 
-def wakeups(events: Sequence[RunnerEvent], outcomes: Sequence[Outcome]) -> list[str]:
-    """Who to wake after ``events`` were applied: followers of their logs, and pollers if a
-    final report made work for them (``makes_work``)."""
+def wakeups(
+    runner_id: str, events: Sequence[RunnerEvent], outcomes: Sequence[Outcome]
+) -> list[str]:
+    """Who to wake after a runner's ``events`` were applied, whichever way they came (the
+    socket, ``POST /runner/events``, the per-run endpoints): followers of their logs,
+    pollers if a final report made work for them (``makes_work``), and whoever waits on
+    the actors they moved (``actor_wakeups``)."""
     topics = [logs_topic(e.run_id) for e in events if isinstance(e, LogsEvent | FinishedEvent)]
     if any(run is not None and makes_work(run) for _, run in outcomes):
         topics.append(RUNS_AVAILABLE)
-    return topics
-
-
-def finished_wakeups(finished: Run) -> list[str]:
-    """``wakeups`` of one applied final report (the per-run HTTP endpoints' path), so that a
-    run finished over HTTP wakes what the same report over the socket wakes."""
-    return [logs_topic(finished.id), *([RUNS_AVAILABLE] if makes_work(finished) else [])]
+    return topics + actor_wakeups(runner_id, events)
 
 
 def makes_work(finished: Run) -> bool:

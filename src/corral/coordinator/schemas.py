@@ -142,8 +142,14 @@ class Outcome(WireModel):
     cost_usd: float | None = None
     usage: dict[str, Any] | None = None
     num_turns: Int32 | None = None
-    retry_after_s: float | None = Field(None, ge=0)
-    task: dict[str, Any] | None = Field(None, description="a task run's outcome")
+    retry_after_s: float | None = Field(default=None, ge=0)
+    task: dict[str, Any] | None = Field(default=None, description="a task run's outcome")
+
+    def finished(self, run_id: str, attempt: int, status: RunStatus) -> FinishedEvent:
+        """This outcome as the final report a runner sends as an event."""
+        fields = {name: getattr(self, name) for name in Outcome.model_fields}
+        body = {"type": "finished", "run_id": run_id, "attempt": attempt, "status": status.value}
+        return FinishedEvent.model_validate({**body, **fields})
 
     def to_report(self, status: RunStatus) -> RunReport:
         return RunReport(
@@ -160,8 +166,12 @@ class Outcome(WireModel):
         )
 
 
+# How an attempt may end, as a runner reports it ("pending": the attempt is given back).
+FinalStatus = Literal["completed", "failed", "timed_out", "cancelled", "pending"]
+
+
 class ReportBody(LeaseRef, Outcome):
-    status: Literal["completed", "failed", "timed_out", "cancelled", "pending"] | None = None
+    status: FinalStatus | None = None
 
 
 class StartedEvent(WireModel):
@@ -188,7 +198,7 @@ class FinishedEvent(Outcome):
     type: Literal["finished"]
     run_id: str
     attempt: Int32
-    status: Literal["completed", "failed", "timed_out", "cancelled", "pending"]
+    status: FinalStatus
 
 
 class TaskStepEvent(WireModel):

@@ -23,11 +23,11 @@ from typing import Any
 
 from fastapi import Response
 
-from corral.coordinator.schemas import run_assignment_json
+from corral.coordinator.schemas import FinishedEvent, StartedEvent, run_assignment_json
 from corral.coordinator.service import Coordinator
 from corral.errors import CorralError, LeaseLost
 from corral.ids import RunnerId
-from corral.runs import Run, RunReport, RunStatus
+from corral.runs import Run, RunStatus
 
 
 async def lease_attempt(
@@ -50,17 +50,20 @@ async def start_if_claimed(coordinator: Coordinator, run_id: str, runner_id: str
     report on a run still ``claimed`` starts the run first, on the same lease."""
     run = await coordinator._db(coordinator.store.get_run, run_id)
     if run.status is RunStatus.CLAIMED and run.runner_id == runner_id:
-        await coordinator.started(run_id, runner_id, run.attempts)
+        event = StartedEvent(type="started", run_id=run_id, attempt=run.attempts)
+        await coordinator.apply_event(runner_id, event)
 
 
 async def give_back(coordinator: Coordinator, runs: list[Run], why: str) -> None:
     """Claims the runner never received go back to the queue, the attempt not counted."""
     for run in runs:
         assert run.runner_id is not None
-        report = RunReport(status=RunStatus.PENDING, error=why)
+        report = FinishedEvent(
+            type="finished", run_id=run.id, attempt=run.attempts, status="pending", error=why
+        )
         # It may have moved on meanwhile (started, cancelled, lost): nothing to give back.
         with contextlib.suppress(CorralError):
-            await coordinator.report(run.id, run.runner_id, run.attempts, report)
+            await coordinator.apply_event(run.runner_id, report)
 
 
 async def give_back_unstarted(coordinator: Coordinator, runner_id: RunnerId) -> None:

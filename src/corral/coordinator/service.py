@@ -17,12 +17,12 @@ from typing import TypeVar
 import anyio.to_thread
 
 from corral.clock import Clock
-from corral.coordinator.actors import Actors, actor_wakeups
+from corral.coordinator.actors import Actors
 from corral.coordinator.auth import Authenticator, Principal
 from corral.coordinator.autoscaler import Autoscaler
 from corral.coordinator.claims import ClaimBoard
 from corral.coordinator.connections import Connections
-from corral.coordinator.link_core import apply_reports, finished_wakeups, wakeups
+from corral.coordinator.link_core import Outcome, apply_reports, wakeups
 from corral.coordinator.metrics import Metrics
 from corral.coordinator.notifier import (
     RUNS_AVAILABLE,
@@ -43,8 +43,8 @@ from corral.errors import CorralError, Forbidden, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import CLOSE_POLICY_VIOLATION
 from corral.runners import Runner, RunnerState
-from corral.runs import AgentSpec, Run, RunReport
-from corral.store import Held, LogEntry, LogLine, Reconciled, RunnerSync, Store
+from corral.runs import AgentSpec, Run
+from corral.store import Held, LogEntry, Reconciled, RunnerSync, Store
 from corral.store.retention import Collected
 
 log = logging.getLogger("corral.coordinator")
@@ -284,37 +284,28 @@ class Coordinator:
             if link.token_id == token_id:
                 await link.close(CLOSE_POLICY_VIOLATION, "corral.token_revoked")
 
-    async def started(self, run_id: str, runner_id: str, attempt: int) -> Run:
-        return await self._db(self.store.mark_started, run_id, runner_id, attempt, self.clock.now())
-
-    async def session_seen(self, run_id: str, runner_id: str, attempt: int, sid: str) -> Run:
-        return await self._db(
-            self.store.record_session, run_id, runner_id, attempt, sid, self.clock.now()
-        )
-
-    async def append_logs(
-        self, run_id: str, runner_id: str, attempt: int, lines: Sequence[LogLine]
-    ) -> int:
-        count = await self._db(self.store.append_logs, run_id, runner_id, attempt, lines)
-        self.notifier.notify(logs_topic(run_id))
-        return count
-
-    async def report(self, run_id: str, runner_id: str, attempt: int, report: RunReport) -> Run:
-        run = await self._db(
-            self.store.finish_run, run_id, runner_id, attempt, report, self.clock.now()
-        )
-        self.notifier.notify(*finished_wakeups(run))
-        return run
-
     async def apply_events(
         self, runner_id: str, events: Sequence[RunnerEvent]
     ) -> list[CorralError | None]:
-        """Apply a runner's batched reports in order, in one transaction off the event loop."""
+        """Apply a runner's batched reports in order, in one transaction off the event loop;
+        each gets its own answer (a refusal, or None)."""
+        return [error for error, _ in await self._apply(runner_id, events)]
+
+    async def apply_event(self, runner_id: str, event: RunnerEvent) -> Run | None:
+        """One report made over a per-run endpoint (the seed's HTTP runner API): the same
+        event the socket applies, by the same dispatcher, with the same wake-ups. Its
+        refusal is raised; a final report returns the run it finished."""
+        ((error, run),) = await self._apply(runner_id, [event])
+        if error is not None:
+            raise error
+        return run
+
+    async def _apply(self, runner_id: str, events: Sequence[RunnerEvent]) -> list[Outcome]:
         applied = await self._db(
             apply_reports, self.store, runner_id, events, self.clock.now(), lambda _: None
         )
-        self.notifier.notify(*wakeups(events, applied.outcomes), *actor_wakeups(runner_id, events))
-        return [error for error, _ in applied.outcomes]
+        self.notifier.notify(*wakeups(runner_id, events, applied.outcomes))
+        return applied.outcomes
 
     # ---- reconciliation ------------------------------------------------------------------
 
