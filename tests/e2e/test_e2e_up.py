@@ -23,6 +23,8 @@ def test_up_runs_work_and_stops_on_sigterm(cluster: Cluster) -> None:
     # Its admin token is where the README's quick start (run in the same directory) finds it.
     token = read_token(up.cwd)
     assert token is not None and token not in up.log()
+    # The dashboard's address, without the token: this output is not a terminal.
+    assert f"dashboard: http://127.0.0.1:{port}/  (sign in with the admin token)" in up.log()
     with Client(f"http://127.0.0.1:{port}", token=token) as client:
         (runner,) = wait_until(client.list_runners, 30, what="the local runner")
         assert (runner.transport, runner.state) == ("websocket", "active")

@@ -9,6 +9,7 @@ import inspect
 import logging
 import signal
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +26,7 @@ from corral.cli.options import URL, comma_list, labels_from, option
 from corral.coordinator.app import QuietServer, server_config
 from corral.coordinator.settings import CoordinatorSettings
 from corral.credentials import client_token, coordinator_token
+from corral.dashboard.site import address as dashboard_address
 from corral.errors import Conflict, CorralError, InvalidRequest, Unavailable
 from corral.runner.core import Runner
 from corral.runner.process import watch_children_with_pidfds
@@ -366,6 +368,13 @@ def runner_cmd(url: str, token: str | None, log_format: str, **kwargs: object) -
     asyncio.run(main())
 
 
+def _dashboard_line(url: str, token: str | None) -> str:
+    """Where the dashboard is. Its token only on a terminal: piped output may be logged."""
+    if sys.stdout.isatty():
+        return f"dashboard: {dashboard_address(url, token)}"
+    return f"dashboard: {dashboard_address(url, None)}  (sign in with the admin token)"
+
+
 @click.command()
 @coordinator_options
 @runner_options
@@ -398,6 +407,7 @@ def up(log_format: str, **kwargs: Any) -> None:
         click.echo(
             f"corral is up: {url}  (docs {url}/docs, database {redact_url(db)}); Ctrl-C stops it"
         )
+        click.echo(_dashboard_line(url, settings.token))
         await runner.run()
         server.should_exit = True
         await serving

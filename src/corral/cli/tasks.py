@@ -26,6 +26,7 @@ from corral.cli.embedded import (
 from corral.cli.options import comma_list, connect, option, token_option
 from corral.cli.plan_progress import ACTIVE, EXIT_PAUSED, first_line, state_label, summary, watch
 from corral.client import Client, NewTask, Project, Task
+from corral.dashboard.site import address as dashboard_address
 from corral.errors import InvalidRequest
 from corral.runner.settings import RunnerSettings
 from corral.tasks.plan import load_plan
@@ -41,10 +42,12 @@ class Context:
         self.branch = branch
         self.url = url
         self.db = db or str(repo / ".corral" / "corral.db")
+        self.served: tuple[str, str | None] = ("", None)  # the coordinator's URL and token
 
     @contextlib.contextmanager
     def client(self, runner: RunnerSettings | None = None) -> Iterator[Client]:
         if self.url:
+            self.served = (self.url, None)
             with connect(self.url) as client:
                 yield client
             return
@@ -52,6 +55,7 @@ class Context:
             Embedded(self.db, runner=runner) as embedded,
             Client(embedded.url, token=embedded.token) as client,
         ):
+            self.served = (embedded.url, embedded.token)
             yield client
 
     def project(self, client: Client, **settings: Any) -> Project:
@@ -224,6 +228,12 @@ def plan(obj: Context, path: Path) -> None:
     "(kept for the project).",
 )
 @click.option(
+    "--dashboard",
+    "show_dashboard",
+    is_flag=True,
+    help="Print the address of a web dashboard of the plan while it runs (signed in).",
+)
+@click.option(
     "--sync-checkout",
     is_flag=True,
     help="If the target branch is checked out here, bring its files up to date at the end "
@@ -238,6 +248,7 @@ def run(
     budget_usd: float | None,
     retry_backoff_s: float | None,
     resolve_conflicts: bool | None,
+    show_dashboard: bool,
     sync_checkout: bool,
 ) -> None:
     """Work through the plan until every task is settled, or until the plan is paused or
@@ -270,6 +281,10 @@ def run(
             resolve_conflicts=resolve_conflicts,
         )
         pid = project.project_id
+        if show_dashboard:
+            # An embedded coordinator's token lives as long as this process: shown whole.
+            address = dashboard_address(*obj.served, page=f"/plans/{pid}")
+            console.print(f"dashboard: {address}", soft_wrap=True, highlight=False)
         # A pause lasts until `tasks resume`: starting claims only if it is not paused.
         client.start_plan(pid, workers)
         state, interrupted = watch(lambda: client.plan_status(pid).to_json(), started, console)

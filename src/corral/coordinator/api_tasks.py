@@ -15,7 +15,7 @@ from corral.coordinator.service import Coordinator
 from corral.runs import AgentSpec, Run
 from corral.tasks.model import Project, Task, TaskSpec
 from corral.wire import WireModel
-from corral.workspaces.names import check_branch, check_key
+from corral.workspaces.names import BRANCH_PREFIX, check_branch, check_key
 
 router = APIRouter(tags=["tasks"])
 READ, WRITE = require(Access.READ), require(Access.WRITE)
@@ -108,6 +108,7 @@ def task_json(task: Task) -> dict[str, Any]:
         "last_error": task.last_error,
         "conflict": task.conflict,
         "session_id": task.session_id,
+        "branch": BRANCH_PREFIX + task.key,
         "commit": task.commit_sha,
         "merge_commit": task.merge_sha,
         "worktree_kept": task.worktree_kept,

@@ -22,6 +22,7 @@ from corral.agents.profiles import load_profiles
 from corral.clock import Clock, SystemClock
 from corral.coordinator import (
     api_clients,
+    api_dashboard,
     api_metrics,
     api_pools,
     api_runners,
@@ -36,6 +37,7 @@ from corral.coordinator.schemas import error_responses
 from corral.coordinator.service import Coordinator
 from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
 from corral.coordinator.sole import SoleCoordinator
+from corral.dashboard import site as dashboard_site
 from corral.errors import CorralError, InvalidRequest
 from corral.protocol.limits import MAX_FRAME_BYTES
 from corral.store import Store
@@ -103,6 +105,8 @@ def create_app(
     app.include_router(api_pools.router, responses=errors)
     app.include_router(api_tokens.router, responses=errors)
     app.include_router(api_metrics.router, responses=errors)
+    app.include_router(api_dashboard.router, responses=errors)
+    dashboard_site.mount(app)
     app.add_exception_handler(CorralError, _corral_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     # A wire model built inside a route from what the request said (a seed runner's

@@ -39,8 +39,10 @@ from corral.tokens import Role, digest
 ADMIN_TOKEN_ID = "tok_admin"  # the settings' admin token: the owner of runners it registers
 PUBLIC_PATHS = frozenset(
     # /oauth/token: the seed system's runner trades a token for itself there (compat_ao).
-    {"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc", "/oauth/token"}
+    {"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc", "/oauth/token", "/"}
 )
+# The dashboard's page (``/``) and its modules hold no data; the calls they make carry a token.
+PUBLIC_PREFIXES = ("/ui/",)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 CLOSE_POLICY_VIOLATION = 1008
 
@@ -201,7 +203,7 @@ class Guard:
                 "requests from a web page of another origin are refused",
                 code="origin_not_allowed",
             )
-        if scope["path"] in PUBLIC_PATHS:
+        if scope["path"] in PUBLIC_PATHS or scope["path"].startswith(PUBLIC_PREFIXES):
             return None
         secret = bearer(headers.get("authorization"))
         if secret is None:

@@ -1,0 +1,208 @@
+"""The dashboard in a real headless Chromium, on a real coordinator and runner: pages load
+with no console errors at desktop and phone widths; runs appear and finish on screen without
+a reload; log lines stream in; the cancel, drain and task buttons work; the plan's graph
+shows its tasks' states as they change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from browser_support import DESKTOP, PHONE, WEBSOCKET, Page
+from e2e_support import TOKEN, Cluster
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+
+from corral.dashboard.site import address
+
+PAGES = {
+    "/runs": "Runs",
+    "/sessions": "Sessions",
+    "/plans": "Task plans",
+    "/runners": "Runners",
+    "/charts": "Charts",
+}
+
+
+def command_run(cluster: Cluster, script: str) -> str:
+    run_id: str = cluster.client.create_run(type="command", command=["sh", "-c", script])["run_id"]
+    return run_id
+
+
+def test_every_page_loads_without_console_errors_on_a_desktop_and_a_phone(
+    cluster: Cluster, page: Page
+) -> None:
+    done = command_run(cluster, "echo hello")
+    cluster.wait_run(done)
+    failed = command_run(cluster, "echo oops >&2; exit 3")
+    cluster.wait_run(failed)
+    for size, label in ((DESKTOP, "desktop"), (PHONE, "phone")):
+        page.resize(size)
+        for path, title in PAGES.items():
+            page.go(path)
+            page.wait_text("h1", title)
+            if path == "/runs":
+                page.wait_attr(f'tr[data-run-id="{failed}"]', "data-status", {"failed"})
+            if path == "/runners":
+                page.wait_for('tr[data-state="active"]')
+            if path == "/charts":
+                page.wait_for("figure.chart svg rect.bar")
+            page.shot(f"{label}{path.replace('/', '-')}")
+            assert not page.overflows_sideways(), f"{path} is wider than a {label} window"
+        page.go(f"/runs/{failed}")
+        page.wait_text("#run-log", "oops")
+        page.wait_text("#log-state", "ended: failed")
+        page.shot(f"{label}-run")
+        assert not page.overflows_sideways()
+    assert page.console_errors() == []
+
+
+def test_a_run_created_through_the_api_appears_and_completes_without_a_reload(
+    cluster: Cluster, page: Page, tmp_path: Path
+) -> None:
+    page.mark()
+    go = tmp_path / "go"
+    run_id = command_run(cluster, f'echo started; while [ ! -e "{go}" ]; do sleep 0.05; done')
+    row = f'tr[data-run-id="{run_id}"]'
+    page.wait_attr(row, "data-status", {"running"})
+    page.shot("run-running")
+    go.touch()
+    page.wait_attr(row, "data-status", {"completed"})
+    page.shot("run-completed")
+    assert page.still_same_document()
+    assert cluster.client.get_run(run_id)["status"] == "completed"
+    assert page.console_errors() == []
+
+
+def test_log_lines_stream_into_a_running_runs_page(
+    cluster: Cluster, page: Page, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    script = (
+        f'echo first line; while [ ! -e "{go}" ]; do sleep 0.05; done; '
+        "echo second line; echo to stderr >&2"
+    )
+    run_id = command_run(cluster, script)
+    page.go(f"/runs/{run_id}")
+    page.wait_text("#run-log", "first line")
+    page.wait_attr(".run-status", "data-status", {"running"})
+    assert "second line" not in page.find("#run-log").text
+    page.mark()
+    go.touch()
+    page.wait_text("#run-log", "second line")
+    page.wait_text("#run-log .stderr", "to stderr")
+    page.wait_attr(".run-status", "data-status", {"completed"})
+    page.wait_text("#log-state", "ended: completed")
+    page.shot("run-logs")
+    assert page.still_same_document()
+    assert page.find("#run-log").text.splitlines() == ["first line", "second line", "to stderr"]
+    assert page.console_errors() == []
+
+
+def test_the_cancel_button_stops_a_running_run_and_retry_starts_it_again(
+    cluster: Cluster, page: Page
+) -> None:
+    run_id = command_run(cluster, "echo waiting; sleep 60")
+    page.go(f"/runs/{run_id}")
+    page.wait_text("#run-log", "waiting")
+    page.click(f'button[aria-label="Cancel run {run_id}"]')
+    page.wait_attr(".run-status", "data-status", {"cancelled"})
+    assert cluster.client.get_run(run_id)["status"] == "cancelled"
+    assert not page.find(f'button[aria-label="Cancel run {run_id}"]').is_enabled()
+    page.shot("run-cancelled")
+
+    page.click(f'button[aria-label="Retry run {run_id} as a new run"]')
+    page.wait(lambda d: run_id not in d.execute_script("return location.hash"), "the new run")
+    retried = page.driver.execute_script("return location.hash").rsplit("/", 1)[1]
+    page.wait_text("#run-log", "waiting")
+    assert cluster.client.get_run(retried)["command"] == ["sh", "-c", "echo waiting; sleep 60"]
+    cluster.client.cancel_run(retried)
+    assert page.console_errors() == []
+
+
+def test_the_drain_and_stop_buttons_take_runners_out(cluster: Cluster, page: Page) -> None:
+    cluster.start_runner("runner-b", extra=WEBSOCKET)
+    ids = {r["name"]: r["runner_id"] for r in cluster.client.runners()}
+    page.go("/runners")
+    row = 'tr[data-runner-id="{}"]'.format
+    for name in ("runner-a", "runner-b"):
+        page.wait_attr(row(ids[name]), "data-state", {"active"})
+    page.wait_text(row(ids["runner-a"]), "websocket")
+    page.shot("runners-active")
+
+    page.click('button[aria-label="Drain runner runner-a"]')
+    # An idle runner drained leaves at once: it may show draining first, then stopped.
+    page.wait_attr(row(ids["runner-a"]), "data-state", {"stopped"})
+    assert cluster.runner_by_id(ids["runner-a"])["state"] == "stopped"
+    page.click('button[aria-label="Stop runner runner-b"]')
+    page.wait_attr(row(ids["runner-b"]), "data-state", {"stopped"})
+    assert cluster.runner_by_id(ids["runner-b"])["state"] == "stopped"
+    assert not page.find('button[aria-label="Stop runner runner-b"]').is_enabled()
+    page.shot("runners-stopped")
+    assert page.console_errors() == []
+
+
+def test_the_plan_page_draws_the_graph_with_each_tasks_live_state(
+    cluster: Cluster, page: Page, tmp_path: Path
+) -> None:
+    # A plan that is never started (no workers): its tasks wait, and the buttons move them.
+    project = cluster.client.call(
+        "POST", "/projects", json={"repo_path": str(tmp_path), "target_branch": "main"}
+    )
+    pid = project["project_id"]
+    tasks = [
+        {"id": "schema", "title": "Add the schema"},
+        {"id": "api", "title": "Add the API", "after": ["schema"]},
+        {"id": "cli", "title": "Add the CLI", "after": ["schema"]},
+        {"id": "docs", "title": "Write the docs", "after": ["api", "cli"]},
+    ]
+    cluster.client.call("POST", f"/projects/{pid}/tasks", json={"tasks": tasks})
+    page.go(f"/plans/{pid}")
+    node = 'svg.graph g.node[data-task="{}"]'.format
+    page.wait_attr(node("schema"), "data-status", {"ready"})
+    for key in ("api", "cli", "docs"):
+        page.wait_attr(node(key), "data-status", {"blocked"})
+    page.wait_text('tr[data-task="api"]', "corral/api")
+    page.shot("plan-waiting")
+
+    page.click('button[aria-label="Cancel task schema"]')
+    page.wait_attr(node("schema"), "data-status", {"cancelled"})
+    for key in ("api", "cli", "docs"):
+        page.wait_attr(node(key), "data-status", {"blocked_by_failure"})
+    page.shot("plan-cancelled")
+
+    page.click('button[aria-label="Retry task schema"]')
+    page.wait_attr(node("schema"), "data-status", {"ready"})
+    page.wait_attr(node("docs"), "data-status", {"blocked"})
+    page.click(f'button[aria-label="Pause plan {pid}"]')
+    page.wait_text(".plan-summary", "paused")
+    assert cluster.client.call("GET", f"/projects/{pid}")["paused"] is True
+    assert page.console_errors() == []
+
+
+def test_signing_in_with_the_form_or_the_address_the_cli_prints(
+    cluster: Cluster, page: Page
+) -> None:
+    driver = page.driver
+    driver.execute_script("sessionStorage.clear()")
+    driver.get(f"{cluster.url}/")
+    field = page.wait_for("#token-input")
+    assert page.find('label[for="token-input"]').text == "Token"
+    assert driver.switch_to.active_element == field  # the keyboard is there at once
+    field.send_keys("crl_not-a-token", Keys.ENTER)
+    page.wait_text("#token-why", "That token was refused")
+    page.shot("sign-in-refused")
+    page.find("#token-input").send_keys(TOKEN, Keys.ENTER)
+    page.wait_text("h1", "Runs")
+    assert "token" not in driver.current_url
+
+    # What `corral tasks run --dashboard` prints: signed in, on the plan's page.
+    driver.execute_script("sessionStorage.clear()")
+    driver.get(address(cluster.url, TOKEN, page="/runners"))
+    page.wait_text("h1", "Runners")
+    assert driver.current_url == f"{cluster.url}/#/runners"
+    # The skip link comes first for the keyboard, and leads to the page's content.
+    driver.find_element(By.TAG_NAME, "body").send_keys(Keys.TAB)
+    assert driver.switch_to.active_element.text == "Skip to content"
+    # Refused calls were answered 401, which the console lists; nothing else went wrong.
+    errors = [e["message"] for e in page.console_errors()]
+    assert all("401" in message for message in errors), errors
