@@ -202,3 +202,30 @@ async def wait_async(check: Any, what: str) -> None:
         if asyncio.get_running_loop().time() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+async def test_a_runner_drains_before_its_lifespan_ends_and_another_takes_its_place(
+    coordinator: tuple[FastAPI, str], endpoint: tuple[ServerlessEndpoint, str]
+) -> None:
+    _, url = coordinator
+    _, endpoint_url = endpoint  # its runners drain a grace (1 s) before their lifespan ends
+    async with client(url) as http:
+        body = {"serverless": {"url": endpoint_url, "min_runners": 1, "request_lifespan": 2.5}}
+        assert (await http.put("/pools/sl", json=body)).status_code == 200
+        seen: list[str] = []
+
+        async def two_runners() -> bool:
+            for runner in await pool_runners(http):
+                if runner["runner_id"] and runner["runner_id"] not in seen:
+                    seen.append(runner["runner_id"])
+            return len(seen) == 2
+
+        await wait_async(two_runners, "a second runner after the first one's lifespan")
+
+        async def first_stopped() -> bool:
+            listed = (await http.get("/runners")).json()["runners"]
+            return [r["state"] for r in listed if r["runner_id"] == seen[0]] == ["stopped"]
+
+        await wait_async(first_stopped, "the first runner to leave")
+        assert (await http.get("/pools/sl")).json()["errors"] == []  # its end was expected
+        assert (await http.put("/pools/sl", json={"serverless": None})).status_code == 200

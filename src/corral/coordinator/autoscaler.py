@@ -6,7 +6,8 @@ runners (seed 002: "Bump → Desired: 1 → GET /start").
         name, pool, lifespan and a join token; the first event names the runner, then pings
     more than N ──▶ close the newest: the endpoint drains its runner (GoingAway to its
         actors, a grace, then it leaves; they are placed elsewhere, or queued)
-    a stream lives at most ``request_lifespan`` (the endpoint drains its runner before)
+    a stream lives at most ``request_lifespan``; the endpoint drains its runner a grace
+        before and says so (``draining``): from then on it no longer counts as live
 
 Errors (refused or unreachable, ended before its lifespan unasked, a first event that does
 not name a runner) are recorded per pool and the pool waits a backoff before the next
@@ -182,7 +183,10 @@ class Autoscaler:
                     text = (await response.aread()).decode(errors="replace")[:200]
                     return PoolError.HTTP_ERROR, f"GET /start: HTTP {response.status_code}: {text}"
                 async for event in source.aiter_sse():
-                    if stream.runner_id is None:
+                    if event.event == "draining":  # its lifespan ends: a new one may start
+                        stream.closing = True
+                        self.bump()
+                    elif stream.runner_id is None:
                         runner_id = _runner_id(event.data)
                         if runner_id is None:
                             return PoolError.BAD_PAYLOAD, f"first event: {event.data[:200]!r}"

@@ -5,6 +5,7 @@
                  -request-lifespan; from the coordinator's autoscaler)
       ◀── event: started  data: {"runner_id": "rnr_…"}     once the runner has connected
       ◀── event: ping     data: {}                          every few seconds
+      ◀── event: draining data: {}                          at lifespan − grace
     at lifespan − grace, or when the coordinator closes the stream (scale-down): the runner
     drains (its actors get GoingAway), has the grace to finish, and leaves; the stream
     ends with it.
@@ -96,6 +97,7 @@ class ServerlessEndpoint:
                 wait = min(self.ping_interval_s, drain_at - time.monotonic())
                 if wait <= 0:
                     log.info("runner %s: its lifespan ends: draining", runner_id)
+                    yield _event("draining", {})  # the coordinator may start another now
                     runner.drain(self.drain_grace_s)
                     wait = self.ping_interval_s
                     drain_at = float("inf")

@@ -1,0 +1,214 @@
+"""Actors benchmark: a real coordinator, a runner hosting a small HTTP actor, and the gateway.
+
+Measures, on SQLite:
+  process start  the actor's own start: its command spawned → its PORT accepts a connection
+                 (what no gateway can make faster), p50/p99
+  cold wake      a sleeping actor → the first byte of its answer through the gateway
+                 (wake, placement, start command, process start, running, tunnel), p50/p99;
+                 its overhead is this less the process start
+  warm           requests to a running actor through gateway + tunnel, against the same
+                 requests straight to its port: p50/p99 one at a time, and requests/s with
+                 --concurrency clients
+
+    python benchmarks/actors.py [--cold 20] [--warm 2000] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import httpx
+
+CORRAL = str(Path(sys.executable).parent / "corral")
+ACTOR = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "counter_actor.py"
+TOKEN = "crl_bench-admin-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def accepts(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def percentiles(samples: list[float]) -> str:
+    ms = sorted(s * 1000 for s in samples)
+    p50 = statistics.median(ms)
+    p99 = ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))]
+    return f"p50 {p50:7.2f} ms   p99 {p99:7.2f} ms   (n={len(ms)})"
+
+
+def wait(predicate: object, timeout: float = 30.0, what: str = "") -> None:
+    end = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > end:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.002)
+
+
+def process_start(samples: int, workdir: Path) -> list[float]:
+    """The actor's command alone: spawn → its port accepts."""
+    times = []
+    for _ in range(samples):
+        port = free_port()
+        env = {**os.environ, "PORT": str(port), "MARKERS": str(workdir / "markers")}
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, str(ACTOR)], env=env)
+        try:
+            wait(lambda port=port: accepts(port), what="the actor's port")
+            times.append(time.perf_counter() - started)
+        finally:
+            proc.terminate()
+            proc.wait()
+    return times
+
+
+@contextmanager
+def cluster(workdir: Path) -> Iterator[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env["CORRAL_TOKEN"] = TOKEN
+    config = workdir / "actors.toml"
+    config.write_text(
+        f'[actors.counter]\ncommand = ["{sys.executable}", "{ACTOR}"]\n'
+        f'env = {{ MARKERS = "{workdir / "markers"}" }}\n'
+    )
+    procs = []
+    log = open(workdir / "cluster.log", "wb")  # noqa: SIM115 - closed below
+    try:
+        procs.append(
+            subprocess.Popen(
+                [CORRAL, "serve", "--port", str(port), "--db", str(workdir / "c.db")],
+                env=env,
+                stdout=log,
+                stderr=log,
+                cwd=workdir,
+                start_new_session=True,
+            )
+        )
+        wait(lambda: _healthy(url), what="the coordinator")
+        procs.append(
+            subprocess.Popen(
+                [
+                    CORRAL,
+                    "runner",
+                    "--url",
+                    url,
+                    "--name",
+                    "bench",
+                    "--transport",
+                    "websocket",
+                    "--config",
+                    str(config),
+                ],
+                env=env,
+                stdout=log,
+                stderr=log,
+                cwd=workdir,
+                start_new_session=True,
+            )
+        )
+        yield url
+    finally:
+        for proc in procs:
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            proc.wait(30)
+        log.close()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def actor_state(http: httpx.Client, actor_id: str) -> str:
+    return str(http.get(f"/actors/{actor_id}").json()["state"])
+
+
+def cold_wakes(http: httpx.Client, actor_id: str, samples: int) -> list[float]:
+    times = []
+    for i in range(samples):
+        http.post(f"/actors/{actor_id}/sleep").raise_for_status()
+        wait(lambda: actor_state(http, actor_id) == "sleeping" and
+             http.get(f"/actors/{actor_id}").json()["runner_id"] is None,
+             what="the actor asleep")  # fmt: skip
+        started = time.perf_counter()
+        with http.stream("GET", f"/gateway/{actor_id}/hit/cold{i}") as response:
+            next(response.iter_raw())
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def warm(http: httpx.Client, url: str, count: int) -> list[float]:
+    times = []
+    with httpx.Client(base_url=url, headers=AUTH) as client:
+        for i in range(count):
+            started = time.perf_counter()
+            client.get(f"/hit/w{i}").raise_for_status()
+            times.append(time.perf_counter() - started)
+    return times
+
+
+async def rate(url: str, count: int, concurrency: int) -> float:
+    async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=60) as client:
+        queue = iter(range(count))
+
+        async def worker() -> None:
+            for i in queue:
+                (await client.get(f"/hit/r{i}")).raise_for_status()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return count / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cold", type=int, default=20)
+    parser.add_argument("--warm", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        print("process start   ", percentiles(process_start(args.cold, workdir)))
+        with cluster(workdir) as url, httpx.Client(base_url=url, headers=AUTH, timeout=60) as http:
+            actor_id = http.post("/actors", json={"name": "counter", "key": "bench"}).json()[
+                "actor_id"
+            ]
+            wait(lambda: actor_state(http, actor_id) == "running", what="the actor running")
+            print("cold wake       ", percentiles(cold_wakes(http, actor_id, args.cold)))
+            http.get(f"/gateway/{actor_id}/hit/warmup").raise_for_status()
+            gateway = f"{url}/gateway/{actor_id}"
+            port = int(http.get(f"/gateway/{actor_id}/port").text)
+            direct = f"http://127.0.0.1:{port}"
+            print("warm gateway    ", percentiles(warm(http, gateway, args.warm)))
+            print("warm direct     ", percentiles(warm(http, direct, args.warm)))
+            for name, target in (("gateway", gateway), ("direct", direct)):
+                per_s = asyncio.run(rate(target, args.warm, args.concurrency))
+                print(f"rate {name:10s} {per_s:8.0f} requests/s ({args.concurrency} clients)")
+
+
+if __name__ == "__main__":
+    main()

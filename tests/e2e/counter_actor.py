@@ -1,0 +1,40 @@
+"""A minimal actor for the end-to-end tests: an HTTP server on ``PORT`` (stdlib only, so it
+starts fast) that answers ``GET /hit/<id>`` with ``<id>`` after appending ``<id>`` to the
+file ``MARKERS`` names, one line per request it handled: how many times the actor ran each
+request, whatever the client saw. ``GET /slow/<id>`` does the same after ``DELAY`` seconds;
+``GET /port`` answers its port (the benchmark compares the gateway with going straight there).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        kind, _, request_id = self.path.strip("/").partition("/")
+        if kind == "port":
+            request_id = os.environ["PORT"]
+        elif kind == "slow":
+            time.sleep(float(os.environ.get("DELAY", "0.2")))
+        if kind not in ("hit", "slow", "port") or not request_id:
+            self.send_error(404)
+            return
+        if kind != "port":
+            with open(os.environ["MARKERS"], "a") as markers:
+                markers.write(f"{request_id}\n")
+        body = request_id.encode()
+        self.send_response(200)
+        self.send_header("content-type", "text/plain")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # quiet: the test reads the markers
+
+
+if __name__ == "__main__":
+    ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
