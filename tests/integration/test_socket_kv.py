@@ -6,12 +6,14 @@ refused (``actor_not_placed``) and writes nothing."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 from api_fixtures import TOKEN, live_server, wait_until, with_token
 
+from corral.actors.kinds import ActorKind
 from corral.actors.model import NewActor
 from corral.coordinator.app import create_app
 from corral.coordinator.settings import CoordinatorSettings
@@ -28,6 +30,11 @@ STEP_S = 10.0
 
 
 Linked = tuple[WebSocketTransport, CoordinatorSettings, str]
+# An actor process that only listens on its PORT.
+LISTEN = (
+    "import os, socket, time; s = socket.socket(); "
+    "s.bind(('127.0.0.1', int(os.environ['PORT']))); s.listen(); time.sleep(3600)"
+)
 
 
 @pytest.fixture
@@ -37,21 +44,25 @@ async def linked(db_url: str) -> AsyncIterator[Linked]:
     settings = with_token(CoordinatorSettings(db_url=db_url, poll_timeout_s=5.0))
     app = create_app(settings, reconcile=False)
     with live_server(app, ws="websockets-sansio", graceful_shutdown_s=2) as url:
-        runner = Runner(
-            RunnerSettings(coordinator_url=url, token=TOKEN, transport="websocket", slots=1)
+        settings_ = RunnerSettings(
+            coordinator_url=url,
+            token=TOKEN,
+            transport="websocket",
+            slots=1,
+            actor_kinds={"kv": ActorKind("kv", (sys.executable, "-c", LISTEN))},
         )
+        runner = Runner(settings_)
         transport = runner.transport
         assert isinstance(transport, WebSocketTransport)
         await asyncio.wait_for(transport.open(), STEP_S)
         store = Store.open(db_url)
         try:
-            assert transport.runner_id is not None
-            store.actors.host(transport.runner_id, "default", ["kv"], 1)
             actor, _, _ = store.actors.create(NewActor("kv", "k"), time.time())
             assert actor.runner_id == transport.runner_id
             yield transport, settings, actor.id
         finally:
             store.close()
+            await runner.actors.close()
             await transport.close()
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import click
 import uvicorn
 
+from corral.actors.kinds import load_kinds
 from corral.agents.profiles import load_profiles
 from corral.cli.gc import DURATION, retention_from, retention_options
 from corral.cli.log_format import configure_logging, log_format_option
@@ -221,6 +222,19 @@ def runner_options(fn: click.decorators.FC) -> click.decorators.FC:
                 type=click.Choice(["websocket", "poll"]),
                 help="Link to the coordinator: a WebSocket, or the HTTP long-poll.",
             ),
+            option(
+                "--pool",
+                env="POOL",
+                default="default",
+                help="The pool whose actors this runner hosts.",
+            ),
+            option(
+                "--actor-slots",
+                env="ACTOR_SLOTS",
+                default=16,
+                type=click.IntRange(1, 1024),
+                help="Actors hosted at once (the kinds are the config's [actors.<name>]).",
+            ),
         ]
     ):
         fn = decorate(fn)
@@ -237,6 +251,9 @@ def _runner_settings(
     drain_grace: float,
     pass_env: str,
     transport: str,
+    pool: str,
+    actor_slots: int,
+    config: Path | None,
 ) -> RunnerSettings:
     settings = RunnerSettings(
         coordinator_url=url,
@@ -247,6 +264,9 @@ def _runner_settings(
         transport=transport,
         labels=labels_from([labels]),
         pass_env=comma_list(pass_env),
+        actor_kinds=load_kinds(config),
+        pool=pool,
+        actor_slots=actor_slots,
     )
     return settings if name is None else RunnerSettings(**{**settings.__dict__, "name": name})
 
@@ -346,6 +366,13 @@ class _StoppingServer(uvicorn.Server):
     help="Bearer token for the coordinator (a runner or admin token; default: "
     ".corral/credentials here).",
 )
+@option(
+    "--config",
+    env="CONFIG",
+    default="corral.toml",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="TOML config with the [actors.<name>] this runner hosts (optional).",
+)
 @runner_options
 @log_format_option
 def runner_cmd(url: str, token: str | None, log_format: str, **kwargs: object) -> None:
@@ -388,7 +415,9 @@ def up(log_format: str, **kwargs: Any) -> None:
     _check_port_free(host, port)
     # Listening on every address: the local runner and the banner use loopback.
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
-    runner_settings = replace(_runner_settings(url, **kwargs), token=settings.token)
+    runner_settings = replace(
+        _runner_settings(url, config=settings.config_path, **kwargs), token=settings.token
+    )
 
     async def main() -> None:
         server = QuietServer(server_config(settings, host=host, port=port, own_logging=False))

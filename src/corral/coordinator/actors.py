@@ -70,6 +70,9 @@ class Actors:
         self.notify(changes)
         return actor, created
 
+    async def known(self, name: str, pool: str) -> bool:
+        return await self._db(self.store.actors.known, name, pool)
+
     async def get(self, actor_id: str) -> Actor:
         return await self._db(self.store.actors.get, actor_id)
 

@@ -21,6 +21,7 @@ from corral import __version__
 from corral.agents.profiles import load_profiles
 from corral.clock import Clock, SystemClock
 from corral.coordinator import (
+    api_actors,
     api_clients,
     api_dashboard,
     api_metrics,
@@ -104,6 +105,7 @@ def create_app(
     app.include_router(gateway.router)
     app.include_router(api_pools.router, responses=errors)
     app.include_router(api_tokens.router, responses=errors)
+    app.include_router(api_actors.router, responses=errors)
     app.include_router(api_metrics.router, responses=errors)
     app.include_router(api_dashboard.router, responses=errors)
     dashboard_site.mount(app)

@@ -23,6 +23,7 @@ from corral.agents.claude import AgentMcp
 from corral.agents.registry import executor_for
 from corral.errors import CorralError
 from corral.ids import RunId, RunnerId
+from corral.runner.actors import ActorHost
 from corral.runner.attempt import Attempt
 from corral.runner.environment import run_environment
 from corral.runner.poll import PollTransport
@@ -55,6 +56,12 @@ class Runner:
         self._drain_deadline: float | None = None  # a forced drain's end (monotonic)
         # The runner's own environment: runs see only what ``run_environment`` lets through.
         self.host_env = dict(os.environ if host_env is None else host_env)
+        self.actors = ActorHost(
+            settings.actor_kinds,
+            self.transport.reports,
+            getattr(self.transport, "kv", None),
+            run_environment(self.host_env, settings.pass_env, ()),
+        )
 
     @property
     def runner_id(self) -> RunnerId | None:
@@ -89,6 +96,7 @@ class Runner:
         serving.cancel()
         draining.cancel()
         await asyncio.gather(serving, draining, return_exceptions=True)
+        await self.actors.close()
         await self.transport.close()
         log.info("runner %s stopped", self.runner_id)
 
@@ -132,7 +140,8 @@ class Runner:
             loop.add_signal_handler(sig, self.drain)
 
     async def _finish_work(self) -> None:
-        pending = set(self._tasks)
+        # Its actors stop when the coordinator says so (GoingAway, once it knows we drain).
+        pending = set(self._tasks) | self.actors.tasks
         if pending:
             grace_s = self.settings.drain_grace_s
             if self._drain_deadline is not None:
@@ -141,6 +150,7 @@ class Runner:
             if still:
                 for attempt in self.attempts.values():
                     attempt.shutdown()  # gives the attempt back: another runner takes it
+                self.actors.stop_all(now=False)
                 # Their last reports may not get through (coordinator away): do not wait
                 # forever; the coordinator takes back whatever it did not hear about.
                 await asyncio.wait(still, timeout=self.settings.kill_grace_s + 10.0)
@@ -183,9 +193,10 @@ class Runner:
             attempt.abandon()
 
     def stop_all_work(self) -> None:
-        """The coordinator has given our runs to others (we were away too long)."""
+        """The coordinator has given our runs (and actors) to others (we were away too long)."""
         for attempt in list(self.attempts.values()):
             attempt.abandon("runner lost")
+        self.actors.stop_all(now=True)
 
     async def _execute(self, attempt: Attempt) -> None:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
+from corral.actors.kinds import ActorKind
 from corral.runner.output import MAX_LINE_BYTES
 
 
@@ -32,3 +33,7 @@ class RunnerSettings:
     max_backoff_s: float = 30.0
     # Longer output lines are cut (with a marker) as they are read; reading goes on.
     max_line_bytes: int = MAX_LINE_BYTES
+    # Actors it hosts (``[actors.NAME]`` of its config), in which pool, how many at once.
+    actor_kinds: dict[str, ActorKind] = field(default_factory=dict)
+    pool: str = "default"
+    actor_slots: int = 16

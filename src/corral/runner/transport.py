@@ -8,10 +8,13 @@ coordinator's absence and come back without starting anything twice.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from corral.ids import RunId
 from corral.store import Held
+
+if TYPE_CHECKING:
+    from corral.runner.actors import ActorHost
 
 
 class ReportSink(Protocol):
@@ -22,6 +25,9 @@ class ReportSink(Protocol):
 
 class Host(Protocol):
     """What a transport may ask of the runner's core."""
+
+    @property
+    def actors(self) -> ActorHost: ...
 
     @property
     def free_slots(self) -> int: ...

@@ -75,6 +75,9 @@ class WebSocketTransport:
             max_backoff_s=settings.max_backoff_s,
             # Our processes must be gone (SIGTERM, grace, SIGKILL) before the lease ends.
             stop_margin_s=settings.kill_grace_s + 1.0,
+            actor_names=sorted(settings.actor_kinds),
+            pool=settings.pool,
+            actor_slots=settings.actor_slots if settings.actor_kinds else 0,
         )
         self._ws: ClientConnection | None = None
         self._futures: dict[int, asyncio.Future[None]] = {}
@@ -366,6 +369,10 @@ class WebSocketTransport:
             self.host.cancel(RunId(str(body["run_id"])))
         elif kind == "abandon_run":
             self.host.abandon(RunId(str(body["run_id"])))
+        elif kind == "start_actor":
+            self.host.actors.start(body)
+        elif kind == "stop_actor":
+            self.host.actors.stop(str(body["actor_id"]), int(body["generation"]))
         else:
             log.warning("unknown command %r ignored", kind)
 

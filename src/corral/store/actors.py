@@ -118,6 +118,15 @@ class ActorStore:
             placement.runner_id == runner_id
         )
 
+    def known(self, name: str, pool: str) -> bool:
+        """Can an actor of ``name`` ever be placed in ``pool``? A runner of the pool has
+        offered the name (connected now or not), or a serverless endpoint grows the pool."""
+        with self.db.transaction(write=False) as tx:
+            hosts = tx.execute("SELECT names FROM actor_hosts WHERE pool = ?", (pool,))
+            if any(name in json.loads(h["names"]) for h in hosts):
+                return True
+            return self.is_serverless(tx, pool)
+
     def wanted_slots(self, pool: str) -> int:
         """Slots the pool's actors want: placed ones and queued ones (for autoscaling)."""
         with self.db.transaction(write=False) as tx:
