@@ -3,10 +3,10 @@ PostgreSQL), real runners on the WebSocket link, and the example agent actor
 (``examples/agent_actor.py``) as a real process resuming a Claude session of the fake CLI.
 
 Each step asserts what the API shows: placed and running, a request answered by the
-actor's process, its session id in its KV, sleep (stopped, unplaced), a wake that resumes
-the same session in a new generation, the deferred wake of seed 002 (a wake between the
-sleep intent and the stop), destroy (KV dropped), and a runner's drain (GoingAway) that
-moves its actor to a second runner (seed 000's shutdown).
+actor's process, its session id in its KV, sleep (stopped, unplaced), a request through the
+gateway that wakes it and resumes the same session in a new generation, the deferred wake
+of seed 002 (a wake between the sleep intent and the stop), destroy (KV dropped), and a
+runner's drain (GoingAway) that moves its actor to a second runner (seed 000's shutdown).
 """
 
 from __future__ import annotations
@@ -155,10 +155,13 @@ async def test_an_agent_actor_sleeps_wakes_resumes_its_session_and_is_destroyed(
     assert asleep["state"] == "sleeping" and asleep["sleep_at"] is not None
     assert runner.actors.port_of(actor_id, 1) is None and runner.actors.running == 0
 
-    # Woken: a new generation resumes the same Claude session from its KV.
-    await world.client.post(f"/actors/{actor_id}/wake")
-    awake = await world.becomes(actor_id, "awake", lambda a: a["state"] == "running")
-    assert awake["generation"] == 2
+    # A request through the gateway wakes it: a new generation, the same KV.
+    through = await world.client.get(f"/gateway/{actor_id}/")
+    assert through.status_code == 200, through.text
+    assert through.json()["generation"] == 2
+    assert through.json()["session_id"] == first["session_id"]
+    awake = await world.actor(actor_id)
+    assert awake["state"] == "running" and awake["generation"] == 2
     port = runner.actors.port_of(actor_id, 2)
     assert port is not None
     second = await message(port, "and again")

@@ -80,7 +80,12 @@ class Runner:
         await self._slot_freed.wait()
 
     def port_of(self, actor_id: str, generation: int) -> int | None:
-        return None  # this runner hosts no actors yet
+        """The tunnel's lookup for a request to an actor: the request also counts as the
+        actor's activity (its ``sleep_after`` idle timer starts over)."""
+        port = self.actors.port_of(actor_id, generation)
+        if port is not None:
+            self.actors.touch(actor_id)
+        return port
 
     # ---- lifetime ------------------------------------------------------------------------
 
