@@ -8,10 +8,10 @@ server turns it into a tool error carrying its stable code (``server.py``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, Literal
 
 import anyio
+import httpx
 from mcp.server.mcpserver import Context
 from pydantic import BaseModel, Field
 
@@ -117,13 +117,20 @@ class Tools:
         self.url = url
         self.token = token
         self.forward_token = forward_token
+        # One connection pool for the server's life: a client of its own per call would
+        # cost ~100 ms each (its TLS context), more than the call itself.
+        self._transport: httpx.AsyncHTTPTransport | None = None
 
-    def client(self, headers: Mapping[str, str] | None) -> AsyncClient:
+    def client(self, ctx: Context) -> AsyncClient:
+        """A client for this call, sending its caller's token; cheap (the pool is shared),
+        and never closed (closing it would close the shared pool)."""
         token = self.token
         if self.forward_token:
-            given = (headers or {}).get("authorization", "")
+            given = (ctx.headers or {}).get("authorization", "")
             token = given.removeprefix("Bearer ").strip() or None
-        return AsyncClient(self.url, token=token or "")
+        if self._transport is None:
+            self._transport = httpx.AsyncHTTPTransport()
+        return AsyncClient(self.url, token=token or "", transport=self._transport)
 
     # ---- agent sessions (the seed system's tools) ----------------------------------------------
 
@@ -136,16 +143,16 @@ class Tools:
         project_dir: str | None = None,
         execution_mode: ExecutionMode = "sync",
     ) -> AgentRun:
-        async with self.client(ctx.headers) as corral:
-            if (await corral.list_runs(session=session_name, limit=1)).runs:
-                raise Conflict(
-                    f"session {session_name!r} exists: continue it with resume_agent_session",
-                    code="session_exists",
-                )
-            created = await corral.start_session(
-                prompt, session_name=session_name, agent_name=agent_name, project_dir=project_dir
+        corral = self.client(ctx)
+        if (await corral.list_runs(session=session_name, limit=1)).runs:
+            raise Conflict(
+                f"session {session_name!r} exists: continue it with resume_agent_session",
+                code="session_exists",
             )
-            return await _answer(corral, session_name, created, execution_mode)
+        created = await corral.start_session(
+            prompt, session_name=session_name, agent_name=agent_name, project_dir=project_dir
+        )
+        return await _answer(corral, session_name, created, execution_mode)
 
     async def resume_agent_session(
         self,
@@ -154,9 +161,9 @@ class Tools:
         prompt: Prompt,
         execution_mode: ExecutionMode = "sync",
     ) -> AgentRun:
-        async with self.client(ctx.headers) as corral:
-            created = await corral.resume_session(session_name, prompt)
-            return await _answer(corral, session_name, created, execution_mode)
+        corral = self.client(ctx)
+        created = await corral.resume_session(session_name, prompt)
+        return await _answer(corral, session_name, created, execution_mode)
 
     async def get_agent_session_status(
         self,
@@ -166,59 +173,59 @@ class Tools:
             int, Field(ge=0, le=300, description="wait up to this long for it to finish")
         ] = 0,
     ) -> SessionStatus:
-        async with self.client(ctx.headers) as corral:
-            latest = (await corral.list_runs(session=session_name, limit=1)).runs
-            if not latest:
-                return SessionStatus(session_name=session_name, status="not_existent")
-            run = latest[0]
-            if not run.finished and wait_seconds:
-                with anyio.move_on_after(wait_seconds):
-                    run = await corral.wait_run(run.run_id)
-            return SessionStatus(
-                session_name=session_name,
-                status="finished" if run.finished else "running",
-                run_id=run.run_id,
-                run_status=run.status,
-            )
+        corral = self.client(ctx)
+        latest = (await corral.list_runs(session=session_name, limit=1)).runs
+        if not latest:
+            return SessionStatus(session_name=session_name, status="not_existent")
+        run = latest[0]
+        if not run.finished and wait_seconds:
+            with anyio.move_on_after(wait_seconds):
+                run = await corral.wait_run(run.run_id)
+        return SessionStatus(
+            session_name=session_name,
+            status="finished" if run.finished else "running",
+            run_id=run.run_id,
+            run_status=run.status,
+        )
 
     async def get_agent_session_result(
         self, ctx: Context, session_name: SessionName
     ) -> SessionResult:
-        async with self.client(ctx.headers) as corral:
-            latest = (await corral.list_runs(session=session_name, limit=1)).runs
-            if not latest:
-                raise NotFound.of("session", session_name)
-            if not latest[0].finished:
-                raise Conflict(
-                    f"session {session_name!r} is still running (run {latest[0].run_id}): "
-                    "wait with get_agent_session_status",
-                    code="session_running",
-                )
-            found = await corral.session_result(session_name)
-            return SessionResult(
-                session_name=session_name,
-                session_id=found.session_id,
-                result=found.result,
-                is_error=found.is_error,
-                run_id=found.last_run_id,
-                cost_usd=found.cost_usd,
+        corral = self.client(ctx)
+        latest = (await corral.list_runs(session=session_name, limit=1)).runs
+        if not latest:
+            raise NotFound.of("session", session_name)
+        if not latest[0].finished:
+            raise Conflict(
+                f"session {session_name!r} is still running (run {latest[0].run_id}): "
+                "wait with get_agent_session_status",
+                code="session_running",
             )
+        found = await corral.session_result(session_name)
+        return SessionResult(
+            session_name=session_name,
+            session_id=found.session_id,
+            result=found.result,
+            is_error=found.is_error,
+            run_id=found.last_run_id,
+            cost_usd=found.cost_usd,
+        )
 
     async def list_agent_sessions(
         self,
         ctx: Context,
         limit: Annotated[int, Field(ge=1, le=500)] = 50,
     ) -> Sessions:
-        async with self.client(ctx.headers) as corral:
-            return Sessions(sessions=await corral.list_sessions(limit))
+        corral = self.client(ctx)
+        return Sessions(sessions=await corral.list_sessions(limit))
 
     async def list_agents(self, ctx: Context) -> Agents:
-        async with self.client(ctx.headers) as corral:
-            return Agents(agents=await corral.list_agents())
+        corral = self.client(ctx)
+        return Agents(agents=await corral.list_agents())
 
     async def cancel_run(self, ctx: Context, run_id: Annotated[str, Field(min_length=1)]) -> Run:
-        async with self.client(ctx.headers) as corral:
-            return await corral.cancel_run(run_id)
+        corral = self.client(ctx)
+        return await corral.cancel_run(run_id)
 
     # ---- corral's own ---------------------------------------------------------------------------
 
@@ -232,19 +239,19 @@ class Tools:
         timeout_s: Annotated[float | None, Field(gt=0)] = None,
         execution_mode: ExecutionMode = "sync",
     ) -> CommandRun:
-        async with self.client(ctx.headers) as corral:
-            created = await corral.run_command(command, labels=labels, timeout_s=timeout_s)
-            if execution_mode == "async_poll":
-                return CommandRun(run_id=created.run_id, status=created.status)
-            run = await corral.wait_run(created.run_id)
-            lines = await _tail(corral, run.run_id)
-            return CommandRun(
-                run_id=run.run_id,
-                status=run.status,
-                exit_code=run.exit_code,
-                error=run.error,
-                output=lines,
-            )
+        corral = self.client(ctx)
+        created = await corral.run_command(command, labels=labels, timeout_s=timeout_s)
+        if execution_mode == "async_poll":
+            return CommandRun(run_id=created.run_id, status=created.status)
+        run = await corral.wait_run(created.run_id)
+        lines = await _tail(corral, run.run_id)
+        return CommandRun(
+            run_id=run.run_id,
+            status=run.status,
+            exit_code=run.exit_code,
+            error=run.error,
+            output=lines,
+        )
 
     async def add_tasks(
         self,
@@ -253,9 +260,9 @@ class Tools:
         target_branch: Annotated[str, Field(description="the branch tasks are merged into")],
         tasks: Annotated[list[NewTask], Field(min_length=1)],
     ) -> TasksAdded:
-        async with self.client(ctx.headers) as corral:
-            project = await corral.ensure_project(repo_path, target_branch)
-            return await corral.add_tasks(project.project_id, tasks)
+        corral = self.client(ctx)
+        project = await corral.ensure_project(repo_path, target_branch)
+        return await corral.add_tasks(project.project_id, tasks)
 
     async def plan_status(
         self,
@@ -263,14 +270,14 @@ class Tools:
         repo_path: Annotated[str, Field(min_length=1)],
         target_branch: str,
     ) -> PlanStatus:
-        async with self.client(ctx.headers) as corral:
-            for project in await corral.list_projects():
-                if (project.repo_path, project.target_branch) == (repo_path, target_branch):
-                    return await corral.plan_status(project.project_id)
-            raise NotFound(
-                f"no plan for {repo_path} on {target_branch!r}: add tasks first",
-                code="project_not_found",
-            )
+        corral = self.client(ctx)
+        for project in await corral.list_projects():
+            if (project.repo_path, project.target_branch) == (repo_path, target_branch):
+                return await corral.plan_status(project.project_id)
+        raise NotFound(
+            f"no plan for {repo_path} on {target_branch!r}: add tasks first",
+            code="project_not_found",
+        )
 
 
 async def _answer(corral: AsyncClient, name: str, created: RunCreated, mode: str) -> AgentRun:
