@@ -25,7 +25,7 @@ from api_fixtures import TOKEN, auth_headers, error_code, live_server, with_toke
 from corral.actors.kinds import ActorKind
 from corral.coordinator.app import create_app
 from corral.coordinator.settings import CoordinatorSettings
-from corral.runner.core import Runner
+from corral.runner.core import RunnerCore
 from corral.runner.settings import RunnerSettings
 
 pytestmark = pytest.mark.anyio
@@ -51,10 +51,10 @@ class World:
         self.url = url
         self.client = client
         self.tmp_path = tmp_path
-        self.runners: list[Runner] = []
+        self.runners: list[RunnerCore] = []
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def runner(self) -> Runner:
+    async def runner(self) -> RunnerCore:
         settings = RunnerSettings(
             coordinator_url=self.url,
             token=TOKEN,
@@ -64,7 +64,7 @@ class World:
             actor_slots=2,
             drain_grace_s=STEP_S,
         )
-        runner = Runner(settings, host_env={"PATH": "/usr/bin:/bin"})
+        runner = RunnerCore(settings, host_env={"PATH": "/usr/bin:/bin"})
         self.runners.append(runner)
         self._tasks.append(asyncio.create_task(runner.run()))
         await until(lambda: _ready(runner), lambda ok: ok, "the runner connected")
@@ -86,7 +86,7 @@ class World:
         await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), STEP_S)
 
 
-async def _ready(runner: Runner) -> bool:
+async def _ready(runner: RunnerCore) -> bool:
     return runner.runner_id is not None
 
 

@@ -29,7 +29,7 @@ from corral.coordinator.app import create_app
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import NotFound
 from corral.ids import ActorId
-from corral.runner.core import Runner
+from corral.runner.core import RunnerCore
 from corral.runner.settings import RunnerSettings
 from corral.runner.websocket import WebSocketTransport
 
@@ -144,7 +144,7 @@ class Directory:
         return [self.actor()] if filters.get("key") == "k" else []
 
 
-class ActorRunner(Runner):
+class ActorRunner(RunnerCore):
     ports: dict[tuple[str, int], int]
 
     def port_of(self, actor_id: str, generation: int) -> int | None:

@@ -18,7 +18,7 @@ from corral.actors.model import NewActor
 from corral.coordinator.app import create_app
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import CorralError
-from corral.runner.core import Runner
+from corral.runner.core import RunnerCore
 from corral.runner.settings import RunnerSettings
 from corral.runner.websocket import WebSocketTransport
 from corral.store import Store
@@ -51,7 +51,7 @@ async def linked(db_url: str) -> AsyncIterator[Linked]:
             slots=1,
             actor_kinds={"kv": ActorKind("kv", (sys.executable, "-c", LISTEN))},
         )
-        runner = Runner(settings_)
+        runner = RunnerCore(settings_)
         transport = runner.transport
         assert isinstance(transport, WebSocketTransport)
         await asyncio.wait_for(transport.open(), STEP_S)

@@ -25,7 +25,7 @@ from corral.protocol.outputs import (
     Send,
     StopAllWork,
 )
-from corral.protocol.runner import RunnerConnection, RunnerState
+from corral.protocol.runner import ConnectionState, RunnerConnection
 
 if TYPE_CHECKING:
     from simworld import World
@@ -80,7 +80,7 @@ class RunnerProcess:
 
     def connect(self) -> None:
         world = self.world
-        if self.conn.state not in (RunnerState.IDLE, RunnerState.DISCONNECTED):
+        if self.conn.state not in (ConnectionState.IDLE, ConnectionState.DISCONNECTED):
             return
         outputs = self.conn.connect(world.now)
         if world.coordinator.up and world.now >= world.partitioned_until[self.host]:
@@ -114,7 +114,7 @@ class RunnerProcess:
             return
         self.carry_out(outputs)
         self.forget_acknowledged()
-        if self.conn.state is RunnerState.CLOSED:
+        if self.conn.state is ConnectionState.CLOSED:
             self.close_socket()
 
     # ---- outputs -------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from corral.protocol.limits import MAX_EVENT_BYTES, MAX_LOG_LINES, json_size, text_size
-from corral.runner.core import Runner
+from corral.runner.core import RunnerCore
 from corral.runner.output import LineSplitter, LogLines, cut_marker, stored_text
 from corral.runner.settings import RunnerSettings
 
@@ -129,7 +129,7 @@ def _assignment(*argv: str) -> dict[str, Any]:
 
 async def _run(settings: RunnerSettings, *argv: str) -> Sink:
     transport = MemoryTransport()
-    runner = Runner(settings, transport)  # type: ignore[arg-type]  # only its reports are used
+    runner = RunnerCore(settings, transport)  # type: ignore[arg-type]  # only its reports are used
     runner.start(_assignment(*argv))
     await asyncio.wait_for(transport.reports.finished.wait(), STEP_S)
     assert runner.attempts == {} and runner.free_slots == settings.slots  # the slot is free

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from corral.runner.core import Runner
+from corral.runner.core import RunnerCore
 from corral.runner.settings import RunnerSettings
 from corral.runner.websocket import WebSocketTransport
 
@@ -20,7 +20,7 @@ def anyio_backend() -> str:
 
 
 async def test_a_start_the_runner_cannot_read_fails_the_run_instead_of_the_link() -> None:
-    runner = Runner(RunnerSettings(transport="websocket", slots=2))
+    runner = RunnerCore(RunnerSettings(transport="websocket", slots=2))
     transport = runner.transport
     assert isinstance(transport, WebSocketTransport)
     # A coordinator of another version: the assignment lacks fields this runner needs.

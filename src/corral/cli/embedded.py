@@ -28,7 +28,7 @@ from typing import IO
 from corral.coordinator.app import QuietServer, server_config
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import Conflict, Unavailable
-from corral.runner.core import Runner
+from corral.runner.core import RunnerCore
 from corral.runner.settings import RunnerSettings
 from corral.runners import RunnerState
 from corral.store import Store
@@ -116,7 +116,7 @@ class Embedded:
         self.runner_settings = (
             replace(runner, coordinator_url=self.url, token=self.token) if runner else None
         )
-        self.runner: Runner | None = None
+        self.runner: RunnerCore | None = None
         self._server = QuietServer(server_config(self.settings, host="127.0.0.1", port=port))
         self._ready = threading.Event()
         self._done = threading.Event()
@@ -160,7 +160,7 @@ class Embedded:
                 return
             await asyncio.sleep(0.01)
         if self.runner_settings is not None:
-            self.runner = Runner(self.runner_settings)
+            self.runner = RunnerCore(self.runner_settings)
         self._ready.set()
         if self.runner is not None:
             await self.runner.run()

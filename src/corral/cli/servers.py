@@ -29,7 +29,7 @@ from corral.coordinator.settings import CoordinatorSettings
 from corral.credentials import client_token, coordinator_token
 from corral.dashboard.site import address as dashboard_address
 from corral.errors import Conflict, CorralError, InvalidRequest, Unavailable
-from corral.runner.core import Runner
+from corral.runner.core import RunnerCore
 from corral.runner.process import watch_children_with_pidfds
 from corral.runner.settings import RunnerSettings
 from corral.store.db import redact_url
@@ -388,7 +388,7 @@ def runner_cmd(url: str, token: str | None, log_format: str, **kwargs: object) -
 
     async def main() -> None:
         watch_children_with_pidfds()
-        runner = Runner(settings)
+        runner = RunnerCore(settings)
         runner.install_signal_handlers()
         await runner.run()
 
@@ -428,7 +428,7 @@ def up(log_format: str, **kwargs: Any) -> None:
                     await serving
                 raise Unavailable(f"could not start the coordinator on {url}")
             await asyncio.sleep(0.05)
-        runner = Runner(runner_settings)
+        runner = RunnerCore(runner_settings)
         runner.install_signal_handlers()
         asyncio.get_running_loop().add_signal_handler(
             signal.SIGHUP, reload_agents, server.config.app, settings.config_path

@@ -80,7 +80,7 @@ TunnelReply = (
 )
 
 
-class RunnerState(enum.StrEnum):
+class ConnectionState(enum.StrEnum):
     IDLE = "idle"
     CONNECTING = "connecting"
     ACTIVE = "active"
@@ -88,8 +88,8 @@ class RunnerState(enum.StrEnum):
     CLOSED = "closed"
 
 
-S = RunnerState
-TRANSITIONS: dict[RunnerState, frozenset[RunnerState]] = {
+S = ConnectionState
+TRANSITIONS: dict[ConnectionState, frozenset[ConnectionState]] = {
     S.IDLE: frozenset({S.CONNECTING, S.CLOSED}),
     S.CONNECTING: frozenset({S.ACTIVE, S.DISCONNECTED, S.CLOSED}),
     S.ACTIVE: frozenset({S.DISCONNECTED, S.CLOSED}),
@@ -144,7 +144,7 @@ class RunnerConnection:
         self._stop_margin_s = stop_margin_s
         self._defaults = (default_lost_threshold_s, default_ping_interval_s, default_ack_interval_s)
         self.lost_threshold_s, self.ping_interval_s, self.ack_interval_s = self._defaults
-        self._state = RunnerState.IDLE
+        self._state = ConnectionState.IDLE
         self._runner_id: RunnerId | None = None
         self._last_command_idx = 0
         self._acked_command_idx: int | None = None  # None: ack at the next tick (just connected)
@@ -169,7 +169,7 @@ class RunnerConnection:
         self.rtt: float | None = None
 
     @property
-    def state(self) -> RunnerState:
+    def state(self) -> ConnectionState:
         return self._state
 
     @property
@@ -193,7 +193,7 @@ class RunnerConnection:
         return self._draining
 
     def connect(self, now: float) -> list[RunnerOutput]:
-        self._move(RunnerState.CONNECTING)
+        self._move(ConnectionState.CONNECTING)
         self._connect_at = now
         self._reconnect_at = None
         self._stopping_sent = False
@@ -220,7 +220,7 @@ class RunnerConnection:
 
     def send_events(self, bodies: Iterable[dict[str, Any]], now: float) -> list[RunnerOutput]:
         batch = self._events.append(bodies)
-        if self._state is not RunnerState.ACTIVE:
+        if self._state is not ConnectionState.ACTIVE:
             return []  # kept for the replay after the next Init
         return [Send(frame) for frame in self._events.frames(batch)]
 
@@ -232,18 +232,18 @@ class RunnerConnection:
         self, actor_id: str, op: dict[str, Any], now: float
     ) -> tuple[int, list[RunnerOutput]]:
         """Ask for a KV operation; its answer comes as ``KvAnswered`` with this id."""
-        if self._state is RunnerState.CLOSED:
+        if self._state is ConnectionState.CLOSED:
             raise IllegalTransition("the runner connection is closed for good")
         self._kv_ids += 1
         request = wire.ToServerKvRequest(self._kv_ids, actor_id, dict(op))
         self._kv[request.request_id] = request
-        return request.request_id, [Send(request)] if self._state is RunnerState.ACTIVE else []
+        return request.request_id, [Send(request)] if self._state is ConnectionState.ACTIVE else []
 
     # ---- the tunnel ----------------------------------------------------------------------
 
     def tunnel_send(self, message: TunnelReply, now: float) -> list[RunnerOutput]:
         """Send a tunnel message (its ``seq`` is given here); kept until acknowledged."""
-        if self._state is RunnerState.CLOSED:
+        if self._state is ConnectionState.CLOSED:
             return []
         self._tunnel.send(message)
         return self._tunnel_flush()
@@ -257,7 +257,7 @@ class RunnerConnection:
     ) -> list[RunnerOutput]:
         """Tunnel message ``seq`` was carried out: acknowledge it, a quarter window at a time."""
         ack = self._tunnel.consumed(request_id, seq, nbytes, final=final)
-        return [Send(ack)] if ack is not None and self._state is RunnerState.ACTIVE else []
+        return [Send(ack)] if ack is not None and self._state is ConnectionState.ACTIVE else []
 
     def tunnel_forget(self, request_id: str) -> None:
         """The request is over here (its last message acknowledged, or given up)."""
@@ -267,7 +267,7 @@ class RunnerConnection:
         return len(self._tunnel.kept(request_id))
 
     def _tunnel_flush(self) -> list[RunnerOutput]:
-        if self._state is not RunnerState.ACTIVE:
+        if self._state is not ConnectionState.ACTIVE:
             return []  # sent again after the next Init
         return [Send(message) for message in self._tunnel.take_unsent()]
 
@@ -291,17 +291,17 @@ class RunnerConnection:
     def stopping(self, now: float) -> list[RunnerOutput]:
         """Graceful shutdown begins; told to every coordinator we talk to from now on."""
         self._draining = True
-        if self._state is not RunnerState.ACTIVE or self._stopping_sent:
+        if self._state is not ConnectionState.ACTIVE or self._stopping_sent:
             return []
         self._stopping_sent = True
         return [Send(wire.ToServerStopping())]
 
     def shutdown(self, now: float) -> list[RunnerOutput]:
         """Work is done: close (code 1000, ``corral.runner_shutdown``) and never reconnect."""
-        if self._state is RunnerState.CLOSED:
+        if self._state is ConnectionState.CLOSED:
             return []
         out: list[RunnerOutput] = []
-        if self._state is RunnerState.ACTIVE and not self._stopping_sent:
+        if self._state is ConnectionState.ACTIVE and not self._stopping_sent:
             out.append(Send(wire.ToServerStopping()))  # seed: "if not sent"
         return [*out, *self._close(wire.REASON_RUNNER_SHUTDOWN)]
 
@@ -313,7 +313,7 @@ class RunnerConnection:
                 return self._close(message.reason)
             return [Closed(message.reason, reconnect=True), *self._lose_link(now)]
         if isinstance(message, wire.ToClientInit):
-            if self._state is RunnerState.ACTIVE:
+            if self._state is ConnectionState.ACTIVE:
                 raise wire.ProtocolError(wire.DUPLICATE_INIT, "a second ToClientInit on one socket")
             if self._work_stopped and message.runner_id == self._runner_id:
                 # Our Init left before the lease ran out; the answer keeps the identity whose
@@ -323,7 +323,7 @@ class RunnerConnection:
                     wire.UNEXPECTED_MESSAGE, "ToClientInit for an identity this runner gave up"
                 )
             return self._on_init(message, now)
-        if self._state is RunnerState.CONNECTING:
+        if self._state is ConnectionState.CONNECTING:
             raise wire.ProtocolError(
                 wire.EXPECTED_INIT, f"{type(message).__name__} before ToClientInit"
             )
@@ -365,7 +365,7 @@ class RunnerConnection:
     def _silent_at(self) -> float | None:
         if self._state not in _LINKED:
             return None
-        heard = self._connect_at if self._state is RunnerState.CONNECTING else self._lease_at
+        heard = self._connect_at if self._state is ConnectionState.CONNECTING else self._lease_at
         return None if heard is None else heard + self.silence_s
 
     def tick(self, now: float) -> list[RunnerOutput]:
@@ -376,7 +376,7 @@ class RunnerConnection:
             # hearing us. Drop the socket (the pump closes it) and try another.
             reason = f"no answer from the coordinator for {self.silence_s:g} s"
             out += [Closed(reason, reconnect=True), *self._lose_link(now)]
-        if self._state is RunnerState.ACTIVE:
+        if self._state is ConnectionState.ACTIVE:
             if self._ping_at is not None and now >= self._ping_at:
                 out.append(Send(wire.ToServerPing(now)))
                 self._ping_at = now + self._ping_every_s()
@@ -401,7 +401,7 @@ class RunnerConnection:
         timers = (self._ping_at, self._ack_at, self._reconnect_at, self._lost_at, self._silent_at())
         return min((t for t in timers if t is not None), default=None)
 
-    def _move(self, new: RunnerState) -> None:
+    def _move(self, new: ConnectionState) -> None:
         if new not in TRANSITIONS[self._state]:
             raise IllegalTransition(f"runner connection cannot go from {self._state} to {new}")
         self._state = new
@@ -426,7 +426,7 @@ class RunnerConnection:
         self.ack_interval_s = _seconds(meta, "ack_interval", self._defaults[2])
         self._events.skip_past(message.last_event_idx)
         self._events.acknowledge(message.last_event_idx)
-        self._move(RunnerState.ACTIVE)
+        self._move(ConnectionState.ACTIVE)
         out.extend(Send(frame) for frame in self._events.frames())  # seed: resend unacked
         out.extend(Send(request) for request in self._kv.values())  # and unanswered KV
         out.extend(Send(ack) for ack in self._tunnel.acks())  # and the tunnel's, both ways
@@ -456,7 +456,7 @@ class RunnerConnection:
         return out
 
     def _lose_link(self, now: float) -> list[RunnerOutput]:
-        self._move(RunnerState.DISCONNECTED)
+        self._move(ConnectionState.DISCONNECTED)
         self._ping_at = self._ack_at = None
         # The lease runs out a threshold after the coordinator last heard from us (an
         # answered ping or Init); before we ever had an identity there is no work to lose.
@@ -481,7 +481,7 @@ class RunnerConnection:
         return failed
 
     def _close(self, reason: str) -> list[RunnerOutput]:
-        self._move(RunnerState.CLOSED)
+        self._move(ConnectionState.CLOSED)
         self._ping_at = self._ack_at = self._reconnect_at = self._lost_at = None
         self._tunnel.clear()
         return [*self._fail_kv(), Closed(reason, reconnect=False)]

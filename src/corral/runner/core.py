@@ -39,7 +39,7 @@ log = logging.getLogger("corral.runner")
 CLOSE_BEFORE_OPEN_S = 5.0
 
 
-class Runner:
+class RunnerCore:
     def __init__(
         self,
         settings: RunnerSettings,
@@ -214,7 +214,7 @@ class Runner:
             self._slot_freed.set()
 
 
-def _transport_for(runner: Runner, settings: RunnerSettings) -> Transport:
+def _transport_for(runner: RunnerCore, settings: RunnerSettings) -> Transport:
     if settings.transport == "websocket":
         return WebSocketTransport(runner, settings)
     return PollTransport(runner, settings)

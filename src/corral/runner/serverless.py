@@ -10,7 +10,7 @@
     drains (its actors get GoingAway), has the grace to finish, and leaves; the stream
     ends with it.
 
-Every stream is its own ``Runner`` in this process; SIGTERM drains them all.
+Every stream is its own ``RunnerCore`` in this process; SIGTERM drains them all.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from corral.coordinator.autoscaler import (
     SLOTS_HEADER,
     TOKEN_HEADER,
 )
-from corral.runner.core import Runner
+from corral.runner.core import RunnerCore
 from corral.runner.settings import RunnerSettings
 
 log = logging.getLogger("corral.runner")
@@ -55,7 +55,7 @@ class ServerlessEndpoint:
         self.base = base
         self.drain_grace_s = drain_grace_s
         self.ping_interval_s = ping_interval_s
-        self.runners: set[Runner] = set()
+        self.runners: set[RunnerCore] = set()
         self._ending: set[asyncio.Task[None]] = set()
 
     def app(self) -> Starlette:
@@ -79,10 +79,10 @@ class ServerlessEndpoint:
             slots=max(1, slots),
             transport="websocket",
         )
-        runner = Runner(settings)
+        runner = RunnerCore(settings)
         return StreamingResponse(self._events(runner, lifespan), media_type="text/event-stream")
 
-    async def _events(self, runner: Runner, lifespan_s: float) -> AsyncIterator[str]:
+    async def _events(self, runner: RunnerCore, lifespan_s: float) -> AsyncIterator[str]:
         drain_at = time.monotonic() + max(0.0, lifespan_s - self.drain_grace_s)
         self.runners.add(runner)
         running = asyncio.create_task(
@@ -111,7 +111,7 @@ class ServerlessEndpoint:
             self._ending.add(ending)
             ending.add_done_callback(self._ending.discard)
 
-    async def _end(self, runner: Runner, running: asyncio.Task[None]) -> None:
+    async def _end(self, runner: RunnerCore, running: asyncio.Task[None]) -> None:
         try:
             await running
         except Exception:
@@ -126,7 +126,7 @@ class ServerlessEndpoint:
         await asyncio.gather(*list(self._ending), return_exceptions=True)
 
 
-async def _connected(runner: Runner, running: asyncio.Task[None]) -> str | None:
+async def _connected(runner: RunnerCore, running: asyncio.Task[None]) -> str | None:
     """The runner's id once it has connected; None if it ended first or took too long."""
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     while runner.runner_id is None:

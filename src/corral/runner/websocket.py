@@ -39,7 +39,7 @@ from corral.protocol.outputs import (
     TunnelAcked,
     TunnelReceived,
 )
-from corral.protocol.runner import RunnerConnection, RunnerState, TunnelReply
+from corral.protocol.runner import ConnectionState, RunnerConnection, TunnelReply
 from corral.runner.settings import RunnerSettings
 from corral.runner.transport import Host
 from corral.runner.tunnel import RunnerTunnel
@@ -201,7 +201,7 @@ class WebSocketTransport:
 
     async def _connect_forever(self) -> None:
         while not self._over.is_set():
-            if self.conn.state is RunnerState.CLOSED:
+            if self.conn.state is ConnectionState.CLOSED:
                 return
             outputs = self.conn.connect(time.time())
             try:
@@ -227,7 +227,7 @@ class WebSocketTransport:
                 log.warning("coordinator socket %s: %s", self.url, exc)
                 lost = (
                     self.conn.socket_closed(time.time())
-                    if self.conn.state is RunnerState.ACTIVE
+                    if self.conn.state is ConnectionState.ACTIVE
                     else self.conn.connect_failed(time.time())
                 )
             finally:
@@ -254,7 +254,7 @@ class WebSocketTransport:
                     return
                 await self._carry_out(outputs)
                 self._settle_acknowledged()
-                if self.conn.state is RunnerState.CLOSED:
+                if self.conn.state is ConnectionState.CLOSED:
                     return
                 deadline = self.conn.next_deadline()
                 if deadline is not None and deadline < self._tick_at:
@@ -276,7 +276,7 @@ class WebSocketTransport:
     async def _wait_to_reconnect(self) -> None:
         """Tick while disconnected: reconnect when the backoff says so, and stop all work
         if the runner-lost timer runs out first."""
-        while self.conn.state is RunnerState.DISCONNECTED and not self._over.is_set():
+        while self.conn.state is ConnectionState.DISCONNECTED and not self._over.is_set():
             deadline = self.conn.next_deadline()
             await asyncio.sleep(1.0 if deadline is None else max(0.0, deadline - time.time()))
             outputs = self.conn.tick(time.time())

@@ -38,7 +38,7 @@ from corral.protocol.outputs import (
     StopAllWork,
     Stopping,
 )
-from corral.protocol.runner import RunnerConnection, RunnerState
+from corral.protocol.runner import ConnectionState, RunnerConnection
 from corral.protocol.server import ServerSession
 
 T0 = 1_000.0
@@ -244,7 +244,7 @@ def test_a_disconnect_mid_conversation_loses_and_repeats_nothing(repeat_frames: 
     world.open_socket()
     world.pump()
     rid = runner.runner_id
-    assert rid is not None and runner.state is RunnerState.ACTIVE
+    assert rid is not None and runner.state is ConnectionState.ACTIVE
     row = world.store.runners[rid]
 
     start(world, "run_1")
@@ -320,7 +320,7 @@ def test_an_evicted_runner_stays_away() -> None:
     world.on_server(world.session.evict())
     assert world.app[-1] == Closed("corral.evicted", reconnect=False)
     world.advance(600)
-    assert world.runner.state is RunnerState.CLOSED and world.session is None
+    assert world.runner.state is ConnectionState.CLOSED and world.session is None
 
 
 def test_drain_then_graceful_shutdown() -> None:
@@ -344,4 +344,4 @@ def test_drain_then_graceful_shutdown() -> None:
     assert world.app[-1] == Closed(REASON_RUNNER_SHUTDOWN, reconnect=False)
     assert [e.body["type"] for e in world.store.runners[rid].applied] == ["started", "finished"]
     world.advance(600)
-    assert world.session is None and world.runner.state is RunnerState.CLOSED
+    assert world.session is None and world.runner.state is ConnectionState.CLOSED

@@ -42,7 +42,7 @@ from corral.protocol.outputs import (
     Send,
     StopAllWork,
 )
-from corral.protocol.runner import RunnerConnection, RunnerState
+from corral.protocol.runner import ConnectionState, RunnerConnection
 
 T0 = 1_000.0
 RID = RunnerId("rnr_000000000001")
@@ -104,7 +104,7 @@ def test_connect_sends_init_with_no_identity_yet() -> None:
     assert runner.connect(T0) == [
         Send(ToServerInit("host-a", "0.1.0", 1, 4, 0, None, ("gpu",), {"hostname": "host-a"}))
     ]
-    assert runner.state is RunnerState.CONNECTING
+    assert runner.state is ConnectionState.CONNECTING
     # Only the wait for an answer (half the 15 s lease); no lost timer: no work to lose yet.
     assert runner.next_deadline() == T0 + 7.5
 
@@ -114,7 +114,7 @@ def test_connect_twice_is_illegal_and_changes_nothing() -> None:
     runner.connect(T0)
     with pytest.raises(IllegalTransition):
         runner.connect(T0)
-    assert runner.state is RunnerState.CONNECTING
+    assert runner.state is ConnectionState.CONNECTING
 
 
 def test_init_stores_identity_and_metadata_and_connects_fresh() -> None:
@@ -122,7 +122,7 @@ def test_init_stores_identity_and_metadata_and_connects_fresh() -> None:
     runner.connect(T0)
     meta = {"runner_lost_threshold": 20, "ping_interval": 5.5, "ack_interval": 60}
     assert runner.receive(init(meta=meta), T0) == [Connected(RID, fresh=True)]
-    assert runner.state is RunnerState.ACTIVE
+    assert runner.state is ConnectionState.ACTIVE
     assert runner.runner_id == RID
     assert (runner.lost_threshold_s, runner.ping_interval_s, runner.ack_interval_s) == (20, 5.5, 60)
 
@@ -141,7 +141,7 @@ def test_anything_but_init_first_is_a_protocol_error() -> None:
     with pytest.raises(ProtocolError) as caught:
         runner.receive(ToClientCommands((command(1),)), T0)
     assert caught.value.code == EXPECTED_INIT
-    assert runner.state is RunnerState.CONNECTING and runner.last_command_idx == 0
+    assert runner.state is ConnectionState.CONNECTING and runner.last_command_idx == 0
 
 
 def test_a_second_init_on_one_socket_is_a_protocol_error() -> None:
@@ -425,7 +425,7 @@ def answered_pings(runner: RunnerConnection, start: float, end: float) -> None:
 def test_a_link_whose_pings_are_answered_stays_up() -> None:
     runner = connected(T0)
     answered_pings(runner, 0, 120)
-    assert runner.state is RunnerState.ACTIVE
+    assert runner.state is ConnectionState.ACTIVE
 
 
 def test_a_silent_socket_is_dropped_and_work_stops_a_margin_before_the_lease_ends() -> None:
@@ -438,7 +438,7 @@ def test_a_silent_socket_is_dropped_and_work_stops_a_margin_before_the_lease_end
     assert runner.tick(T0 + 8.9) == []
     closed, disconnected = runner.tick(T0 + 9)
     assert isinstance(closed, Closed) and closed.reconnect and "6 s" in closed.reason
-    assert disconnected == Disconnected() and runner.state is RunnerState.DISCONNECTED
+    assert disconnected == Disconnected() and runner.state is ConnectionState.DISCONNECTED
     assert runner.tick(T0 + 10) == [Reconnect()]
     runner.connect(T0 + 10)  # this socket is no better: no Init comes back
     assert StopAllWork() not in runner.tick(T0 + 12.9)
@@ -455,7 +455,7 @@ def test_a_dropped_silent_socket_that_reconnects_in_time_keeps_its_identity_and_
     assert (init_sent.runner_id, init_sent.last_command_idx) == (RID, 1)
     assert runner.receive(init(), T0 + 8.6) == [Connected(RunnerId(RID), fresh=False)]
     answered_pings(runner, 9, 60)
-    assert runner.state is RunnerState.ACTIVE
+    assert runner.state is ConnectionState.ACTIVE
 
 
 def test_pings_come_at_least_three_times_a_lease() -> None:
@@ -465,7 +465,7 @@ def test_pings_come_at_least_three_times_a_lease() -> None:
     runner.tick(T0)
     assert runner.next_deadline() == T0 + 2
     answered_pings(runner, 1, 60)
-    assert runner.state is RunnerState.ACTIVE
+    assert runner.state is ConnectionState.ACTIVE
 
 
 def test_after_stopping_all_work_the_next_init_presents_no_identity() -> None:
@@ -555,7 +555,7 @@ def test_reconnect_is_announced_once() -> None:
     runner.socket_closed(T0)
     assert runner.tick(T0 + 1) == [Reconnect()]
     assert runner.tick(T0 + 2) == []  # the app calls connect when it is ready
-    assert runner.state is RunnerState.DISCONNECTED
+    assert runner.state is ConnectionState.DISCONNECTED
 
 
 def test_socket_closed_is_idempotent() -> None:
@@ -572,7 +572,7 @@ def test_socket_closed_is_idempotent() -> None:
 def test_evicted_or_stopped_runners_do_not_reconnect(reason: str) -> None:
     runner = connected(T0)
     assert runner.receive(ToClientClose(reason), T0) == [Closed(reason, reconnect=False)]
-    assert runner.state is RunnerState.CLOSED
+    assert runner.state is ConnectionState.CLOSED
     assert runner.socket_closed(T0) == []  # the transport's close that follows
     assert runner.tick(T0 + 1000) == [] and runner.next_deadline() is None
     with pytest.raises(IllegalTransition):
@@ -583,7 +583,7 @@ def test_another_close_reason_is_a_disconnect() -> None:
     runner = connected(T0)
     out = runner.receive(ToClientClose("corral.restarting"), T0)
     assert out == [Closed("corral.restarting", reconnect=True), Disconnected()]
-    assert runner.state is RunnerState.DISCONNECTED
+    assert runner.state is ConnectionState.DISCONNECTED
     assert runner.socket_closed(T0) == []
     assert runner.tick(T0 + 1) == [Reconnect()]
 
@@ -624,7 +624,7 @@ def test_shutdown_says_stopping_if_not_said_and_closes_for_good() -> None:
         Send(ToServerStopping()),
         Closed(REASON_RUNNER_SHUTDOWN, reconnect=False),
     ]
-    assert runner.state is RunnerState.CLOSED and runner.next_deadline() is None
+    assert runner.state is ConnectionState.CLOSED and runner.next_deadline() is None
     assert runner.shutdown(T0) == []
 
     runner = connected(T0)
