@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import click
 
+from corral.actors.kinds import load_kinds
 from corral.cli.log_format import configure_logging, log_format_option
 from corral.cli.options import option
 from corral.runner.serverless import ServerlessEndpoint, serve
@@ -24,9 +26,19 @@ from corral.runner.settings import RunnerSettings
     help="Seconds before a stream's lifespan ends that its runner drains, and how long "
     "its work then has.",
 )
+@option(
+    "--config",
+    env="CONFIG",
+    default="corral.toml",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="TOML config with the [actors.<name>] its runners host.",
+)
 @log_format_option
-def serverless_endpoint(host: str, port: int, drain_grace: float, log_format: str) -> None:
+def serverless_endpoint(
+    host: str, port: int, drain_grace: float, config: Path, log_format: str
+) -> None:
     """Serve a serverless pool's GET /start: a runner for the life of each stream."""
     configure_logging(log_format)
-    endpoint = ServerlessEndpoint(RunnerSettings(), drain_grace_s=drain_grace)
+    base = RunnerSettings(actor_kinds=load_kinds(config))
+    endpoint = ServerlessEndpoint(base, drain_grace_s=drain_grace)
     asyncio.run(serve(endpoint, host, port))

@@ -33,6 +33,7 @@ from corral.coordinator.autoscaler import (
     ENDPOINT_HEADER,
     LIFESPAN_HEADER,
     PING_INTERVAL_S,
+    POOL_HEADER,
     RUNNER_NAME_HEADER,
     SLOTS_HEADER,
     TOKEN_HEADER,
@@ -68,6 +69,7 @@ class ServerlessEndpoint:
             name = request.headers.get(RUNNER_NAME_HEADER, self.base.name)
             slots = int(request.headers.get(SLOTS_HEADER, "1"))
             lifespan = float(request.headers.get(LIFESPAN_HEADER, "300"))
+            pool = request.headers.get(POOL_HEADER, self.base.pool)
         except (KeyError, ValueError) as exc:
             body = {"error": {"code": "invalid_request", "message": f"bad /start: {exc!r}"}}
             return JSONResponse(body, status_code=400)
@@ -77,6 +79,8 @@ class ServerlessEndpoint:
             token=token,
             name=name,
             slots=max(1, slots),
+            actor_slots=max(1, slots),  # its slots are the pool's actor slots
+            pool=pool,
             transport="websocket",
         )
         runner = RunnerCore(settings)
