@@ -32,6 +32,7 @@ TOOLS = {
     "run_command",
     "add_tasks",
     "plan_status",
+    "list_actors",
 }
 Scenario = Callable[[ClientSession], Awaitable[None]]
 
@@ -121,6 +122,7 @@ def test_every_tool_against_a_real_coordinator(cluster: Cluster, transport: str)
 
     async def scenario(session: ClientSession) -> None:
         assert {t.name for t in (await session.list_tools()).tools} == TOOLS
+        assert await _ok(session, "list_actors") == {"actors": [], "next": None}
         agents = await _ok(session, "list_agents")
         assert [a["name"] for a in agents["agents"]] == ["claude"]
 
@@ -205,6 +207,7 @@ def test_bad_input_is_a_tool_error_with_its_code_and_stores_nothing(
                 session, "start_agent_session", session_name="lead", prompt="hi"
             ),
             "unknown run": await _refused(session, "cancel_run", run_id="run_000000000000"),
+            "unknown state": await _refused(session, "list_actors", state="dancing"),
             "no plan": await _refused(
                 session, "plan_status", repo_path="/nowhere", target_branch="main"
             ),
@@ -219,6 +222,7 @@ def test_bad_input_is_a_tool_error_with_its_code_and_stores_nothing(
             "no result": "session_not_found",
             "name in use": "session_exists",
             "unknown run": "run_not_found",
+            "unknown state": "invalid_request",
             "no plan": "project_not_found",
         }
 

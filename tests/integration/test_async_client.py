@@ -10,6 +10,8 @@ import pytest
 from api_fixtures import TOKEN, running_api
 
 from corral import AsyncClient
+from corral.actors.lifecycle import ActorState, CrashPolicy
+from corral.actors.model import NewActor
 from corral.client import NewTask, Run
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import CorralError, InvalidRequest, NotFound, Unauthorized, UnknownAgent
@@ -129,3 +131,23 @@ async def test_plans_and_tokens(db_url: str, tmp_path: Path) -> None:
         with pytest.raises(NotFound) as unknown:
             await corral.revoke_token("tok_missing")
         assert unknown.value.code == "token_not_found"
+
+
+async def test_actors_are_listed_typed(db_url: str) -> None:
+    async with running_api(CoordinatorSettings(db_url=db_url)) as api, _client(api.app) as corral:
+        actor, created = await api.coordinator.actors.create(NewActor("agent", key="issue-7"))
+        assert created
+        page = await corral.list_actors(name="agent")
+        (listed,) = page.actors
+        assert (listed.actor_id, listed.name, listed.key) == (actor.id, "agent", "issue-7")
+        assert isinstance(listed.state, ActorState) and listed.crash_policy is CrashPolicy.SLEEP
+        assert await corral.get_actor(actor.id) == listed
+        others = [s for s in ActorState if s is not listed.state]
+        assert (await corral.list_actors(state=others)).actors == []
+        assert (await corral.list_actors(state=[listed.state])).actors == [listed]
+        with pytest.raises(InvalidRequest) as bad_state:
+            await corral.list_actors(state="dancing")
+        assert bad_state.value.code == "invalid_request"
+        with pytest.raises(NotFound) as missing:
+            await corral.get_actor("act_nope")
+        assert missing.value.code == "actor_not_found"

@@ -8,6 +8,8 @@ the stable code of the JSON error body.
 from corral.client.asyncio import AsyncClient
 from corral.client.calls import DEFAULT_URL
 from corral.client.models import (
+    Actor,
+    ActorPage,
     Agent,
     AgentProfiles,
     CreatedToken,
@@ -31,6 +33,8 @@ from corral.client.sync import Client
 
 __all__ = [
     "DEFAULT_URL",
+    "Actor",
+    "ActorPage",
     "Agent",
     "AgentProfiles",
     "AsyncClient",

@@ -11,6 +11,8 @@ import httpx
 from corral.client import calls
 from corral.client.calls import DEFAULT_URL, Call
 from corral.client.models import (
+    Actor,
+    ActorPage,
     Agent,
     AgentProfiles,
     CreatedToken,
@@ -262,6 +264,28 @@ class AsyncClient:
 
     async def cancel_task(self, project_id: str, key: str) -> Task:
         return await self._send(calls.task_action(project_id, key, "cancel"))
+
+    # ---- actors --------------------------------------------------------------------------------
+
+    async def list_actors(
+        self,
+        *,
+        name: str | None = None,
+        key: str | None = None,
+        pool: str | None = None,
+        state: str | Iterable[str] | None = None,
+        before: str | None = None,
+        limit: int = 50,
+    ) -> ActorPage:
+        """Actors, newest first; pass ``page.next`` as ``before`` for the next page."""
+        return await self._send(
+            calls.list_actors(
+                name=name, key=key, pool=pool, state=state, before=before, limit=limit
+            )
+        )
+
+    async def get_actor(self, actor_id: str) -> Actor:
+        return await self._send(calls.get_actor(actor_id))
 
     # ---- tokens (admin) ------------------------------------------------------------------------
 

@@ -16,6 +16,8 @@ from pydantic import BaseModel, TypeAdapter
 
 from corral import errors
 from corral.client.models import (
+    Actor,
+    ActorPage,
     AgentProfiles,
     CreatedToken,
     LogLine,
@@ -264,6 +266,27 @@ def pause_plan(project_id: str, paused: bool) -> Call[bool]:
 def task_action(project_id: str, key: str, action: str) -> Call[Task]:
     path = f"/projects/{_segment(project_id)}/tasks/{_segment(key)}/{action}"
     return Call("POST", path, _model(Task))
+
+
+# ---- actors --------------------------------------------------------------------------------
+
+
+def list_actors(
+    *,
+    name: str | None = None,
+    key: str | None = None,
+    pool: str | None = None,
+    state: str | Iterable[str] | None = None,
+    before: str | None = None,
+    limit: int = 50,
+) -> Call[ActorPage]:
+    states = state if state is None or isinstance(state, str) else ",".join(state)
+    params = _present(name=name, key=key, pool=pool, state=states, before=before, limit=limit)
+    return Call("GET", "/actors", _model(ActorPage), params=params)
+
+
+def get_actor(actor_id: str) -> Call[Actor]:
+    return Call("GET", f"/actors/{_segment(actor_id)}", _model(Actor))
 
 
 # ---- tokens --------------------------------------------------------------------------------

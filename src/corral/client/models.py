@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from corral.actors.lifecycle import ActorState, CrashPolicy
 from corral.runs import RunStatus
 from corral.tasks.model import TaskStatus
 from corral.tokens import Role
@@ -234,6 +235,33 @@ class NewTask(BaseModel):
     agent: str | None = None
     max_attempts: int = 3
     budget_usd: float | None = None
+
+
+class Actor(Model):
+    """A long-lived process of a runner, one per name and key, asleep when idle."""
+
+    actor_id: str
+    name: str
+    key: str | None = None
+    pool: str
+    state: ActorState
+    generation: int = 0
+    runner_id: str | None = None
+    connectable: bool = False
+    crash_policy: CrashPolicy
+    will_wake: bool = False
+    alarm_at: datetime | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    sleep_at: datetime | None = None
+    destroyed_at: datetime | None = None
+
+
+class ActorPage(Model):
+    """One page of ``list_actors``, newest first; ``next`` is the ``before`` of the next."""
+
+    actors: list[Actor]
+    next: str | None = None
 
 
 class Token(Model):

@@ -84,6 +84,7 @@ def build_server(url: str, token: str | None, *, forward_token: bool = False) ->
         (tools.run_command, "Run a command (an argv) on a runner; sync returns its output."),
         (tools.add_tasks, "Add tasks to the task graph of a repository and branch."),
         (tools.plan_status, "The tasks of a repository's plan and their states."),
+        (tools.list_actors, "Actors (long-lived processes on runners), newest first."),
     ]
     for tool, doc in described:
         server.add_tool(tool, description=doc, structured_output=True)

@@ -16,6 +16,7 @@ from mcp.server.mcpserver import Context
 from pydantic import BaseModel, Field
 
 from corral.client import (
+    ActorPage,
     Agent,
     AsyncClient,
     NewTask,
@@ -263,6 +264,19 @@ class Tools:
         corral = self.client(ctx)
         project = await corral.ensure_project(repo_path, target_branch)
         return await corral.add_tasks(project.project_id, tasks)
+
+    async def list_actors(
+        self,
+        ctx: Context,
+        name: str | None = None,
+        pool: str | None = None,
+        state: Annotated[
+            str | None, Field(description="comma-separated: pending, running, sleeping …")
+        ] = None,
+        limit: Annotated[int, Field(ge=1, le=500)] = 50,
+    ) -> ActorPage:
+        corral = self.client(ctx)
+        return await corral.list_actors(name=name, pool=pool, state=state, limit=limit)
 
     async def plan_status(
         self,
