@@ -34,6 +34,7 @@ from corral.coordinator import (
     gateway,
     socket,
 )
+from corral.coordinator.listener import Listener
 from corral.coordinator.schemas import error_responses
 from corral.coordinator.service import Coordinator
 from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
@@ -42,6 +43,7 @@ from corral.dashboard import site as dashboard_site
 from corral.errors import CorralError, InvalidRequest
 from corral.protocol.limits import MAX_FRAME_BYTES
 from corral.store import Store
+from corral.store.db import PostgresDatabase
 from corral.wire import problem_with
 
 log = logging.getLogger("corral.coordinator")
@@ -75,6 +77,12 @@ def create_app(
             if reconcile
             else []
         )
+        # Several coordinators may share a PostgreSQL database: hear what the others change.
+        db = opened.db
+        app.state.listener = None
+        if isinstance(db, PostgresDatabase):
+            app.state.listener = Listener(db.url, db.node, coordinator.notifier)
+            jobs.append(asyncio.create_task(app.state.listener.run_forever()))
         try:
             yield
         finally:

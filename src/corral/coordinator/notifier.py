@@ -45,6 +45,11 @@ class Notifier:
             if event is not None:
                 event.set()
 
+    def notify_all(self) -> None:
+        """Wake every waiter: each looks at the store again. What a notification lost on
+        the way would have said is found by that look (``corral.coordinator.listener``)."""
+        self.notify(*list(self._events))
+
 
 async def wait_for(
     event: asyncio.Event, timeout: float, hangup: asyncio.Future[None] | None = None

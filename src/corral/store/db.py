@@ -10,6 +10,7 @@ each open their own, and a caller can still make several of them one commit.
 from __future__ import annotations
 
 import re
+import secrets
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -24,6 +25,7 @@ from psycopg.rows import dict_row
 
 from corral.errors import InvalidRequest, Unavailable
 from corral.store.schema import MIGRATIONS, render, statements
+from corral.store.wakeups import NODE_SETTING
 
 Row = dict[str, Any]
 Params = Sequence[Any]
@@ -243,6 +245,9 @@ class PostgresDatabase:
 
     def __init__(self, url: str, *, max_connections: int = 16) -> None:
         self.url = url
+        # Who writes through this handle: the wake-up triggers name it in what they send,
+        # so this process's listener can pass over its own (corral.store.wakeups).
+        self.node = secrets.token_hex(8)
         self._local = threading.local()  # this thread's open transaction, if any
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Row]] = (
             psycopg_pool.ConnectionPool(
@@ -250,6 +255,7 @@ class PostgresDatabase:
                 min_size=1,
                 max_size=max_connections,
                 kwargs={"row_factory": dict_row},
+                configure=self._name_node,
                 check=psycopg_pool.ConnectionPool.check_connection,  # survive a DB restart
                 open=False,
             )
@@ -258,6 +264,10 @@ class PostgresDatabase:
             self._pool.open(wait=True, timeout=10)
         except psycopg_pool.PoolTimeout as exc:
             raise Unavailable(f"cannot connect to PostgreSQL at {_redact(url)}") from exc
+
+    def _name_node(self, conn: psycopg.Connection[Row]) -> None:
+        conn.execute("SELECT set_config(%s, %s, false)", (NODE_SETTING, self.node))
+        conn.commit()
 
     @contextmanager
     def transaction(self, *, write: bool = True, flat: bool = False) -> Iterator[Tx]:

@@ -7,7 +7,9 @@ Migration 2 adds task graphs, 3 the WebSocket runner link, 4 actors' KV, 5 token
 token each runner registered with), 6 actors: their lifecycle, placements (the single
 truth of where an actor runs), the pending queue of each pool and what each runner hosts,
 7 the event log (its SQL differs by dialect: a function makes it), 8 pools: serverless
-endpoints, the lease of the coordinator scaling each, and their recent errors.
+endpoints, the lease of the coordinator scaling each, and their recent errors; 9 several
+coordinators on one database: the leases of work done by one of them at a time, and on
+PostgreSQL the triggers that wake the others (``corral.store.wakeups``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from corral.store import event_triggers
+from corral.store import event_triggers, wakeups
+
+_LEASES = """
+CREATE TABLE coordinator_leases (
+    name       TEXT PRIMARY KEY,
+    holder     TEXT NOT NULL,
+    expires_at {real} NOT NULL
+);
+"""
 
 MIGRATIONS: list[tuple[int, str | Callable[[str], str]]] = [
     (
@@ -298,6 +308,7 @@ CREATE TABLE pool_errors (
 CREATE INDEX pool_errors_by_pool ON pool_errors (pool, id);
 """,
     ),
+    (9, lambda dialect: render(_LEASES, dialect) + wakeups.migration(dialect)),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

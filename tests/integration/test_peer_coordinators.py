@@ -1,0 +1,124 @@
+"""Two coordinators on one PostgreSQL database wake each other (LISTEN/NOTIFY).
+
+Both apps run in this process, each with its own store (its own connections, its own
+node name) on one schema, and no reconciler: a waiter on one hears of a change made
+through the other only by the notification the store's triggers send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from api_fixtures import PG_URL, Api, backend_url, running_api, wait_until
+
+from corral.coordinator.listener import Listener
+from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
+from corral.coordinator.settings import CoordinatorSettings
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+@contextlib.asynccontextmanager
+async def two_coordinators(tmp_path: Path) -> AsyncIterator[tuple[Api, Api]]:
+    with backend_url("postgres", tmp_path) as url:
+        settings = CoordinatorSettings(db_url=url)
+        async with running_api(settings) as a, running_api(settings) as b:
+            for api in (a, b):
+                await asyncio.wait_for(listener(api).listening.wait(), 10)
+            yield a, b
+
+
+def listener(api: Api) -> Listener:
+    found: Listener = api.app.state.listener
+    return found
+
+
+async def test_a_run_created_through_one_reaches_a_poll_waiting_on_the_other(
+    tmp_path: Path,
+) -> None:
+    async with two_coordinators(tmp_path) as (a, b):
+        runner = await b.register("runner-b")
+        poll = asyncio.create_task(b.poll(runner, timeout=30.0))
+        await wait_until(
+            lambda: RUNS_AVAILABLE in b.coordinator.notifier._events, what="the poll to wait"
+        )
+        run_id = await a.create_command("true")
+        response = await asyncio.wait_for(poll, 30)
+        assert response.status_code == 200, response.text
+        assert [run["run_id"] for run in response.json()["runs"]] == [run_id]
+
+
+async def test_a_cancel_through_one_reaches_the_runner_waiting_on_the_other(
+    tmp_path: Path,
+) -> None:
+    async with two_coordinators(tmp_path) as (a, b):
+        runner = await a.register("runner-a")
+        run_id = await a.create_command("sleep", "60")
+        assert (await a.claim_one(runner))["run_id"] == run_id
+        control = asyncio.create_task(
+            a.client.get("/runner/control", params={"runner_id": runner, "timeout": 30})
+        )
+        await wait_until(
+            lambda: runner_topic(runner) in a.coordinator.notifier._events,
+            what="the runner to wait for orders",
+        )
+        cancelled = await b.client.post(f"/runs/{run_id}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        response = await asyncio.wait_for(control, 30)
+        assert response.status_code == 200, response.text
+        assert response.json() == {"cancel": [run_id]}
+
+
+async def test_a_coordinator_passes_over_its_own_notifications(tmp_path: Path) -> None:
+    """Its own waiters were woken in process: the echo from the database is dropped."""
+    async with two_coordinators(tmp_path) as (a, _):
+        woken: list[str] = []
+        notify = a.coordinator.notifier.notify
+        a.coordinator.notifier.notify = lambda *topics: (woken.extend(topics), notify(*topics))  # type: ignore[method-assign]
+        runner = await a.register("runner-a")
+        await a.create_command("true")
+        # A change through a plain connection (another process, no node name) is heard.
+        with psycopg.connect(listener(a).url, autocommit=True) as conn:
+            conn.execute("UPDATE runners SET state = 'draining' WHERE id = %s", (runner,))
+        await wait_until(lambda: runner_topic(runner) in woken, what="the outside change")
+        assert woken.count(RUNS_AVAILABLE) == 2  # register, create: each once, in process
+
+
+async def test_a_listener_that_lost_its_connection_reconnects_and_wakes_every_waiter(
+    tmp_path: Path,
+) -> None:
+    """A notification sent while it was away is lost: every waiter looks again instead."""
+    async with two_coordinators(tmp_path) as (a, b):
+        runner = await b.register("runner-b")
+        poll = asyncio.create_task(b.poll(runner, timeout=30.0))
+        await wait_until(
+            lambda: RUNS_AVAILABLE in b.coordinator.notifier._events, what="the poll to wait"
+        )
+        b_listener = listener(b)
+        connects, own = b_listener.connects, b_listener.node
+        b_listener.node = listener(a).node  # B takes A's notifications for its own echo
+        heard: list[str] = []
+        notify = b.coordinator.notifier.notify
+        b.coordinator.notifier.notify = lambda *topics: (heard.extend(topics), notify(*topics))  # type: ignore[method-assign]
+        run_id = await a.create_command("true")
+        # Notifications come in commit order: once this one is heard, the run's was dropped.
+        with psycopg.connect(b_listener.url, autocommit=True) as conn:
+            conn.execute("SELECT corral_wake('probe')")
+        await wait_until(lambda: "probe" in heard, what="the probe")
+        assert not poll.done()
+        b_listener.node = own
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (b_listener.application_name,),
+            )
+        response = await asyncio.wait_for(poll, 30)
+        assert b_listener.connects > connects
+        assert response.status_code == 200, response.text
+        assert [run["run_id"] for run in response.json()["runs"]] == [run_id]
