@@ -143,6 +143,10 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _runner_active(http: httpx.Client) -> bool:
+    return any(r["state"] == "active" for r in http.get("/runners").json()["runners"])
+
+
 def actor_state(http: httpx.Client, actor_id: str) -> str:
     return str(http.get(f"/actors/{actor_id}").json()["state"])
 
@@ -194,9 +198,10 @@ def main() -> None:
         workdir = Path(tmp)
         print("process start   ", percentiles(process_start(args.cold, workdir)))
         with cluster(workdir) as url, httpx.Client(base_url=url, headers=AUTH, timeout=60) as http:
-            actor_id = http.post("/actors", json={"name": "counter", "key": "bench"}).json()[
-                "actor_id"
-            ]
+            wait(lambda: _runner_active(http), what="the runner")
+            created = http.post("/actors", json={"name": "counter", "key": "bench"})
+            created.raise_for_status()
+            actor_id = created.json()["actor_id"]
             wait(lambda: actor_state(http, actor_id) == "running", what="the actor running")
             print("cold wake       ", percentiles(cold_wakes(http, actor_id, args.cold)))
             http.get(f"/gateway/{actor_id}/hit/warmup").raise_for_status()
