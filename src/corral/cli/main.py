@@ -16,6 +16,7 @@ import click
 
 from corral import __version__
 from corral.cli import (
+    actors,
     agents,
     doctor,
     gc,
@@ -82,6 +83,7 @@ for command in (
     tokens.tokens,
     mcp.mcp,
     serverless.serverless_endpoint,
+    actors.actors,
 ):
     cli.add_command(command)
 
