@@ -103,7 +103,9 @@ def create(
     type=click.Choice([s.value for s in ActorState]),
     help="Only actors in this state (repeatable).",
 )
-@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(1, 500), default=50, show_default=True, help="At most this many."
+)
 @json_option
 def list_actors(
     url: str,
@@ -163,7 +165,13 @@ _change("destroy", "DELETE", "/actors/{actor_id}", "Stop an actor for good and d
 @coordinator_url
 @click.argument("actor_id")
 @click.option("--prefix", default="", help="Only keys that start with this.")
-@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 1000),
+    default=100,
+    show_default=True,
+    help="At most this many.",
+)
 @json_option
 def kv(url: str, actor_id: str, prefix: str, limit: int, as_json: bool) -> None:
     """An actor's KV entries (key, then value), in byte order of their keys."""
