@@ -43,11 +43,11 @@ def _port_open(port: int) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def _stdio(cluster: Cluster) -> AsyncIterator[ClientSession]:
+async def _stdio(cluster: Cluster, *extra: str) -> AsyncIterator[ClientSession]:
     """``corral mcp`` as Claude Code starts it: a child process speaking on stdio."""
     params = StdioServerParameters(
         command=CORRAL,
-        args=["mcp", "--url", cluster.url],
+        args=["mcp", "--url", cluster.url, *extra],
         env=cluster.env,  # CORRAL_TOKEN: the token the server sends
         cwd=str(cluster.root),
     )
@@ -56,10 +56,10 @@ async def _stdio(cluster: Cluster) -> AsyncIterator[ClientSession]:
         yield session
 
 
-def _start_http(cluster: Cluster) -> int:
+def _start_http(cluster: Cluster, *extra: str) -> int:
     port = free_port()
     env = {k: v for k, v in cluster.env.items() if k != "CORRAL_TOKEN"}  # callers bring theirs
-    argv = [CORRAL, "mcp", "--http", "--port", str(port), "--url", cluster.url]
+    argv = [CORRAL, "mcp", "--http", "--port", str(port), "--url", cluster.url, *extra]
     server = Proc("mcp-http", argv, env, cluster.root)
     cluster.procs.append(server)
     server.start()
@@ -80,11 +80,11 @@ async def _http(port: int, token: str | None = TOKEN) -> AsyncIterator[ClientSes
         yield session
 
 
-def _over(cluster: Cluster, transport: str, scenario: Scenario) -> None:
-    port = _start_http(cluster) if transport == "http" else 0
+def _over(cluster: Cluster, transport: str, scenario: Scenario, *extra: str) -> None:
+    port = _start_http(cluster, *extra) if transport == "http" else 0
 
     async def main() -> None:
-        connect = _http(port) if transport == "http" else _stdio(cluster)
+        connect = _http(port) if transport == "http" else _stdio(cluster, *extra)
         async with connect as session:
             await scenario(session)
 
@@ -257,3 +257,29 @@ def test_an_agent_starts_a_sub_agent_through_the_mcp_server_its_runner_gives_it(
     assert run["result"] == "turn 1: plan [fake:subagent=helper:look] | helper: turn 1: look"
     child = cluster.client.session_result("helper")
     assert child["result"] == "turn 1: look"
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_a_sync_call_reports_progress_while_its_run_goes_on(
+    cluster: Cluster, transport: str
+) -> None:
+    cluster.start_coordinator()
+    cluster.start_runner("runner-a")
+    said: list[str | None] = []
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        said.append(message)
+
+    async def scenario(session: ClientSession) -> None:
+        answer = await session.call_tool(
+            "start_agent_session",
+            {"session_name": "slow", "prompt": "think [fake:sleep=3]"},
+            progress_callback=progress,
+        )
+        assert not answer.is_error, _text(answer)
+        assert answer.structured_content is not None
+        run_id = answer.structured_content["run_id"]
+        assert answer.structured_content["result"] == "turn 1: think [fake:sleep=3]"
+        assert said and set(said) == {f"run {run_id} has not ended yet"}
+
+    _over(cluster, transport, scenario, "--progress-every", "0.5")

@@ -26,12 +26,19 @@ Over HTTP (each request's bearer token is sent on to the coordinator):
 @option("--http", "http", env="MCP_HTTP", is_flag=True, help="Serve streamable HTTP at /mcp.")
 @option("--host", env="MCP_HOST", default="127.0.0.1", help="Address to serve HTTP on.")
 @option("--port", env="MCP_PORT", default=8766, type=click.IntRange(1, 65535), help="HTTP port.")
-def mcp(url: str, http: bool, host: str, port: int) -> None:
+@option(
+    "--progress-every",
+    env="MCP_PROGRESS_EVERY",
+    default=10.0,
+    type=click.FloatRange(min=0.01),
+    help="Seconds between progress notifications while a sync call waits for its run.",
+)
+def mcp(url: str, http: bool, host: str, port: int, progress_every: float) -> None:
     from corral.mcp.server import build_server  # the SDK loads only for this command
 
     if not http:
-        server = build_server(url, given_token() or read_token())
+        server = build_server(url, given_token() or read_token(), progress_every_s=progress_every)
         anyio.run(server.run_stdio_async)
         return
-    server = build_server(url, None, forward_token=True)
+    server = build_server(url, None, forward_token=True, progress_every_s=progress_every)
     anyio.run(lambda: server.run_streamable_http_async(host=host, port=port))

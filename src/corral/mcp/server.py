@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from corral import __version__
 from corral.errors import CorralError, InvalidRequest
-from corral.mcp.tools import Tools
+from corral.mcp.tools import PROGRESS_EVERY_S, Tools
 
 INSTRUCTIONS = (
     "corral runs agent sessions and commands durably on a fleet of runners. Start a "
@@ -63,13 +63,19 @@ def _refusal(exc: ToolError) -> CorralError | None:
     return None
 
 
-def build_server(url: str, token: str | None, *, forward_token: bool = False) -> CorralMCP:
+def build_server(
+    url: str,
+    token: str | None,
+    *,
+    forward_token: bool = False,
+    progress_every_s: float = PROGRESS_EVERY_S,
+) -> CorralMCP:
     """The server for the coordinator at ``url``. ``forward_token``: send the coordinator
     the bearer token each MCP request carries (HTTP) instead of ``token`` (stdio)."""
     server = CorralMCP(
         "corral", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
     )
-    tools = Tools(url, token, forward_token=forward_token)
+    tools = Tools(url, token, forward_token=forward_token, progress_every_s=progress_every_s)
     described: list[tuple[Callable[..., Any], str]] = [
         (tools.start_agent_session, "Start a new agent session (a sub-agent) with a prompt."),
         (tools.resume_agent_session, "Continue an agent session with a new prompt."),

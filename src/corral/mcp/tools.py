@@ -46,6 +46,7 @@ ExecutionMode = Annotated[
         "run id (follow it with get_agent_session_status / get_agent_session_result)"
     ),
 ]
+PROGRESS_EVERY_S = 10.0  # while a sync call waits for its run
 OUTPUT_TAIL_LINES = 50  # of a command's output, in run_command's answer
 
 
@@ -114,8 +115,16 @@ class Tools:
     request), else the server's own (``token``: stdio, where the server is the caller's
     own process)."""
 
-    def __init__(self, url: str, token: str | None, *, forward_token: bool) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        forward_token: bool,
+        progress_every_s: float = PROGRESS_EVERY_S,
+    ) -> None:
         self.url = url
+        self.progress_every_s = progress_every_s
         self.token = token
         self.forward_token = forward_token
         # One connection pool for the server's life: a client of its own per call would
@@ -153,7 +162,7 @@ class Tools:
         created = await corral.start_session(
             prompt, session_name=session_name, agent_name=agent_name, project_dir=project_dir
         )
-        return await _answer(corral, session_name, created, execution_mode)
+        return await self._answer(ctx, corral, session_name, created, execution_mode)
 
     async def resume_agent_session(
         self,
@@ -164,7 +173,7 @@ class Tools:
     ) -> AgentRun:
         corral = self.client(ctx)
         created = await corral.resume_session(session_name, prompt)
-        return await _answer(corral, session_name, created, execution_mode)
+        return await self._answer(ctx, corral, session_name, created, execution_mode)
 
     async def get_agent_session_status(
         self,
@@ -244,7 +253,7 @@ class Tools:
         created = await corral.run_command(command, labels=labels, timeout_s=timeout_s)
         if execution_mode == "async_poll":
             return CommandRun(run_id=created.run_id, status=created.status)
-        run = await corral.wait_run(created.run_id)
+        run = await self._wait(ctx, corral, created.run_id)
         lines = await _tail(corral, run.run_id)
         return CommandRun(
             run_id=run.run_id,
@@ -278,6 +287,25 @@ class Tools:
         corral = self.client(ctx)
         return await corral.list_actors(name=name, pool=pool, state=state, limit=limit)
 
+    async def _answer(
+        self, ctx: Context, corral: AsyncClient, name: str, created: RunCreated, mode: str
+    ) -> AgentRun:
+        """``async_poll``: the run as created; ``sync``: as it ended."""
+        if mode == "async_poll":
+            return AgentRun(session_name=name, run_id=created.run_id, status=created.status)
+        return AgentRun.of(name, await self._wait(ctx, corral, created.run_id))
+
+    async def _wait(self, ctx: Context, corral: AsyncClient, run_id: str) -> Run:
+        """The run once it has ended; meanwhile a progress notification every
+        ``progress_every_s`` to a caller that asked for them (clients drop a call that
+        stays silent too long). Each wait follows the run's log stream to its end."""
+        beats = 0
+        while True:
+            with anyio.move_on_after(self.progress_every_s):
+                return await corral.wait_run(run_id)
+            beats += 1
+            await ctx.report_progress(beats, message=f"run {run_id} has not ended yet")
+
     async def plan_status(
         self,
         ctx: Context,
@@ -292,13 +320,6 @@ class Tools:
             f"no plan for {repo_path} on {target_branch!r}: add tasks first",
             code="project_not_found",
         )
-
-
-async def _answer(corral: AsyncClient, name: str, created: RunCreated, mode: str) -> AgentRun:
-    """``async_poll``: the run as created; ``sync``: as it ended."""
-    if mode == "async_poll":
-        return AgentRun(session_name=name, run_id=created.run_id, status=created.status)
-    return AgentRun.of(name, await corral.wait_run(created.run_id))
 
 
 async def _tail(corral: AsyncClient, run_id: str) -> list[str]:
