@@ -5,6 +5,7 @@ shows its tasks' states as they change."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from browser_support import DESKTOP, PHONE, WEBSOCKET, Page
@@ -21,6 +22,10 @@ PAGES = {
     "/runners": "Runners",
     "/charts": "Charts",
 }
+# What Chromium logs of a call the dead coordinator cut or refused.
+NETWORK_DOWN = (
+    r"net::ERR_(CONNECTION_REFUSED|CONNECTION_RESET|EMPTY_RESPONSE|INCOMPLETE_CHUNKED_ENCODING)"
+)
 
 
 def command_run(cluster: Cluster, script: str) -> str:
@@ -35,6 +40,12 @@ def test_every_page_loads_without_console_errors_on_a_desktop_and_a_phone(
     cluster.wait_run(done)
     failed = command_run(cluster, "echo oops >&2; exit 3")
     cluster.wait_run(failed)
+    cancelled = command_run(cluster, "sleep 60")
+    cluster.wait_run(cancelled, {"running"})
+    cluster.client.cancel_run(cancelled)
+    cluster.wait_run(cancelled)
+    running = command_run(cluster, "echo working; sleep 60")
+    cluster.wait_run(running, {"running"})
     for size, label in ((DESKTOP, "desktop"), (PHONE, "phone")):
         page.resize(size)
         for path, title in PAGES.items():
@@ -206,3 +217,33 @@ def test_signing_in_with_the_form_or_the_address_the_cli_prints(
     # Refused calls were answered 401, which the console lists; nothing else went wrong.
     errors = [e["message"] for e in page.console_errors()]
     assert all("401" in message for message in errors), errors
+
+
+def test_the_open_pages_go_on_across_a_coordinator_restart(
+    cluster: Cluster, page: Page, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    script = f'echo before; while [ ! -e "{go}" ]; do sleep 0.05; done; echo after'
+    run_id = command_run(cluster, script)
+    page.go(f"/runs/{run_id}")
+    page.wait_text("#run-log", "before")
+    page.mark()
+    cluster.restart_coordinator()  # SIGKILL, then the same port and database
+    go.touch()
+    page.wait_text("#run-log", "after")
+    page.wait_attr(".run-status", "data-status", {"completed"})
+    # Every stored line once, in order (a restart may cost the run an attempt: the runner's
+    # lease can run out while the coordinator is down; the page marks where each begins).
+    shown = page.find("#run-log").text.splitlines()
+    stored = cluster.client.logs(run_id)["lines"]
+    assert [line for line in shown if not line.startswith("── attempt")] == [
+        line["text"] for line in stored
+    ]
+    assert shown[-2:] == ["before", "after"]
+    later = command_run(cluster, "echo later")
+    page.go("/runs")
+    page.wait_attr(f'tr[data-run-id="{later}"]', "data-status", {"completed"})
+    assert page.still_same_document()
+    # Only the calls made while the coordinator was down failed.
+    errors = [e["message"] for e in page.console_errors()]
+    assert errors and all(re.search(NETWORK_DOWN, m) for m in errors), errors

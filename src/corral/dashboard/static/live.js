@@ -4,13 +4,17 @@
 // With the coordinator's event stream (`GET /events`, server-sent events with ids), each
 // event of a watched kind re-reads the pages that show it; after a reconnect the stream
 // resumes from the last id it gave (`Last-Event-ID`), and every page is read again over
-// REST, which covers whatever happened while it was away. A coordinator without the
-// stream is polled instead. A run's log lines have their own stream (`followLogs`).
+// REST, which covers whatever happened while it was away. A resume the coordinator can no
+// longer serve (an id it never had, or events its retention deleted) starts afresh: the
+// REST re-read covers that too. A coordinator without the stream is polled instead. A
+// run's log lines have their own stream (`followLogs`), so the event stream leaves them out.
 
 import { ApiError, headers, query } from "./api.js";
 
 const POLL_MS = 1000;
 const BACKOFF_MS = [250, 500, 1000, 2000, 5000];
+const STREAMED_KINDS = "run,session,task,plan,runner";
+const CONTROL_EVENTS = new Set(["ready", "caught_up", "dropped"]);
 const watchers = new Set();
 let stateListener = () => {};
 let lastEventId = null;
@@ -84,16 +88,20 @@ function poll() {
 async function stream(failures) {
   stateListener(failures ? "reconnecting…" : "connecting…");
   try {
-    const response = await fetch("/events" + query({ after: lastEventId }), {
+    const response = await fetch("/events" + query({ kind: STREAMED_KINDS }), {
       headers: headers({ Accept: "text/event-stream", ...(lastEventId ? { "Last-Event-ID": lastEventId } : {}) }),
     });
+    if (response.status === 410 || response.status === 422) {
+      lastEventId = null; // that position is gone: start at the newest, after a re-read
+      throw new Error(`GET /events refused the resume (${response.status})`);
+    }
     if (!response.ok) throw new Error(`GET /events answered ${response.status}`);
     stateListener("live");
     failures = 0;
     refreshAll(); // what changed while there was no stream
     for await (const event of serverSentEvents(response.body)) {
       if (event.id) lastEventId = event.id;
-      refreshAll(event.kind);
+      if (!CONTROL_EVENTS.has(event.kind)) refreshAll(event.kind);
     }
   } catch (error) {
     console.warn("event stream:", error.message);
