@@ -2,12 +2,17 @@
 starts fast) that answers ``GET /hit/<id>`` with ``<id>`` after appending ``<id>`` to the
 file ``MARKERS`` names, one line per request it handled: how many times the actor ran each
 request, whatever the client saw. ``GET /slow/<id>`` does the same after ``DELAY`` seconds;
-``GET /port`` answers its port (the benchmark compares the gateway with going straight there).
+``GET /port`` answers its port (the benchmark compares the gateway with going straight there);
+``GET /sleep/<id>`` asks its runner to put it to sleep (seed 002's ``GET /sleep``) and
+answers. With ``STOP_DELAY`` set it takes that long to exit after SIGTERM (an actor slow to
+stop: a wake while it stops is deferred).
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -17,9 +22,13 @@ class Handler(BaseHTTPRequestHandler):
         kind, _, request_id = self.path.strip("/").partition("/")
         if kind == "port":
             request_id = os.environ["PORT"]
+        elif kind == "sleep":
+            from corral import actor  # the runner's local API (only this path needs it)
+
+            actor.sleep()
         elif kind == "slow":
             time.sleep(float(os.environ.get("DELAY", "0.2")))
-        if kind not in ("hit", "slow", "port") or not request_id:
+        if kind not in ("hit", "slow", "port", "sleep") or not request_id:
             self.send_error(404)
             return
         if kind != "port":
@@ -36,5 +45,11 @@ class Handler(BaseHTTPRequestHandler):
         pass  # quiet: the test reads the markers
 
 
+def exit_later(*_: object) -> None:
+    delay = float(os.environ.get("STOP_DELAY", "0"))
+    threading.Thread(target=lambda: (time.sleep(delay), os._exit(0)), daemon=True).start()
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, exit_later)
     ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
