@@ -202,3 +202,29 @@ def test_list_filters_and_pages(store: Store) -> None:
     assert [a.id for a in rest] == [made[2].id, made[1].id, made[0].id]
     assert [a.id for a in store.actors.list(name="echo", key="k1")] == [made[1].id]
     assert len(store.actors.list(states=[ActorState.SLEEPING])) == 6
+
+
+def test_an_alarm_survives_a_coordinator_restart_and_wakes_the_actor(store_url: str) -> None:
+    store = Store.open(store_url)
+    rid = runner(store)
+    actor = store.actors.create(NewActor("echo", "k"), T0)[0]
+    store.actors.runner_event(rid, actor.id, lc.Running(rid, 1), T0 + 1)
+    store.actors.runner_event(rid, actor.id, lc.SetAlarm(rid, 1, T0 + 100), T0 + 2)
+    store.actors.runner_event(rid, actor.id, lc.Sleep(rid, 1), T0 + 3)
+    store.actors.runner_event(rid, actor.id, lc.Stopped(rid, 1, 0), T0 + 4)
+    store.close()  # the coordinator goes away; another one opens the same database
+    store = Store.open(store_url)
+    try:
+        asleep = store.actors.get(actor.id)
+        assert asleep.state is ActorState.SLEEPING and asleep.life.alarm_at == T0 + 100
+        store.actors.tick(T0 + 99)
+        assert store.actors.get(actor.id).state is ActorState.SLEEPING
+        store.actors.tick(T0 + 100)
+        woken = store.actors.get(actor.id)
+        assert (woken.state, woken.generation, woken.life.alarm_at) == (
+            ActorState.STARTING,
+            2,
+            None,
+        )
+    finally:
+        store.close()

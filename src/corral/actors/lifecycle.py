@@ -64,7 +64,8 @@ TRANSITIONS: dict[ActorState, frozenset[ActorState]] = {
     S.STOPPED: frozenset({S.PENDING, S.SLEEPING, S.DESTROYED}),
     S.DESTROYED: frozenset(),
 }
-PLACED_STATES = frozenset({S.STARTING, S.RUNNING, S.SLEEPING, S.STOPPING})
+# Placed in these states, never in the others but SLEEPING (placed until it has stopped).
+ALWAYS_PLACED = frozenset({S.STARTING, S.RUNNING, S.STOPPING})
 del S
 
 
