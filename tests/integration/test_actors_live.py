@@ -15,6 +15,7 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,12 @@ def agent_kind(tmp_path: Path) -> ActorKind:
     )
 
 
+def calling_kind(name: str, **changes: Any) -> ActorKind:
+    script = ROOT / "tests" / "fakes" / "calling_actor.py"
+    kind = ActorKind(name, (sys.executable, str(script)), env={"PYTHONPATH": str(ROOT / "src")})
+    return replace(kind, **changes)
+
+
 class World:
     def __init__(self, url: str, client: httpx.AsyncClient, tmp_path: Path) -> None:
         self.url = url
@@ -60,8 +67,17 @@ class World:
             token=TOKEN,
             transport="websocket",
             slots=1,
-            actor_kinds={"agent": agent_kind(self.tmp_path)},
-            actor_slots=2,
+            actor_kinds={
+                "agent": agent_kind(self.tmp_path),
+                "calls": calling_kind("calls", stop_threshold_s=5.0),
+                "idle": calling_kind("idle", sleep_after_s=1.0),
+                "deaf": ActorKind(
+                    "deaf",
+                    (sys.executable, "-c", "import time; time.sleep(60)"),
+                    start_threshold_s=1.0,
+                ),
+            },
+            actor_slots=4,
             drain_grace_s=STEP_S,
         )
         runner = RunnerCore(settings, host_env={"PATH": "/usr/bin:/bin"})
@@ -225,3 +241,46 @@ async def test_bad_input_gets_clear_codes(world: World) -> None:
     assert error_code(await world.client.post("/actors/act_nope/wake")) == "actor_not_found"
     bad_state = await world.client.get("/actors", params={"state": "dancing"})
     assert bad_state.status_code == 422
+
+
+async def get(port: int, path: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=STEP_S) as direct:
+        response = await direct.get(f"http://127.0.0.1:{port}{path}")
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def test_the_actor_api_alarm_stop_and_kv_limits_with_real_processes(world: World) -> None:
+    runner = await world.runner()
+    actor_id = (await world.client.post("/actors", json={"name": "calls"})).json()["actor_id"]
+    await world.becomes(actor_id, "running", lambda a: a["state"] == "running")
+    port = runner.actors.port_of(actor_id, 1)
+    assert port is not None
+    # A value over 128 KiB is refused with its code, through the local API and the link.
+    assert (await get(port, "/kv/too-big"))["code"] == "payload_too_large"
+    assert (await world.client.get(f"/actors/{actor_id}/kv")).json()["entries"] == []
+    # An alarm 1 s ahead, then asleep: the alarm wakes it (a new generation).
+    await get(port, "/alarm/1")
+    asleep = await world.becomes(actor_id, "asleep", lambda a: a["runner_id"] is None)
+    assert asleep["state"] == "sleeping" and asleep["alarm_at"] is not None
+    woken = await world.becomes(actor_id, "woken by its alarm", lambda a: a["state"] == "running")
+    assert woken["generation"] == 2 and woken["alarm_at"] is None
+    # Intent Stop, then a clean exit: destroyed.
+    port = runner.actors.port_of(actor_id, 2)
+    assert port is not None
+    await get(port, "/stop")
+    await world.becomes(actor_id, "destroyed", lambda a: a["state"] == "destroyed")
+
+
+async def test_an_idle_actor_sleeps_and_one_that_never_listens_is_stopped(world: World) -> None:
+    await world.runner()
+    idle = (await world.client.post("/actors", json={"name": "idle"})).json()["actor_id"]
+    await world.becomes(idle, "running", lambda a: a["state"] == "running")
+    slept = await world.becomes(idle, "asleep when idle", lambda a: a["runner_id"] is None)
+    assert slept["state"] == "sleeping"
+    deaf = (await world.client.post("/actors", json={"name": "deaf"})).json()["actor_id"]
+    # Never accepts on PORT within its start threshold: stopped, a failed start (a crash:
+    # the sleep policy lets it sleep), never running.
+    failed = await world.becomes(deaf, "a failed start", lambda a: a["runner_id"] is None)
+    assert failed["state"] == "sleeping" and failed["connectable_at"] is None
