@@ -116,6 +116,14 @@ class Directory:
         self.placed_on: str | None = None
         self.generation = 1
         self.state = ActorState.RUNNING
+        self._changed = asyncio.Event()
+
+    def change(self, **fields: Any) -> None:
+        """Change the actor and say so, as the coordinator's actors do."""
+        for name, value in fields.items():
+            setattr(self, name, value)
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def actor(self) -> Actor:
         life = Life(
@@ -127,7 +135,7 @@ class Directory:
         return Actor(ACTOR, "echo", "k", None, "default", 0.0, life)
 
     def changed(self, actor_id: str) -> asyncio.Event:
-        return asyncio.Event()
+        return self._changed
 
     async def get(self, actor_id: str) -> Actor:
         if actor_id != ACTOR:
@@ -232,7 +240,7 @@ async def test_a_client_that_goes_away_aborts_the_actors_request(world: World) -
 async def test_a_runner_without_the_actor_answers_503_and_the_gateway_finds_it_again(
     world: World,
 ) -> None:
-    world.directory.generation = 2  # the runner only has generation 1
+    world.directory.change(generation=2)  # the runner only has generation 1
     response = await world.client.get(f"/gateway/{ACTOR}/count/b")
     assert response.status_code == 503
     assert response.headers["x-corral-error"] == "actor_not_here"
@@ -247,7 +255,7 @@ async def test_unknown_and_destroyed_actors_are_404_with_stable_codes(world: Wor
     assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "actor_not_found")
     no_key = await world.client.get("/gateway/echo/x?key=other")
     assert (no_key.status_code, no_key.json()["error"]["code"]) == (404, "actor_not_found")
-    world.directory.state = ActorState.DESTROYED
+    world.directory.change(state=ActorState.DESTROYED)
     gone = await world.client.get(f"/gateway/{ACTOR}/x")
     assert (gone.status_code, gone.json()["error"]["code"]) == (404, "actor_destroyed")
 

@@ -187,6 +187,8 @@ class Forward(Response):
                     scope["method"], path, headers, False,
                 )  # fmt: skip
                 first = await self._start(request, start, has_body)
+                if _retryable(first):
+                    self.tunnels.placements.forget(actor_id)  # look again next time
                 if _retryable(first) and not request.started() and attempt + 1 < MAX_ATTEMPTS:
                     log.info("actor %s not on runner %s: again", actor_id, placement.runner_id)
                     await asyncio.sleep(RETRY_BASE_S * 2**attempt)
@@ -323,6 +325,8 @@ class Forward(Response):
                     )  # fmt: skip
                     await request.send(start)
                     first = await self._next(request)
+                    if _retryable(first):
+                        self.tunnels.placements.forget(actor_id)
                     if _retryable(first) and attempt + 1 < MAX_ATTEMPTS:
                         await asyncio.sleep(RETRY_BASE_S * 2**attempt)
                         continue
@@ -401,6 +405,8 @@ class Forward(Response):
         return found[0].id, forwarded
 
     async def _connectable(self, actor_id: str) -> Placement:
+        if (cached := self.tunnels.placements.get(actor_id)) is not None:
+            return cached
         deadline = time.monotonic() + WAKE_TIMEOUT_S
         wakes = 0
         moved = True  # it changed since our last wake (or we have not woken it yet)
@@ -410,6 +416,7 @@ class Forward(Response):
             if actor.state is ActorState.DESTROYED:
                 raise NotFound(f"actor {actor_id} was destroyed", code="actor_destroyed")
             if (placement := actor.placement) is not None:
+                self.tunnels.placements.put(actor_id, changed, placement)
                 return placement
             if _asleep(actor.state) and moved:
                 # Asleep, or stopped again since we woke it (seed 002: "Receive Stopped msg,

@@ -17,9 +17,11 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from corral.actors.model import Placement
 from corral.protocol import messages as wire
 from corral.protocol.limits import TUNNEL_WINDOW_BYTES
 from corral.protocol.tunnel import Receipt, TunnelLedger, cost
@@ -94,11 +96,44 @@ class TunnelRequest:
         self._hub.close(self)
 
 
+class PlacementCache:
+    """Where the gateway last found each actor connectable, until the actor changes: a warm
+    request then needs no store read. Each entry holds the actor's change event taken
+    before the look that found it (``notifier.py``'s rule): once set, the entry is stale.
+    A placement stale for another reason (another coordinator moved the actor) is met by
+    the runner's 503, and the gateway forgets it and looks again."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._size = size
+        self._entries: OrderedDict[str, tuple[asyncio.Event, Placement]] = OrderedDict()
+
+    def get(self, actor_id: str) -> Placement | None:
+        entry = self._entries.get(actor_id)
+        if entry is None:
+            return None
+        changed, placement = entry
+        if changed.is_set():
+            del self._entries[actor_id]
+            return None
+        self._entries.move_to_end(actor_id)
+        return placement
+
+    def put(self, actor_id: str, changed: asyncio.Event, placement: Placement) -> None:
+        self._entries[actor_id] = (changed, placement)
+        self._entries.move_to_end(actor_id)
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+
+    def forget(self, actor_id: str) -> None:
+        self._entries.pop(actor_id, None)
+
+
 class TunnelHub:
     def __init__(self, connections: Connections, *, window: int = TUNNEL_WINDOW_BYTES) -> None:
         self._connections = connections
         self._window = window
         self._runners: dict[str, _Runner] = {}
+        self.placements = PlacementCache()
 
     def runner(self, runner_id: str) -> _Runner:
         runner = self._runners.get(runner_id)
