@@ -104,3 +104,18 @@ def test_agent_actor_through_the_cli_gateway_sleep_lost_runner_and_destroy(
     assert cluster.cli("actors", "kv", actor_id).stdout == ""
     missing = cluster.cli("actors", "get", "act_missing")
     assert missing.returncode == 3 and "actor_not_found" in missing.stderr + missing.stdout
+
+
+def test_a_runner_stopped_by_sigterm_drains_its_actors_and_leaves(cluster: Cluster) -> None:
+    cluster.start_coordinator()
+    start_runner(cluster, "runner-a")
+    created = cluster.cli("actors", "create", "agent", "--crash-policy", "restart")
+    actor_id = created.stdout.strip()
+    wait_actor(cluster, actor_id, "running", 1)
+    (runner_a,) = [p for p in cluster.procs if p.name == "runner-a"]
+    runner_a.send(signal.SIGTERM)  # GoingAway to its actor, which stops; then it leaves
+    assert runner_a.wait(30.0) == 0
+    queued = actor(cluster, actor_id)
+    assert (queued["state"], queued["runner_id"]) == ("pending", None)
+    start_runner(cluster, "runner-b")
+    wait_actor(cluster, actor_id, "running", 2)

@@ -14,6 +14,7 @@ wake after them. This is also the interface the gateway uses:
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
@@ -31,6 +32,7 @@ from corral.store.actors import Changes
 from corral.store.kv import apply_op
 
 T = TypeVar("T")
+log = logging.getLogger("corral.coordinator")
 
 
 class Actors:
@@ -93,8 +95,12 @@ class Actors:
     # ---- timers and runners --------------------------------------------------------------
 
     async def tick(self) -> None:
-        """Thresholds, backoffs, alarms; drained and lost runners' actors; queues served."""
-        self.notify(await self._db(self.store.actors.tick, self.clock.now()))
+        """Thresholds, backoffs, alarms; drained and lost runners' actors; queues served.
+        A failure is logged, not raised: the runs' reconciliation that follows must go on."""
+        try:
+            self.notify(await self._db(self.store.actors.tick, self.clock.now()))
+        except Exception:
+            log.exception("actors: tick failed; trying again at the next one")
 
 
 def host_and_serve(store: Store, runner_id: str, init: ToServerInit, now: float) -> Changes:

@@ -31,7 +31,7 @@ import signal
 import socket
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -304,7 +304,7 @@ class ActorHost:
             config = uvicorn.Config(
                 self._api_app(), log_level="warning", lifespan="off", access_log=False
             )
-            self._api = uvicorn.Server(config)
+            self._api = _QuietServer(config)
             self._api_task = asyncio.create_task(self._api.serve(sockets=[listener]))
             self._api_url = f"http://127.0.0.1:{port}/actors"
         return self._api_url
@@ -351,6 +351,14 @@ class ActorHost:
             hosted.last_activity = time.monotonic()
             return JSONResponse({"ok": True})
         return _refusal(404, "not_found", f"no call {call!r}")
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its signal handlers: SIGTERM is the runner's (it drains)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def _refusal(status: int, code: str, message: str) -> JSONResponse:
