@@ -1,7 +1,9 @@
-"""Helpers shared by the ClaudeExecutor tests (``test_claude_executor``, ``test_fake_claude``)."""
+"""Helpers shared by the ClaudeExecutor tests (``test_claude_executor``, ``test_fake_claude``)
+and the dashboard's (a stored run)."""
 
 from __future__ import annotations
 
+from corral.assignment import Assignment
 from corral.ids import RunId
 from corral.runs import AgentSpec, Run, RunStatus, RunType
 
@@ -51,4 +53,28 @@ def agent_run(
         claimed_at=now,
         started_at=now,
         finished_at=None,
+    )
+
+
+def agent_assignment(
+    *,
+    run_id: str,
+    prompt: str | None,
+    project_dir: str | None,
+    type: RunType = RunType.START_SESSION,
+    session_id: str | None = None,
+    agent: AgentSpec | None = None,
+    env: dict[str, str] | None = None,
+) -> Assignment:
+    """An agent run's first attempt as a runner is given it, for an executor to prepare
+    and observe."""
+    return Assignment(
+        id=RunId(run_id),
+        type=type,
+        attempt=1,
+        prompt=prompt,
+        session_id=session_id,
+        agent=agent,
+        project_dir=project_dir,
+        env=env or {},
     )

@@ -6,12 +6,13 @@ import json
 from typing import Any
 
 import pytest
-from claude_support import agent_run
+from claude_support import agent_assignment
 
 from corral.agents.base import ResultSeen, SessionSeen, StopReason
 from corral.agents.claude import AgentMcp, ClaudeExecutor
+from corral.assignment import Assignment
 from corral.errors import InvalidRequest
-from corral.runs import AgentSpec, Run, RunStatus, RunType
+from corral.runs import AgentSpec, RunStatus, RunType
 
 NOW = 1_700_000_000.0
 SID = "0b7d5a4e-7f6c-4f64-9a53-2f4d3c1e9a10"
@@ -25,10 +26,9 @@ def make_run(
     agent: AgentSpec | None = None,
     project_dir: str | None = "/work/proj",
     env: dict[str, str] | None = None,
-) -> Run:
-    return agent_run(
+) -> Assignment:
+    return agent_assignment(
         run_id="run_0123456789ab",
-        now=NOW,
         prompt=prompt,
         project_dir=project_dir,
         type=type,
@@ -63,7 +63,7 @@ def result_line(**fields: Any) -> str:
     return json.dumps(message)
 
 
-def observe(*lines: str, run: Run | None = None, **kwargs: Any) -> Any:
+def observe(*lines: str, run: Assignment | None = None, **kwargs: Any) -> Any:
     observer = executor(**kwargs).observer(run or make_run())
     for line in lines:
         observer.feed(line)

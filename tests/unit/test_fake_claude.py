@@ -7,18 +7,18 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from claude_support import agent_run
+from claude_support import agent_assignment
 
 from corral.agents.base import ResultSeen, SessionSeen, StopReason
 from corral.agents.claude import ClaudeExecutor
-from corral.runs import AgentSpec, Run, RunReport, RunStatus, RunType
+from corral.assignment import Assignment
+from corral.runs import AgentSpec, RunReport, RunStatus, RunType
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fakes" / "claude")
 TIMEOUT = 30
@@ -38,10 +38,9 @@ def make_run(
     *,
     session_id: str | None = None,
     agent: AgentSpec | None = None,
-) -> Run:
-    return agent_run(
+) -> Assignment:
+    return agent_assignment(
         run_id="run_fakeclaude01",
-        now=time.time(),
         prompt=prompt,
         project_dir=str(project_dir),
         type=RunType.RESUME_SESSION if session_id else RunType.START_SESSION,
@@ -76,7 +75,7 @@ def plain_env(base_env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in base_env.items() if not k.startswith("CLAUDE")}
 
 
-def run_fake(run: Run, base_env: dict[str, str]) -> Finished:
+def run_fake(run: Assignment, base_env: dict[str, str]) -> Finished:
     executor = ClaudeExecutor(binary=FAKE)
     spec = executor.prepare(run, base_env)
     proc = subprocess.run(
@@ -278,7 +277,7 @@ def test_ledger_records_each_invocation(
 
 
 @contextlib.contextmanager
-def running_fake(run: Run, base_env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+def running_fake(run: Assignment, base_env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
     """The fake for ``run``, its stdout a pipe to read while it runs; killed at the end."""
     spec = ClaudeExecutor(binary=FAKE).prepare(run, base_env)
     with subprocess.Popen(

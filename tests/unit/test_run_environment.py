@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from corral.agents.claude import ClaudeExecutor
 from corral.agents.command import CommandExecutor
+from corral.assignment import Assignment
 from corral.ids import RunId
 from corral.runner.environment import run_environment
-from corral.runs import AgentSpec, Run, RunStatus, RunType
+from corral.runs import AgentSpec, RunType
 
 HOST = {
     "PATH": "/usr/bin",
@@ -24,41 +25,15 @@ HOST = {
 }
 
 
-def _run(kind: RunType, *, env: dict[str, str], agent: AgentSpec | None = None) -> Run:
-    return Run(
+def _run(kind: RunType, *, env: dict[str, str], agent: AgentSpec | None = None) -> Assignment:
+    return Assignment(
         id=RunId("run_000000000001"),
         type=kind,
-        status=RunStatus.CLAIMED,
+        attempt=1,
         prompt=None if kind is RunType.COMMAND else "hello",
         command=("env",) if kind is RunType.COMMAND else (),
-        session_name=None,
-        session_id=None,
         agent=agent,
-        project_dir=None,
-        labels=(),
-        timeout_s=None,
-        idle_timeout_s=None,
-        max_attempts=1,
-        attempts=1,
-        priority=0,
-        required_runner=None,
-        runner_id=None,
-        task_id=None,
-        task=None,
         env=env,
-        exit_code=None,
-        error=None,
-        result=None,
-        cost_usd=None,
-        usage=None,
-        num_turns=None,
-        cancel_requested=False,
-        rate_limited=0,
-        available_at=0.0,
-        created_at=0.0,
-        claimed_at=None,
-        started_at=None,
-        finished_at=None,
     )
 
 

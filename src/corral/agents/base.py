@@ -11,7 +11,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from corral.runs import Run, RunReport
+from corral.assignment import Assignment
+from corral.runs import RunReport
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,9 @@ class Executor(Protocol):
     # What to tell a user whose runner cannot find the program (how to point at it).
     missing_program_hint: str
 
-    def prepare(self, run: Run, base_env: dict[str, str]) -> ProcessSpec:
+    def prepare(self, run: Assignment, base_env: dict[str, str]) -> ProcessSpec:
         """``base_env``: what the run may see of the runner's environment; the executor
         adds the agent profile's and the run's ``env``."""
         ...
 
-    def observer(self, run: Run) -> OutputObserver: ...
+    def observer(self, run: Assignment) -> OutputObserver: ...

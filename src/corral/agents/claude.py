@@ -29,8 +29,9 @@ from corral.agents.base import (
     StopReason,
 )
 from corral.agents.outcome import stopped_report
+from corral.assignment import Assignment
 from corral.errors import InvalidRequest
-from corral.runs import Run, RunReport, RunStatus, RunType
+from corral.runs import RunReport, RunStatus, RunType
 
 # A nested Claude Code refuses to start when it sees these (its nested-session guard).
 _STRIPPED_PREFIX = "CLAUDECODE"
@@ -97,7 +98,7 @@ class ClaudeExecutor:
         self.rate_limit_backoff_s = rate_limit_backoff_s
         self.now = now
 
-    def prepare(self, run: Run, base_env: dict[str, str]) -> ProcessSpec:
+    def prepare(self, run: Assignment, base_env: dict[str, str]) -> ProcessSpec:
         if not run.prompt:
             raise InvalidRequest(f"run {run.id} has no prompt", run_id=run.id)
         argv = [self.binary, "-p"]
@@ -139,7 +140,7 @@ class ClaudeExecutor:
             exit_grace_after_result_s=self.result_grace_s,
         )
 
-    def observer(self, run: Run) -> OutputObserver:
+    def observer(self, run: Assignment) -> OutputObserver:
         return StreamJsonObserver(
             rate_limit_backoff_s=self.rate_limit_backoff_s,
             now=self.now,

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from corral.agents.base import Observation, OutputObserver, ProcessSpec, StopReason
 from corral.agents.outcome import stopped_report
-from corral.runs import Run, RunReport, RunStatus
+from corral.assignment import Assignment
+from corral.runs import RunReport, RunStatus
 
 
 class CommandExecutor:
     host_env: tuple[str, ...] = ()
     missing_program_hint = ""
 
-    def prepare(self, run: Run, base_env: dict[str, str]) -> ProcessSpec:
+    def prepare(self, run: Assignment, base_env: dict[str, str]) -> ProcessSpec:
         return ProcessSpec(argv=run.command, cwd=run.project_dir, env={**base_env, **run.env})
 
-    def observer(self, run: Run) -> OutputObserver:
+    def observer(self, run: Assignment) -> OutputObserver:
         return _ExitCodeObserver()
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from corral.agents.base import Executor
 from corral.agents.claude import AgentMcp, ClaudeExecutor
 from corral.agents.command import CommandExecutor
+from corral.assignment import Assignment
 from corral.errors import InvalidRequest
-from corral.runs import Run, RunType
+from corral.runs import RunType
 
 
 def executor_for(
-    run: Run, *, claude_bin: str, result_grace_s: float, mcp: AgentMcp | None = None
+    run: Assignment, *, claude_bin: str, result_grace_s: float, mcp: AgentMcp | None = None
 ) -> Executor:
     if run.type is RunType.COMMAND:
         return CommandExecutor()

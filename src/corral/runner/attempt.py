@@ -20,13 +20,14 @@ from collections import deque
 from typing import Any
 
 from corral.agents.base import Executor, OutputObserver, ResultSeen, SessionSeen, StopReason
+from corral.assignment import Assignment
 from corral.errors import CorralError
 from corral.runner.outbox import settle
 from corral.runner.output import Line, LineSplitter, LogLines, stored_text
 from corral.runner.process import Child
 from corral.runner.settings import RunnerSettings
 from corral.runner.transport import ReportSink
-from corral.runs import Run, RunReport, RunStatus
+from corral.runs import RunReport, RunStatus
 
 log = logging.getLogger("corral.runner")
 READ_CHUNK_BYTES = 256 * 1024
@@ -39,14 +40,14 @@ MAX_LOGS_IN_FLIGHT = 8
 class Attempt:
     def __init__(
         self,
-        run: Run,
+        run: Assignment,
         executor: Executor,
         outbox: ReportSink,
         settings: RunnerSettings,
         base_env: dict[str, str],
     ) -> None:
         self.run = run
-        self.attempt = run.attempts
+        self.attempt = run.attempt
         self.executor = executor
         self.outbox = outbox
         self.settings = settings
@@ -118,7 +119,7 @@ class Attempt:
         """Do the run; a task run does more than one process (see TaskAttempt)."""
         return await self._supervise(self.run)
 
-    async def _supervise(self, run: Run) -> RunReport:
+    async def _supervise(self, run: Assignment) -> RunReport:
         """Run one process for ``run`` under the watchdog; how it ended."""
         try:
             spec = self.executor.prepare(run, self.base_env)

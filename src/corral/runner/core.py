@@ -21,6 +21,7 @@ from typing import Any
 
 from corral.agents.claude import AgentMcp
 from corral.agents.registry import executor_for
+from corral.assignment import Assignment
 from corral.errors import CorralError
 from corral.ids import RunId, RunnerId
 from corral.runner.actors import ActorHost
@@ -31,7 +32,7 @@ from corral.runner.settings import RunnerSettings
 from corral.runner.task_attempt import TaskAttempt
 from corral.runner.transport import Transport
 from corral.runner.websocket import WebSocketTransport
-from corral.runs import AgentSpec, Run, RunStatus, RunType
+from corral.runs import RunType
 from corral.store import Held
 
 log = logging.getLogger("corral.runner")
@@ -163,10 +164,10 @@ class RunnerCore:
     # ---- orders from the transport -------------------------------------------------------
 
     def start(self, assignment: dict[str, Any]) -> None:
-        run = _run_from_assignment(assignment)
+        run = Assignment.from_json(assignment)
         current = self.attempts.get(run.id)
         if current is not None:
-            if current.attempt >= run.attempts:
+            if current.attempt >= run.attempt:
                 return  # already running it (a repeated assignment)
             # A newer attempt of a run we still hold (ours was given back, e.g. while our
             # last report waited for its ack): the old one stops, the new one runs.
@@ -229,50 +230,11 @@ class _Unrunnable:
     def __init__(self, reason: str) -> None:
         self.reason = reason
 
-    def prepare(self, run: Run, base_env: dict[str, str]) -> Any:
+    def prepare(self, run: Assignment, base_env: dict[str, str]) -> Any:
         raise ValueError(self.reason)
 
-    def observer(self, run: Run) -> Any:
+    def observer(self, run: Assignment) -> Any:
         return None
-
-
-def _run_from_assignment(data: dict[str, Any]) -> Run:
-    """Rebuild the run a coordinator assigned, from its JSON."""
-    return Run(
-        id=RunId(data["run_id"]),
-        type=RunType(data["type"]),
-        status=RunStatus(data["status"]),
-        prompt=data["prompt"],
-        command=tuple(data["command"]),
-        session_name=data["session_name"],
-        session_id=data["session_id"],
-        agent=AgentSpec.from_dict(data["agent"]) if data.get("agent") else None,
-        project_dir=data["project_dir"],
-        labels=tuple(data["labels"]),
-        timeout_s=data["timeout_s"],
-        idle_timeout_s=data["idle_timeout_s"],
-        max_attempts=data["max_attempts"],
-        attempts=data["attempts"],
-        priority=data["priority"],
-        required_runner=data.get("required_runner"),
-        runner_id=data["runner_id"],
-        task_id=data.get("task_id"),
-        task=data.get("task"),
-        env=dict(data.get("env") or {}),
-        exit_code=None,
-        error=None,
-        result=None,
-        cost_usd=None,
-        usage=None,
-        num_turns=None,
-        cancel_requested=False,
-        rate_limited=data.get("rate_limited", 0),
-        available_at=0.0,
-        created_at=0.0,
-        claimed_at=None,
-        started_at=None,
-        finished_at=None,
-    )
 
 
 def agent_mcp(settings: RunnerSettings) -> AgentMcp | None:

@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from corral.agents.base import OutputObserver
+from corral.assignment import Assignment
 from corral.errors import CorralError
 from corral.runner.attempt import Attempt
 from corral.runner.environment import ALWAYS, allowed
-from corral.runs import Run, RunReport, RunStatus, RunType
+from corral.runs import RunReport, RunStatus, RunType
 from corral.workspaces import resolve
 from corral.workspaces.workspace import Workspace
 
@@ -199,7 +200,7 @@ class TaskAttempt(Attempt):
         if self._journal is not None and report.status is RunStatus.COMPLETED:
             self._journal.write(self.run.id, self._agent_record(report))
 
-    def _agent_run(self, task: dict[str, Any], worktree: Path, conflicted: list[str]) -> Run:
+    def _agent_run(self, task: dict[str, Any], worktree: Path, conflicted: list[str]) -> Assignment:
         prompt = task["prompt"]
         if task.get("conflict"):
             target = task["target_branch"]
