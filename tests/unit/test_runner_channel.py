@@ -1,0 +1,151 @@
+"""The coordinator's pure end of one runner socket (``link_core.RunnerChannel``) and the
+registry of sockets (``connections.Connections``): what the pump used to keep by hand.
+The simulation (``tests/sim``) drives them through faults; these pin each rule alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral.coordinator.connections import Connections
+from corral.coordinator.link_core import (
+    Applied,
+    ApplyEvents,
+    ChannelOutput,
+    Pushed,
+    PushWork,
+    Registration,
+    RunnerChannel,
+    Wake,
+)
+from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
+from corral.coordinator.settings import CoordinatorSettings
+from corral.ids import RunId, RunnerId
+from corral.protocol import messages as wire
+from corral.protocol.outputs import Close, Register, Send
+
+T0 = 1_000.0
+RUNNER = RunnerId("rnr_000000000001")
+
+
+def init(runner_id: RunnerId | None = None, last_command_idx: int = 0) -> wire.ToServerInit:
+    return wire.ToServerInit(
+        name="r",
+        version="1",
+        protocol_version=wire.PROTOCOL_VERSION,
+        total_slots=2,
+        last_command_idx=last_command_idx,
+        runner_id=runner_id,
+        labels=(),
+        metadata={},
+    )
+
+
+def registered(missed: list[wire.Indexed] | None = None, seq: int = 1) -> RunnerChannel:
+    channel = RunnerChannel.open(seq, T0, CoordinatorSettings())
+    assert isinstance(channel.receive(init(), T0)[0], Register)
+    channel.registered(Registration(RUNNER, 0, missed or []), T0)
+    return channel
+
+
+def finished(idx: int, run_id: str, attempt: int = 1) -> wire.Indexed:
+    body = {"type": "finished", "run_id": run_id, "attempt": attempt, "status": "completed"}
+    return wire.Indexed(idx, body)
+
+
+def events(*items: wire.Indexed) -> wire.ToServerEvents:
+    return wire.ToServerEvents(tuple(items))
+
+
+def sent(outputs: list[ChannelOutput]) -> list[Any]:
+    return [out.message for out in outputs if isinstance(out, Send)]
+
+
+def test_registering_greets_the_runner_wakes_pollers_and_starts_the_push_loop() -> None:
+    channel = RunnerChannel.open(1, T0, CoordinatorSettings())
+    channel.receive(init(), T0)
+    missed = [wire.Indexed(4, {"type": "cancel_run", "run_id": "run_1"})]
+    out = channel.registered(Registration(RUNNER, 0, missed), T0)
+    assert isinstance(sent(out)[0], wire.ToClientInit)
+    assert Wake((RUNS_AVAILABLE,)) in out and PushWork() in out
+    # The push loop sends from after the commands sent again at registration.
+    assert channel.push_request().after == 4
+
+
+def test_a_final_report_read_frees_its_slot_until_it_is_applied() -> None:
+    channel = registered()
+    out = channel.receive(events(finished(1, "run_1")), T0)
+    (apply,) = [o for o in out if isinstance(o, ApplyEvents)]
+    assert apply.last_idx == 1 and apply.events[0].type == "finished"
+    assert PushWork() in out  # fill the slot while the report is committed
+    assert channel.push_request().finishing == {("run_1", 1)}
+
+    out = channel.applied(Applied(last_idx=1, abandon=[], wake=[], finished=True))
+    assert channel.push_request().finishing == frozenset()
+    assert sent(out) == [wire.ToClientAckEvents(1)]  # acknowledged once committed
+
+
+def test_a_malformed_event_closes_the_socket_and_nothing_is_applied() -> None:
+    channel = registered()
+    bad = wire.Indexed(1, {"type": "logs", "run_id": "run_1", "attempt": 1})  # no lines
+    out = channel.receive(events(bad), T0)
+    assert not [o for o in out if isinstance(o, ApplyEvents)]
+    assert (
+        Close(wire.CLOSE_POLICY_VIOLATION, wire.protocol_error_reason(wire.MALFORMED_EVENT)) in out
+    )
+
+
+def test_the_cursor_moves_with_what_was_sent_and_a_cancel_goes_out_once() -> None:
+    channel = registered()
+    cancel = wire.Indexed(1, {"type": "cancel_run", "run_id": "run_1"})
+    out = channel.pushed(Pushed([cancel], [RunId("run_1")]))
+    assert sent(out) == [wire.ToClientCommands((cancel,))]
+    request = channel.push_request()
+    assert request.after == 1 and request.cancels_sent == {"run_1"}
+    assert not [o for o in out if isinstance(o, Wake)]  # it is the runner's newest socket
+
+
+def test_a_replaced_socket_wakes_the_newest_for_commands_it_stored() -> None:
+    channel = registered()
+    late = wire.Indexed(1, {"type": "started", "run_id": "run_1", "attempt": 1})
+    channel.receive(events(late), T0)  # being applied when a newer socket takes over
+    channel.evict()
+    abandon = [wire.Indexed(3, {"type": "abandon_run", "run_id": "run_1", "attempt": 1})]
+    out = channel.applied(Applied(last_idx=1, abandon=abandon, wake=[], finished=False))
+    assert Wake((runner_topic(RUNNER),)) in out
+
+
+def test_a_drain_stops_claims() -> None:
+    channel = registered()
+    assert channel.push_request().claim
+    out = channel.drain(30.0)
+    assert sent(out) == [wire.ToClientDrain(30.0)]
+    assert not channel.push_request().claim
+
+
+def test_the_runner_is_stopped_for_good_only_if_it_said_so_and_then_left() -> None:
+    channel = registered()
+    channel.receive(wire.ToServerStopping(), T0)
+    channel.disconnected(1006, None)  # the socket broke: it may come back
+    assert not channel.stopped_for_good
+    channel.disconnected(wire.CLOSE_NORMAL, wire.REASON_RUNNER_SHUTDOWN)
+    assert channel.stopped_for_good
+
+
+class Link:
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+
+
+def test_the_newer_socket_wins_whichever_registers_first() -> None:
+    connections = Connections()
+    older, newer = Link(connections.accepted()), Link(connections.accepted())
+    assert connections.take_over(RUNNER, older) is None  # type: ignore[arg-type]
+    assert connections.take_over(RUNNER, newer) is older  # type: ignore[arg-type]
+    # The older one's registration came back late: it is the one evicted.
+    connections2 = Connections()
+    older, newer = Link(connections2.accepted()), Link(connections2.accepted())
+    assert connections2.take_over(RUNNER, newer) is None  # type: ignore[arg-type]
+    assert connections2.take_over(RUNNER, older) is older  # type: ignore[arg-type]
+    assert connections2.by_runner[RUNNER] is newer
+    assert not connections2.forget(RUNNER, older)  # type: ignore[arg-type]
+    assert connections2.forget(RUNNER, newer)  # type: ignore[arg-type]
