@@ -5,7 +5,9 @@ shows its tasks' states as they change."""
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from pathlib import Path
 
 from browser_support import DESKTOP, PHONE, WEBSOCKET, Page
@@ -20,8 +22,10 @@ PAGES = {
     "/sessions": "Sessions",
     "/plans": "Task plans",
     "/runners": "Runners",
+    "/actors": "Actors",
     "/charts": "Charts",
 }
+ROOT = Path(__file__).resolve().parents[2]
 # What Chromium logs of a call the dead coordinator cut or refused.
 NETWORK_DOWN = (
     r"net::ERR_(CONNECTION_REFUSED|CONNECTION_RESET|EMPTY_RESPONSE|INCOMPLETE_CHUNKED_ENCODING)"
@@ -247,3 +251,28 @@ def test_the_open_pages_go_on_across_a_coordinator_restart(
     # Only the calls made while the coordinator was down failed.
     errors = [e["message"] for e in page.console_errors()]
     assert errors and all(re.search(NETWORK_DOWN, m) for m in errors), errors
+
+
+def test_the_actors_page_wakes_puts_to_sleep_and_destroys_an_actor(
+    cluster: Cluster, page: Page
+) -> None:
+    config = cluster.root / "actors.toml"
+    command = json.dumps([sys.executable, str(ROOT / "examples" / "agent_actor.py")])
+    config.write_text(f"[actors.agent]\ncommand = {command}\n")
+    cluster.start_runner("actor-host", extra=[*WEBSOCKET, "--config", str(config)])
+    actor = cluster.client.call("POST", "/actors", json={"name": "agent", "key": "k1"})
+    row = f'tr[data-actor-id="{actor["actor_id"]}"]'
+    page.go("/actors")
+    page.wait_attr(row, "data-state", {"running"})
+    page.wait_text('tr[data-pool="default"]', "1 running")
+    page.shot("actors-running")
+
+    page.click('button[aria-label="Put actor agent k1 to sleep"]')
+    page.wait_attr(row, "data-state", {"sleeping"})
+    page.click('button[aria-label="Wake actor agent k1"]')
+    page.wait_attr(row, "data-state", {"running"})
+    page.click('button[aria-label="Destroy actor agent k1"]')
+    page.wait(lambda d: not d.find_elements(By.CSS_SELECTOR, row), "the actor to leave the list")
+    destroyed = cluster.client.call("GET", f"/actors/{actor['actor_id']}")
+    assert destroyed["state"] == "destroyed"
+    assert page.console_errors() == []

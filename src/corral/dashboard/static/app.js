@@ -3,6 +3,7 @@
 import { get, takeTokenFromFragment, token, whenUnauthorized } from "./api.js";
 import { h, replace } from "./dom.js";
 import * as live from "./live.js";
+import * as actors from "./pages/actors.js";
 import * as charts from "./pages/charts.js";
 import * as plans from "./pages/plans.js";
 import * as run from "./pages/run.js";
@@ -12,7 +13,7 @@ import * as sessions from "./pages/sessions.js";
 
 // Each page: a pattern of the address after `#`, its title, and a module whose
 // `render(main, params)` draws it and returns what to do when it is left. A new kind of
-// thing (actors, pools) is one module and one line here.
+// thing is one module and one line here.
 const PAGES = [
   { path: /^\/runs$/, nav: "Runs", href: "/runs", module: runs },
   { path: /^\/runs\/(?<id>[^/]+)$/, module: run },
@@ -21,6 +22,7 @@ const PAGES = [
   { path: /^\/plans$/, nav: "Plans", href: "/plans", module: plans, view: "list" },
   { path: /^\/plans\/(?<id>[^/]+)$/, module: plans, view: "one" },
   { path: /^\/runners$/, nav: "Runners", href: "/runners", module: runners },
+  { path: /^\/actors$/, nav: "Actors", href: "/actors", module: actors },
   { path: /^\/charts$/, nav: "Charts", href: "/charts", module: charts },
 ];
 const HOME = "#/runs";
