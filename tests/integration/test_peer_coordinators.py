@@ -16,9 +16,13 @@ import psycopg
 import pytest
 from api_fixtures import PG_URL, Api, backend_url, running_api, wait_until
 
+from corral.clock import FakeClock
 from corral.coordinator.listener import Listener
 from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
+from corral.coordinator.service import LEASE_S
 from corral.coordinator.settings import CoordinatorSettings
+from corral.store import leases
+from corral.store.leases import RECONCILER
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -122,3 +126,34 @@ async def test_a_listener_that_lost_its_connection_reconnects_and_wakes_every_wa
         assert b_listener.connects > connects
         assert response.status_code == 200, response.text
         assert [run["run_id"] for run in response.json()["runs"]] == [run_id]
+
+
+async def test_two_coordinators_racing_reconcile_never_both_act(tmp_path: Path) -> None:
+    """One holds the reconciler's lease and acts; the other acts only once it expired."""
+    clock = FakeClock()
+    with backend_url("postgres", tmp_path) as url:
+        settings = CoordinatorSettings(db_url=url, lost_after_s=30.0)
+        async with running_api(settings, clock=clock) as a, running_api(settings, clock=clock) as b:
+            runners = [await a.register(f"runner-{i}") for i in range(3)]
+            for runner in runners:
+                await a.create_command("sleep", "60")
+                await a.claim_one(runner)
+            clock.advance(60.0)  # every runner silent: lost, and its run taken back
+            passes = await asyncio.gather(
+                *(api.coordinator.reconcile_once() for _ in range(5) for api in (a, b))
+            )
+            lost = sorted(r for done in passes for r in done.lost_runners)
+            requeued = [r for done in passes for r in done.requeued]
+            assert lost == sorted(runners)  # each once, by one coordinator
+            assert len(requeued) == len(set(requeued)) == 3
+            acted = {i % 2 for i, done in enumerate(passes) if done.changed}
+            assert len(acted) == 1
+
+            # The holder dies (it renews no more): the other takes over once its lease ends.
+            other = b if acted == {0} else a
+            db, node = other.coordinator.store.db, other.coordinator.node
+            clock.advance(LEASE_S / 2)
+            assert not leases.hold(db, RECONCILER, node, clock.now(), LEASE_S)
+            late = await other.register("runner-late")
+            clock.advance(60.0)
+            assert (await other.coordinator.reconcile_once()).lost_runners == [late]

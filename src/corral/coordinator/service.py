@@ -7,7 +7,9 @@ that are connected right now, so a restarted coordinator loses nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
@@ -44,11 +46,14 @@ from corral.ids import RunId, RunnerId
 from corral.protocol.messages import CLOSE_POLICY_VIOLATION
 from corral.runners import Runner, RunnerState
 from corral.runs import AgentSpec, Run
-from corral.store import Held, LogEntry, Reconciled, RunnerSync, Store
+from corral.store import Held, LogEntry, Reconciled, RunnerSync, Store, leases
+from corral.store.leases import RECONCILER
 from corral.store.retention import Collected
 
 log = logging.getLogger("corral.coordinator")
 CLOCK_SKEW_S = 5.0
+# The reconciler's lease: renewed each pass, taken over this long after its holder died.
+LEASE_S = 5.0
 T = TypeVar("T")
 
 
@@ -75,6 +80,7 @@ class Coordinator:
         self._runner_tokens: dict[str, str] = {}  # runner id → its token id (never changes)
         self.started_at = clock.now()  # runners' silence counts from here (reconcile_once)
         self._claimable_seen_at = 0.0  # the reconciler's last look for claimable runs
+        self.node = secrets.token_hex(8)  # its name as a lease holder (store/leases.py)
 
     async def _db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         return await anyio.to_thread.run_sync(partial(self._timed, fn, *args, **kwargs))
@@ -314,6 +320,23 @@ class Coordinator:
         # WebSocket runners ping every few seconds: their heartbeats are written together.
         if pinged := self.connections.take_pinged():
             await self._db(self.store.touch_runners, pinged, now)
+        done = Reconciled()
+        # What must happen once (declaring runners lost, ending overdue runs, retries,
+        # actors' ticks) is done by the coordinator holding the reconciler's lease.
+        if await self._db(leases.hold, self.store.db, RECONCILER, self.node, now, LEASE_S):
+            done = await self._reconcile_held(now)
+        # Also wakes pollers for runs whose rate-limit backoff ended, and for runs that
+        # another process (a second coordinator, a CLI) wrote to the same database — only
+        # when such runs came since the last look: waking 2,000 waiting polls or 1,000 idle
+        # sockets each second for a run none of them can take is not free. (Clocks of
+        # other processes may lag: the look reaches back a little further.)
+        since = self._claimable_seen_at - CLOCK_SKEW_S
+        self._claimable_seen_at = now
+        if await self._db(self.store.has_claimable, now, since=since):
+            self.notifier.notify(RUNS_AVAILABLE)
+        return done
+
+    async def _reconcile_held(self, now: float) -> Reconciled:
         # No runner could heartbeat while no coordinator was up: after a restart, each
         # gets its whole threshold to check in before it is declared lost.
         done = await self._db(
@@ -335,15 +358,6 @@ class Coordinator:
         await self.actors.tick()
         # Tasks whose retry backoff has ended are claimed into runs.
         await self._db(self.store.tasks.schedule_all, now)
-        # Also wakes pollers for runs whose rate-limit backoff ended, and for runs that
-        # another process (a second coordinator, a CLI) wrote to the same database — only
-        # when such runs came since the last look: waking 2,000 waiting polls or 1,000 idle
-        # sockets each second for a run none of them can take is not free. (Clocks of
-        # other processes may lag: the look reaches back a little further.)
-        since = self._claimable_seen_at - CLOCK_SKEW_S
-        self._claimable_seen_at = now
-        if await self._db(self.store.has_claimable, now, since=since):
-            self.notifier.notify(RUNS_AVAILABLE)
         return done
 
     async def collect_forever(self) -> None:
@@ -361,9 +375,13 @@ class Coordinator:
             await asyncio.sleep(interval)
 
     async def reconcile_forever(self) -> None:
-        while True:
-            try:
-                await self.reconcile_once()
-            except Exception:  # a database hiccup must not stop reconciliation for good
-                log.exception("reconciliation failed; retrying")
-            await asyncio.sleep(self.settings.reconcile_interval_s)
+        try:
+            while True:
+                try:
+                    await self.reconcile_once()
+                except Exception:  # a database hiccup must not stop reconciliation for good
+                    log.exception("reconciliation failed; retrying")
+                await asyncio.sleep(self.settings.reconcile_interval_s)
+        finally:  # stopping: another coordinator takes the work over at its next pass
+            with contextlib.suppress(Exception):
+                await self._db(leases.release, self.store.db, RECONCILER, self.node)
