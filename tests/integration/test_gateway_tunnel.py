@@ -145,6 +145,9 @@ class Directory:
     async def wake(self, actor_id: str) -> Actor:
         return self.actor()
 
+    async def known(self, name: str, pool: str) -> bool:
+        return name == "echo"
+
     async def create(self, spec: NewActor) -> tuple[Actor, bool]:
         return self.actor(), False
 

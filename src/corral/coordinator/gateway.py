@@ -1,7 +1,7 @@
 """The gateway: HTTP requests to actors, woken if they sleep, through their runner's tunnel.
 
     /gateway/{actor_id}/{path}                      an actor by id
-    /gateway/{name}/{path}?key=K[&create=1]         by name and key (created if asked)
+    /gateway/{name}/{path}?key=K[&create=1[&pool=P]] by name and key (created if asked)
 
 Seed 002, as the gateway sees it:
 
@@ -38,10 +38,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from corral.actors.lifecycle import ActorState
-from corral.actors.model import Actor, NewActor, Placement
+from corral.actors.model import DEFAULT_POOL, Actor, NewActor, Placement
 from corral.coordinator.auth import Access, Principal, require
 from corral.coordinator.tunnel import Reply, TunnelHub, TunnelRequest
-from corral.errors import CorralError, NotFound, Unavailable
+from corral.errors import CorralError, InvalidRequest, NotFound, Unavailable
 from corral.protocol import messages as wire
 from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES
 from corral.runner.tunnel import ERROR_HEADER, HOP_BY_HOP
@@ -57,7 +57,7 @@ RETRY_BASE_S = 0.05
 _NOT_FORWARDED = (HOP_BY_HOP - {"transfer-encoding"}) | {"authorization"}
 # Never passed back: the coordinator's server writes its own.
 _NOT_RETURNED = HOP_BY_HOP | {"date", "server"}
-_GATEWAY_PARAMS = ("key", "create")
+_GATEWAY_PARAMS = ("key", "create", "pool")
 _BODY_QUEUE_CHUNKS = 4  # client body read ahead of the tunnel (then the client waits)
 WS_CLOSE_NORMAL = 1000
 WS_CLOSE_TOO_BIG = 1009
@@ -73,6 +73,8 @@ class ActorDirectory(Protocol):
     async def get(self, actor_id: str) -> Actor: ...
 
     async def wake(self, actor_id: str) -> Actor: ...
+
+    async def known(self, name: str, pool: str) -> bool: ...
 
     async def create(self, spec: NewActor) -> tuple[Actor, bool]: ...
 
@@ -397,7 +399,13 @@ class Forward(Response):
         forwarded = [(k, v) for k, v in query if k not in _GATEWAY_PARAMS]
         key = params["key"]
         if params.get("create") in ("1", "true"):
-            actor, _ = await self.actors.create(NewActor(name=self.target, key=key))
+            pool = params.get("pool", DEFAULT_POOL)
+            if not await self.actors.known(self.target, pool):
+                raise InvalidRequest(
+                    f"no runner of pool {pool!r} hosts actors named {self.target!r}",
+                    code="unknown_actor_name",
+                )
+            actor, _ = await self.actors.create(NewActor(name=self.target, key=key, pool=pool))
             return actor.id, forwarded
         found = await self.actors.list(name=self.target, key=key, limit=1)
         if not found:
