@@ -116,8 +116,8 @@ class Autoscaler:
                 continue
             slots = await coordinator._db(store.actors.wanted_slots, pool.name)
             self._scale(pool.name, pool.serverless, desired_runners(slots, pool.serverless))
-        for gone in set(self._pools) - {p.name for p in pools}:
-            self._scale(gone, None, 0)  # no longer serverless here: its streams end
+        for other in set(self._pools) - held:
+            self._scale(other, None, 0)  # no longer serverless, or scaled by another now
 
     def _scale(self, pool: str, config: Serverless | None, desired: int) -> None:
         state = self._pools.setdefault(pool, _PoolState())
