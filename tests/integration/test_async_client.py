@@ -62,6 +62,8 @@ async def test_runs_sessions_and_runners_come_back_typed(db_url: str) -> None:
         assert stats.runs["cancelled"] == 1 and stats.runs["pending"] == 1
         logs = await corral.logs(created.run_id)
         assert (logs.lines, logs.next_after) == ([], 0)
+        # to_json() is the coordinator's own JSON: times and statuses as it wrote them
+        assert cancelled.to_json() == (await api.client.get(f"/runs/{created.run_id}")).json()
 
 
 async def test_refusals_raise_the_api_error_with_its_code(db_url: str) -> None:

@@ -16,9 +16,10 @@ from datetime import datetime
 from typing import Any
 
 import click
-from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
+
+from corral.client.models import Model
 
 _STATUS_COLORS = {
     "completed": "green",
@@ -89,8 +90,8 @@ def print_json(data: Any) -> None:
 
 
 def plain(data: Any) -> Any:
-    if isinstance(data, BaseModel):
-        return data.model_dump(mode="json")
+    if isinstance(data, Model):
+        return data.to_json()
     if isinstance(data, list | tuple):
         return [plain(item) for item in data]
     if isinstance(data, dict):

@@ -7,6 +7,7 @@ client reads a newer coordinator. Times are timezone-aware ``datetime`` values i
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime
 from typing import Any, Literal
 
@@ -26,8 +27,22 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object the coordinator sent (times as ISO 8601 strings)."""
-        return self.model_dump(mode="json")
+        """The JSON object the coordinator sent: times as its ISO 8601 strings
+        (``…+00:00``, where pydantic would write ``Z``)."""
+        plain: dict[str, Any] = _as_sent(self.model_dump())
+        return plain
+
+
+def _as_sent(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {key: _as_sent(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_sent(item) for item in value]
+    return value
 
 
 class RunCreated(Model):
