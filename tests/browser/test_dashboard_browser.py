@@ -276,3 +276,30 @@ def test_the_actors_page_wakes_puts_to_sleep_and_destroys_an_actor(
     destroyed = cluster.client.call("GET", f"/actors/{actor['actor_id']}")
     assert destroyed["state"] == "destroyed"
     assert page.console_errors() == []
+
+
+def test_a_session_is_started_and_resumed_from_its_pages(cluster: Cluster, page: Page) -> None:
+    page.go("/sessions")
+    page.click("details.panel summary")
+    page.wait_for('select[name="agent_name"] option[value="claude"]')
+    page.find('input[name="session_name"]').send_keys("demo")
+    page.find('textarea[name="prompt"]').send_keys("hello [fake:cost=0.0375]")
+    page.find('form[aria-label="Start a session"] button[type="submit"]').click()
+    page.wait_attr(".run-status", "data-status", {"completed"})
+    page.click('dl.facts a[href^="#/sessions/"]')
+    page.wait_text("pre.result", "hello")
+    page.wait_text("dl.facts", "$0.0375")
+
+    page.find('form[aria-label="Resume this session"] textarea').send_keys(
+        "more [fake:cost=0.0125]"
+    )
+    page.find('form[aria-label="Resume this session"] button[type="submit"]').click()
+    page.wait_attr(".run-status", "data-status", {"completed"})
+    page.click('dl.facts a[href^="#/sessions/"]')
+    page.wait_text("dl.facts", "$0.0500")
+    page.wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-run-id]")) == 2, "2 runs")
+    page.wait_text("pre.result", "more")
+    page.shot("session")
+    (session,) = cluster.client.call("GET", "/sessions")["sessions"]
+    assert (session["session_name"], session["runs"]) == ("demo", 2)
+    assert page.console_errors() == []

@@ -99,7 +99,6 @@ function one(main, id) {
         if (created) window.location.hash = `#/runs/${created.run_id}`;
       },
     },
-    h("h2", {}, "Resume it"),
     field("Prompt", prompt),
     h("button", { type: "submit" }, "Resume"),
   );
@@ -131,6 +130,6 @@ function one(main, id) {
       ),
     );
   };
-  replace(main, h("h1", {}, "Session ", h("code", {}, id)), about, h("h2", {}, "Latest result"), result, resume, h("h2", {}, "Its runs"), rows);
+  replace(main, h("h1", {}, "Session ", h("code", {}, id)), about, h("h2", {}, "Latest result"), result, h("h2", {}, "Resume it"), resume, h("h2", {}, "Its runs"), rows);
   return watch(["session", "run"], refresh);
 }
