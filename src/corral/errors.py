@@ -139,6 +139,9 @@ def from_wire(status: int, body: Any) -> CorralError:
     ):
         if cls.code == code:
             return cls(message)
+    if status == 410:  # what was deleted, and up to where (events_expired: deleted_through)
+        details = error.get("details")
+        return Gone(message, code=code, **(details if isinstance(details, dict) else {}))
     if code == "runner_lost":  # a LeaseLost of its own code: the runner must register again
         return LeaseLost(message, code=code)
     if code.endswith("_not_found"):

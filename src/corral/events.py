@@ -145,9 +145,11 @@ def sse(event: Event) -> bytes:
     return f"id: {event.id}\nevent: {event.kind.value}\ndata: {body}\n\n".encode()
 
 
-def sse_message(name: str, body: Mapping[str, Any]) -> bytes:
-    """A server-sent event of the stream itself (no ``id:``: a resume does not count it)."""
-    return f"event: {name}\ndata: {json.dumps(dict(body), separators=(',', ':'))}\n\n".encode()
+def sse_message(name: str, body: Mapping[str, Any], *, event_id: int) -> bytes:
+    """A message of the stream itself (``ready``, ``dropped``); its ``id:`` is the position
+    of the stream (the last event sent), so a client resuming from it misses nothing."""
+    data = json.dumps(dict(body), separators=(",", ":"))
+    return f"id: {event_id}\nevent: {name}\ndata: {data}\n\n".encode()
 
 
 KEEPALIVE = b": keepalive\n\n"  # a comment line: clients ignore it, proxies see traffic

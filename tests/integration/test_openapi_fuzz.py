@@ -52,7 +52,13 @@ def test_the_api_keeps_its_openapi_promises(db_url: str) -> None:
         schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=auth_headers())
         cases = 0
         failures: list[str] = []
-        operations = [result.ok() for result in schema.get_all_operations()]
+        # GET /events streams until the client hangs up: a generated call would never end
+        # (its refusals are tested in test_events_stream.py).
+        operations = [
+            operation
+            for operation in (result.ok() for result in schema.get_all_operations())
+            if operation.path != "/events"
+        ]
         for operation in operations:
             modes = [GenerationMode.POSITIVE]
             if can_be_invalid(operation.definition.raw):

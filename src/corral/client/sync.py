@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
+from httpx_sse import connect_sse
 
 from corral.client import calls
 from corral.client.calls import DEFAULT_URL, Call
@@ -177,6 +178,28 @@ class Client:
             run = self.get_run(run_id)  # the stream was cut short: it may have ended
             if run.finished:
                 return run
+
+    def events(self, after: int | None = None, **filters: str | None) -> Iterator[dict[str, Any]]:
+        """``GET /events`` (see ``corral.events``): each message as ``{"event": name, "id":
+        …, "data": {…}}`` — ``ready`` first, the stored events, ``caught_up``, then events
+        as they commit (``event`` is their kind), perhaps ``dropped`` last. ``filters``:
+        ``kind``, ``run_id``, ``session``, ``plan``, ``runner``. Ends when the coordinator
+        closes the stream; raises ``Unavailable`` when it goes away."""
+        params = {k: v for k, v in filters.items() if v is not None}
+        if after is not None:
+            params["after"] = str(after)
+        try:
+            with connect_sse(self._http, "GET", "/events", params=params, timeout=None) as source:
+                if source.response.status_code >= 400:
+                    source.response.read()
+                    calls.decode(source.response)
+                for message in source.iter_sse():
+                    if not message.data:  # a keepalive comment
+                        continue
+                    event_id = int(message.id) if message.id else None
+                    yield {"event": message.event, "id": event_id, "data": message.json()}
+        except httpx.TransportError as exc:
+            raise Unavailable(f"lost the coordinator at {self.url}: {exc}") from exc
 
     # ---- sessions, runners, agents -------------------------------------------------------------
 

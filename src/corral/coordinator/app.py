@@ -24,6 +24,7 @@ from corral.coordinator import (
     api_actors,
     api_clients,
     api_dashboard,
+    api_events,
     api_metrics,
     api_pools,
     api_runners,
@@ -86,6 +87,7 @@ def create_app(
         try:
             yield
         finally:
+            await coordinator.events.close()
             for job in jobs:
                 job.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -117,6 +119,7 @@ def create_app(
     app.include_router(api_metrics.router, responses=errors)
     app.include_router(api_dashboard.router, responses=errors)
     dashboard_site.mount(app)
+    app.include_router(api_events.router, responses=errors)
     app.add_exception_handler(CorralError, _corral_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     # A wire model built inside a route from what the request said (a seed runner's

@@ -33,6 +33,7 @@ _ERROR_MEANINGS = {
     400: "malformed JSON (malformed_json)",
     404: "an unknown id or route (<kind>_not_found, route_not_found)",
     409: "a state that refuses the request (conflict, illegal_transition, lease_lost, …)",
+    410: "what was asked for was deleted by retention (events_expired)",
     413: "a body or prompt over its limit (payload_too_large)",
     422: "a request that is not valid (invalid_request, unknown_agent, invalid_branch, …)",
     503: "the database is unavailable (unavailable)",

@@ -24,6 +24,7 @@ from corral.coordinator.auth import Authenticator, Principal
 from corral.coordinator.autoscaler import Autoscaler
 from corral.coordinator.claims import ClaimBoard
 from corral.coordinator.connections import Connections
+from corral.coordinator.event_hub import EVENTS, EventHub
 from corral.coordinator.link_core import Outcome, apply_reports, wakeups
 from corral.coordinator.metrics import Metrics
 from corral.coordinator.notifier import (
@@ -47,6 +48,7 @@ from corral.protocol.messages import CLOSE_POLICY_VIOLATION
 from corral.runners import Runner, RunnerState
 from corral.runs import AgentSpec, Run
 from corral.store import Held, LogEntry, Reconciled, RunnerSync, Store, leases
+from corral.store.events import EventStore
 from corral.store.leases import RECONCILER
 from corral.store.retention import Collected
 
@@ -71,6 +73,13 @@ class Coordinator:
         self.profiles = profiles
         self.notifier = Notifier()
         self.metrics = Metrics()
+        self.events = EventHub(
+            EventStore(store.db),
+            self.notifier,
+            self.metrics,
+            poll_interval_s=settings.events_poll_interval_s,
+            capacity=settings.event_queue_size,
+        )
         self.claims = ClaimBoard(lambda limit: self._db(store.claimable, clock.now(), limit))
         self.connections = Connections()
         self.actors = Actors(store, self.notifier, clock)
@@ -83,7 +92,10 @@ class Coordinator:
         self.node = secrets.token_hex(8)  # its name as a lease holder (store/leases.py)
 
     async def _db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
-        return await anyio.to_thread.run_sync(partial(self._timed, fn, *args, **kwargs))
+        try:
+            return await anyio.to_thread.run_sync(partial(self._timed, fn, *args, **kwargs))
+        finally:
+            self.notifier.notify(EVENTS)  # it may have written events: streams look
 
     def _timed(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         started = time.perf_counter()

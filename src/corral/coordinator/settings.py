@@ -39,6 +39,10 @@ class CoordinatorSettings:
     # Host names requests may name, beyond loopback and the bound address ("*": any).
     allowed_hosts: tuple[str, ...] = ()
     token_cache_s: float = 2.0  # a revoke reaches other coordinator processes this late
+    # GET /events: what other processes write is seen this late (this one's: at once);
+    # a stream further behind than event_queue_size events is dropped (it may resume).
+    events_poll_interval_s: float = 1.0
+    event_queue_size: int = 10_000
     # Serverless pools: how often the autoscaler looks, and the URL their endpoints' runners
     # connect to (None: http://host:port).
     autoscale_interval_s: float = 0.5

@@ -105,6 +105,17 @@ class EventStore:
             )
         return after
 
+    def session_known(self, key: str) -> bool:
+        """A session with this id or name exists, or a run names it (a new session)."""
+        with self.db.transaction(write=False) as tx:
+            return (
+                tx.one("SELECT 1 AS x FROM sessions WHERE id = ? OR name = ? LIMIT 1", (key, key))
+                or tx.one(
+                    "SELECT 1 AS x FROM runs WHERE session_id = ? OR session_name = ? LIMIT 1",
+                    (key, key),
+                )
+            ) is not None
+
     def collect(self, cutoff: float, batch: int) -> int:
         """Retention: delete events older than ``cutoff`` (``at``), oldest first, in batches;
         remember the highest id deleted, so that a resume from before it is refused."""

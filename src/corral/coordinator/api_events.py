@@ -1,0 +1,134 @@
+"""``GET /events``: the event log as server-sent events (see ``corral.events`` for what an
+event holds, ``event_hub`` for how streams are fed).
+
+The stream opens with ``ready`` (``id:`` the position it starts after), sends the stored
+events after it, then ``caught_up`` (``id:`` the newest event when the stream opened: what
+came before is all sent), then each event as it commits; every event as
+``id:``/``event:``/``data:``, and a ``: keepalive`` comment when quiet. ``ready``,
+``caught_up`` and ``dropped`` carry ``{"last_event_id": …}``, their ``id:``. A client
+resumes after the last id it saw with ``Last-Event-ID`` (what a browser's EventSource
+sends by itself) or ``?after=``: it gets every event after it, once, even across a
+restart of the coordinator. Without either, the stream starts at the newest event.
+
+Refused before streaming: an unknown kind (422 ``invalid_request``), a ``run_id``,
+``session``, ``plan`` or ``runner`` that does not exist (404), a resume id no event had
+(422 ``unknown_event_id``) or one whose successors retention deleted (410
+``events_expired``). A stream that falls more than ``event_queue_size`` events behind
+gets ``dropped`` (``{"reason": "slow_consumer", "last_event_id": …}``) and ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from corral.coordinator.auth import Access, require
+from corral.coordinator.event_hub import EventHub, Subscription
+from corral.coordinator.schemas import error_responses
+from corral.coordinator.service import Coordinator
+from corral.errors import InvalidRequest, NotFound
+from corral.events import KEEPALIVE, EventFilter, sse, sse_message
+from corral.wire import Int64
+
+router = APIRouter()
+KEEPALIVE_S = 15.0
+MEDIA_TYPE = "text/event-stream"
+
+
+@router.get(
+    "/events",
+    tags=["events"],
+    dependencies=[require(Access.READ)],
+    response_class=StreamingResponse,
+    responses={
+        200: {"description": "server-sent events", "content": {MEDIA_TYPE: {}}},
+        **error_responses(410),
+    },
+)
+async def events(
+    request: Request,
+    kind: Annotated[str | None, Query(description="comma-separated kinds")] = None,
+    run_id: str | None = None,
+    session: Annotated[str | None, Query(description="a session's id or name")] = None,
+    plan: Annotated[str | None, Query(description="a task plan's project id")] = None,
+    runner: Annotated[str | None, Query(description="a runner id")] = None,
+    after: Annotated[Int64 | None, Query(ge=0, description="resume after this id")] = None,
+    last_event_id: Annotated[str | None, Header(description="resume after this id")] = None,
+) -> StreamingResponse:
+    """The store's changes and log lines as they commit (server-sent events)."""
+    coordinator: Coordinator = request.app.state.coordinator
+    where = EventFilter.parse(kind, run_id, session, plan, runner)
+    await _check_named(coordinator, where)
+    resume = _resume_id(last_event_id, after)
+    hub = coordinator.events
+    if resume is not None:
+        await hub._db(hub.events.check_resume, resume)
+    subscription = await hub.subscribe(where)
+    start = subscription.live_from if resume is None else resume
+    return StreamingResponse(
+        _stream(hub, subscription, start),
+        media_type=MEDIA_TYPE,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _stream(hub: EventHub, subscription: Subscription, after: int) -> AsyncIterator[bytes]:
+    last = after
+    try:
+        yield sse_message("ready", {"last_event_id": last}, event_id=last)
+        async for event in hub.catch_up(subscription.where, after, subscription.live_from):
+            yield sse(event)
+            last = event.id
+        # Every stored event the filter wants is sent: the position is the pump's.
+        last = max(last, subscription.live_from)
+        yield sse_message("caught_up", {"last_event_id": last}, event_id=last)
+        while True:
+            for event in subscription.take():
+                if event.id > last:
+                    yield sse(event)
+                    last = event.id
+            if subscription.dropped:
+                yield sse_message(
+                    "dropped",
+                    {
+                        "reason": "slow_consumer",
+                        "last_event_id": last,
+                        "message": f"this stream fell more than {subscription.capacity} events "
+                        "behind; resume after last_event_id",
+                    },
+                    event_id=last,
+                )
+                return
+            try:
+                await asyncio.wait_for(subscription.ready.wait(), KEEPALIVE_S)
+            except TimeoutError:
+                yield KEEPALIVE
+    finally:
+        hub.unsubscribe(subscription)
+
+
+def _resume_id(header: str | None, after: int | None) -> int | None:
+    if header is None or not header.strip():
+        return after
+    if not header.strip().isdigit():
+        raise InvalidRequest(f"Last-Event-ID {header[:40]!r} is not an event id")
+    return int(header.strip())
+
+
+async def _check_named(coordinator: Coordinator, where: EventFilter) -> None:
+    """A filter naming what does not exist would match nothing, forever: refuse it (404)."""
+    store = coordinator.store
+    if where.run_id is not None:
+        await coordinator._db(store.get_run, where.run_id)
+    if where.runner is not None:
+        await coordinator._db(store.get_runner, where.runner)
+    if where.plan is not None:
+        await coordinator._db(store.tasks.get_project, where.plan)
+    if where.session is not None and not await coordinator._db(
+        coordinator.events.events.session_known, where.session
+    ):
+        raise NotFound.of("session", where.session)

@@ -1,0 +1,216 @@
+"""``GET /events`` served by a real uvicorn (responses must really stream), on SQLite and
+PostgreSQL: a run's life arrives live and in order; a reconnect and a coordinator restart
+resume without a gap or a duplicate; a slow stream is dropped with a clear message and
+resumes; bad resumes and filters naming nothing are refused and change nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from api_fixtures import HEADERS, Api, live_server, with_token
+from httpx_sse import ServerSentEvent, aconnect_sse
+
+from corral.coordinator.app import create_app
+from corral.coordinator.settings import CoordinatorSettings
+
+pytestmark = pytest.mark.anyio
+STEP_S = 10.0  # the bound on any one expected message (correctness, not speed)
+
+
+@contextlib.asynccontextmanager
+async def served(settings: CoordinatorSettings) -> AsyncIterator[Api]:
+    app = create_app(with_token(settings), reconcile=False)
+    with live_server(app) as url:
+        async with httpx.AsyncClient(base_url=url, headers=HEADERS, timeout=STEP_S) as client:
+            yield Api(app, client)
+
+
+class Stream:
+    """One open ``GET /events``: its messages one at a time, each within ``STEP_S``."""
+
+    def __init__(self, messages: AsyncIterator[ServerSentEvent]) -> None:
+        self._messages = messages
+        self.last_id = 0
+
+    async def next(self) -> ServerSentEvent:
+        with anyio.fail_after(STEP_S):
+            message = await anext(self._messages)
+        if message.id:
+            self.last_id = int(message.id)
+        return message
+
+    async def events(self, count: int) -> list[dict[str, Any]]:
+        found = []
+        while len(found) < count:
+            message = await self.next()
+            assert message.event not in ("dropped",), message.data
+            if message.event not in ("ready", "caught_up"):
+                found.append(json.loads(message.data))
+        return found
+
+
+@contextlib.asynccontextmanager
+async def stream(api: Api, **params: Any) -> AsyncIterator[Stream]:
+    headers = {}
+    if "last_event_id" in params:
+        headers["Last-Event-ID"] = str(params.pop("last_event_id"))
+    async with aconnect_sse(api.client, "GET", "/events", params=params, headers=headers) as source:
+        assert source.response.status_code == 200, await source.response.aread()
+        opened = Stream(source.aiter_sse())
+        ready = await opened.next()
+        assert ready.event == "ready"
+        yield opened
+
+
+async def a_run_to_the_end(api: Api, runner_id: str, *lines: str) -> str:
+    run_id = await api.create_command()
+    run = await api.claim_one(runner_id)
+    assert run["run_id"] == run_id
+    await api.started(run_id, runner_id)
+    if lines:
+        await api.log(run_id, runner_id, 1, *lines)
+    assert (await api.complete(run_id, runner_id, exit_code=0)).status_code == 200
+    return run_id
+
+
+async def test_a_runs_life_arrives_live_and_in_order(db_url: str) -> None:
+    async with served(CoordinatorSettings(db_url=db_url)) as api:
+        runner_id = await api.register()
+        async with stream(api, kind="run,log") as events:
+            run_id = await a_run_to_the_end(api, runner_id, "hello", "world")
+            got = await events.events(6)
+        assert [(e["kind"], e["data"].get("status", e["data"].get("text"))) for e in got] == [
+            ("run", "pending"),
+            ("run", "claimed"),
+            ("run", "running"),
+            ("log", "hello"),
+            ("log", "world"),
+            ("run", "completed"),
+        ]
+        assert {e["run_id"] for e in got} == {run_id}
+        assert [e["id"] for e in got] == sorted(e["id"] for e in got)
+        assert got[1]["runner_id"] == runner_id
+
+
+async def test_a_reconnect_resumes_without_a_gap_or_a_duplicate(db_url: str) -> None:
+    async with served(CoordinatorSettings(db_url=db_url)) as api:
+        runner_id = await api.register()
+        async with stream(api, kind="run") as events:
+            await a_run_to_the_end(api, runner_id)
+            first = await events.events(2)  # pending, claimed: the rest is not read
+        resume_at = first[-1]["id"]
+        await a_run_to_the_end(api, runner_id)  # while nobody listens
+        for how in ({"last_event_id": resume_at}, {"after": resume_at}):
+            async with stream(api, kind="run", **how) as resumed:
+                rest = await resumed.events(6)
+                assert [e["data"]["status"] for e in rest] == [
+                    "running",
+                    "completed",
+                    "pending",
+                    "claimed",
+                    "running",
+                    "completed",
+                ]
+                assert rest[0]["id"] > resume_at
+                assert len({e["id"] for e in first + rest}) == 8
+
+
+async def test_a_restarted_coordinator_resumes_where_the_stream_was(db_url: str) -> None:
+    settings = CoordinatorSettings(db_url=db_url)
+    async with served(settings) as api:
+        runner_id = await api.register()
+        async with stream(api, kind="run") as events:
+            await a_run_to_the_end(api, runner_id)
+            seen = await events.events(4)
+    async with served(settings) as again:  # a new coordinator process on the same database
+        await a_run_to_the_end(again, runner_id)
+        async with stream(again, kind="run", last_event_id=seen[-1]["id"]) as resumed:
+            rest = await resumed.events(4)
+    assert [e["data"]["status"] for e in seen + rest] == [
+        "pending",
+        "claimed",
+        "running",
+        "completed",
+    ] * 2
+    assert rest[0]["id"] > seen[-1]["id"]
+
+
+async def test_a_slow_stream_is_dropped_with_its_position_and_resumes(db_url: str) -> None:
+    async with served(CoordinatorSettings(db_url=db_url, event_queue_size=5)) as api:
+        runner_id = await api.register()
+        run_id = await api.create_command()
+        await api.claim_one(runner_id)
+        await api.started(run_id, runner_id)
+        lines = [f"line {i}" for i in range(20)]
+        async with stream(api, kind="log") as events:
+            assert (await events.next()).event == "caught_up"
+            await api.log(run_id, runner_id, 1, *lines)  # one batch of 20: over 5 behind
+            dropped = await events.next()
+        assert dropped.event == "dropped"
+        body = json.loads(dropped.data)
+        assert body["reason"] == "slow_consumer" and "resume" in body["message"]
+        async with stream(api, kind="log", after=body["last_event_id"]) as resumed:
+            assert [e["data"]["text"] for e in await resumed.events(20)] == lines
+        metrics = (await api.client.get("/metrics")).text
+        assert "corral_event_subscribers 0.0" in metrics
+
+
+async def test_an_open_stream_is_a_subscriber_in_the_metrics(db_url: str) -> None:
+    async with served(CoordinatorSettings(db_url=db_url)) as api, stream(api):
+        metrics = (await api.client.get("/metrics")).text
+        assert "corral_event_subscribers 1.0" in metrics
+
+
+@pytest.mark.parametrize(
+    ("params", "status", "code"),
+    [
+        ({"kind": "run,bogus"}, 422, "invalid_request"),
+        ({"run_id": "run_000000000000"}, 404, "run_not_found"),
+        ({"runner": "rnr_000000000000"}, 404, "runner_not_found"),
+        ({"plan": "prj_000000000000"}, 404, "project_not_found"),
+        ({"session": "nobody"}, 404, "session_not_found"),
+        ({"after": 10_000}, 422, "unknown_event_id"),
+        ({"after": -1}, 422, "invalid_request"),
+        ({"last_event_id": "12abc"}, 422, "invalid_request"),
+        ({"last_event_id": "999999"}, 422, "unknown_event_id"),
+    ],
+)
+async def test_bad_filters_and_resumes_are_refused_and_change_nothing(
+    db_url: str, params: dict[str, Any], status: int, code: str
+) -> None:
+    async with served(CoordinatorSettings(db_url=db_url)) as api:
+        runner_id = await api.register()
+        await a_run_to_the_end(api, runner_id)
+        before = api.snapshot()
+        query = dict(params)  # the parameter's dict is shared by both backends' runs
+        headers = {}
+        if "last_event_id" in query:
+            headers["Last-Event-ID"] = query.pop("last_event_id")
+        response = await api.client.get("/events", params=query, headers=headers)
+        assert response.status_code == status, response.text
+        assert response.json()["error"]["code"] == code
+        assert api.snapshot() == before
+
+
+async def test_a_resume_from_events_retention_deleted_is_gone(db_url: str) -> None:
+    settings = CoordinatorSettings(db_url=db_url)
+    async with served(settings) as api:
+        runner_id = await api.register()
+        await a_run_to_the_end(api, runner_id)
+        hub = api.coordinator.events
+        hub.events.number()
+        newest = hub.events.latest()
+        assert hub.events.collect(cutoff=float("inf"), batch=100) > 0
+        response = await api.client.get("/events", params={"after": 1})
+        assert response.status_code == 410, response.text
+        assert response.json()["error"]["code"] == "events_expired"
+        # From the newest deleted on, the stream goes on.
+        async with stream(api, after=newest) as events:
+            await a_run_to_the_end(api, runner_id)
+            assert (await events.events(1))[0]["id"] > newest
