@@ -47,6 +47,8 @@ class EventReader:
             try:
                 for message in self.client.events(self.after, **self.filters):
                     self.connected, delay = True, 0.2
+                    if message["event"] == "keepalive":
+                        continue
                     self.after = message["id"]
                     if message["event"] == "caught_up" and not self.follow:
                         return

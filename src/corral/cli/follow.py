@@ -25,7 +25,7 @@ from corral.runs import TERMINAL
 EXIT_TIMED_OUT = 124
 EXIT_CANCELLED = 125
 EXIT_INTERRUPTED = 130
-PENDING_POLL_S = 1.0
+PENDING_POLL_S = 1.0  # a coordinator without GET /events is asked again this often
 REPEAT_WAITING_S = 30.0  # a long wait says again why, so the last line never goes stale
 RECONNECT_MAX_S = 5.0
 TAIL_LINES = 5
@@ -151,10 +151,10 @@ class Follower:
                 self.status = run.status
                 if run.status == "pending":
                     self._waiting(run)
-                    time.sleep(PENDING_POLL_S)
+                    self._until_changed(run.status)
                     continue
                 if not self.stream and run.status not in TERMINAL:
-                    time.sleep(PENDING_POLL_S)
+                    self._until_changed(run.status)
                     continue
                 ended = self._stream() if self.stream else run
             except Unavailable as exc:
@@ -175,6 +175,26 @@ class Follower:
             self.tail.append(item.text)
             self.show(item)
         return None  # the coordinator closed the stream (shutting down): follow again
+
+    def _until_changed(self, status: str) -> None:
+        """Until the run's status is not ``status``, told by the event stream (no polling);
+        back at least every ``REPEAT_WAITING_S`` (the stream's keepalives come every 15 s),
+        so a long wait says again why. A coordinator without the stream: a second's sleep."""
+        until = time.monotonic() + REPEAT_WAITING_S
+        try:
+            for message in self.client.events(run_id=self.run_id, kind="run"):
+                if message["event"] == "caught_up":
+                    # What changed between our look and the stream's start is not in it.
+                    if self.client.get_run(self.run_id).status != status:
+                        return
+                elif message["event"] == "run" and message["data"]["data"]["status"] != status:
+                    return
+                if time.monotonic() > until:
+                    return
+        except NotFound as exc:
+            if exc.code != "route_not_found":
+                raise
+            time.sleep(PENDING_POLL_S)
 
     def _waiting(self, run: Run) -> None:
         reason = waiting_reason(run, self.client.list_runners(), self._holder(run))

@@ -182,7 +182,8 @@ class Client:
     def events(self, after: int | None = None, **filters: str | None) -> Iterator[dict[str, Any]]:
         """``GET /events`` (see ``corral.events``): each message as ``{"event": name, "id":
         …, "data": {…}}`` — ``ready`` first, the stored events, ``caught_up``, then events
-        as they commit (``event`` is their kind), perhaps ``dropped`` last. ``filters``:
+        as they commit (``event`` is their kind), perhaps ``dropped`` last; ``keepalive``
+        (``data`` None) when the stream is quiet, every 15 s. ``filters``:
         ``kind``, ``run_id``, ``session``, ``plan``, ``runner``. Ends when the coordinator
         closes the stream; raises ``Unavailable`` when it goes away."""
         params = {k: v for k, v in filters.items() if v is not None}
@@ -194,7 +195,8 @@ class Client:
                     source.response.read()
                     calls.decode(source.response)
                 for message in source.iter_sse():
-                    if not message.data:  # a keepalive comment
+                    if not message.data:  # a comment: the stream's keepalive
+                        yield {"event": "keepalive", "id": None, "data": None}
                         continue
                     event_id = int(message.id) if message.id else None
                     yield {"event": message.event, "id": event_id, "data": message.json()}
