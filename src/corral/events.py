@@ -35,6 +35,7 @@ line's carry its run's.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -63,6 +64,12 @@ class Event:
     plan_id: str | None
     runner_id: str | None
     data: Mapping[str, Any]
+
+    @functools.cached_property
+    def encoded(self) -> bytes:
+        """As ``sse`` sends it: encoded once, however many streams send it."""
+        body = json.dumps(self.to_json(), separators=(",", ":"))
+        return f"id: {self.id}\nevent: {self.kind.value}\ndata: {body}\n\n".encode()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -141,8 +148,7 @@ class EventFilter:
 
 def sse(event: Event) -> bytes:
     """One server-sent event: ``id:``, ``event:`` (the kind), ``data:`` (the JSON)."""
-    body = json.dumps(event.to_json(), separators=(",", ":"))
-    return f"id: {event.id}\nevent: {event.kind.value}\ndata: {body}\n\n".encode()
+    return event.encoded
 
 
 def sse_message(name: str, body: Mapping[str, Any], *, event_id: int) -> bytes:

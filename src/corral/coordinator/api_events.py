@@ -87,10 +87,11 @@ async def _stream(hub: EventHub, subscription: Subscription, after: int) -> Asyn
         last = max(last, subscription.live_from)
         yield sse_message("caught_up", {"last_event_id": last}, event_id=last)
         while True:
-            for event in subscription.take():
-                if event.id > last:
-                    yield sse(event)
-                    last = event.id
+            # What came since the last look goes out as one write, not one per event.
+            fresh = [event for event in subscription.take() if event.id > last]
+            if fresh:
+                yield b"".join(sse(event) for event in fresh)
+                last = fresh[-1].id
             if subscription.dropped:
                 yield sse_message(
                     "dropped",

@@ -92,7 +92,8 @@ class EventHub:
     async def subscribe(self, where: EventFilter) -> Subscription:
         async with self._starting:
             if self._cursor is None:
-                await self._db(self.events.number)
+                if self.events.numbered_later:
+                    await self._db(self.events.number)
                 self._cursor = await self._db(self.events.latest)
             subscription = Subscription(where, self._cursor, self.capacity)
             self.subscriptions.add(subscription)
@@ -126,7 +127,8 @@ class EventHub:
                     return
             woken = self.notifier.event(EVENTS)
             try:
-                await self._db(self.events.number)
+                if self.events.numbered_later:
+                    await self._db(self.events.number)
                 batch = await self._db(self.events.read, self._cursor or 0, EventFilter(), PAGE)
             except Exception:  # a database hiccup: try again at the next wake-up
                 log.exception("reading events failed; retrying")

@@ -39,6 +39,11 @@ class EventStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
+    @property
+    def numbered_later(self) -> bool:
+        """Whether ``number`` has work to do here (PostgreSQL) or none (SQLite)."""
+        return self.db.dialect != "sqlite"
+
     def number(self) -> int:
         """PostgreSQL: give ids to the events committed without one (see the module's
         docstring); how many. SQLite: nothing to do (ids are given on insert)."""
