@@ -123,7 +123,9 @@ class EventStore:
 
     def collect(self, cutoff: float, batch: int) -> int:
         """Retention: delete events older than ``cutoff`` (``at``), oldest first, in batches;
-        remember the highest id deleted, so that a resume from before it is refused."""
+        remember the highest id deleted, so that a resume from before it is refused. (On
+        PostgreSQL events nobody read yet have no id: they are numbered first.)"""
+        self.number()
         deleted = 0
         while True:
             with self.db.transaction() as tx:
