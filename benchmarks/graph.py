@@ -92,8 +92,8 @@ def main() -> None:
         if done.returncode != 0:
             sys.exit(f"tasks run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         store = Store.open(str(repo / ".corral" / "corral.db"))
-        project = store.tasks.list_projects()[0]
-        tasks = {t.key: t for t in store.tasks.list_tasks(project.id)}
+        project = store.projects.list()[0]
+        tasks = {t.key: t for t in store.tasks.list(project.id)}
         store.close()
 
     overhead, wake, agent, gitwork = [], [], [], []

@@ -24,3 +24,15 @@ def new_runner_id() -> RunnerId:
 
 def new_actor_id() -> ActorId:
     return ActorId(_new("act"))
+
+
+def new_project_id() -> str:
+    return _new("prj")
+
+
+def new_task_id() -> str:
+    return _new("tsk")
+
+
+def new_token_id() -> str:
+    return _new("tok")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from corral.ids import RunnerId
+from corral.ids import RunId, RunnerId
 
 
 class RunnerState(enum.StrEnum):
@@ -35,6 +35,22 @@ class Runner:
     registered_at: float
     last_heartbeat_at: float
     slots_used: int = 0
+
+
+@dataclass(frozen=True)
+class Held:
+    """A run a runner says it is working on."""
+
+    run_id: RunId
+    attempt: int
+
+
+@dataclass(frozen=True)
+class RunnerSync:
+    """What a runner must do after telling the store what it holds."""
+
+    cancel: list[RunId] = field(default_factory=list)  # still yours, but cancel it
+    abandon: list[RunId] = field(default_factory=list)  # no longer yours: stop it, report nothing
 
 
 # What a runner may say about itself, the same through ``POST /runner/register`` and a

@@ -194,7 +194,7 @@ class RunReport:
     retry_after_s: float | None = None  # set with status PENDING: give the attempt back
     # A task run says how its attempt ended for the task: merged, no_changes,
     # merge_conflict … with the commit and merge shas (made in runner/task_attempt.py, read by
-    # settle_task_run in store/tasks.py).
+    # settle_task_run in store/task_runs.py).
     task: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:

@@ -45,7 +45,3 @@ def new_secret() -> str:
 def digest(secret: str) -> str:
     """What is stored and looked up: a token's SHA-256 (enough for 256 random bits)."""
     return hashlib.sha256(secret.encode()).hexdigest()
-
-
-def new_token_id() -> str:
-    return f"tok_{secrets.token_hex(6)}"

@@ -250,10 +250,10 @@ class TaskRepo:
             store.close()
 
     def db_tasks(self, store: Store) -> dict[str, Task]:
-        projects = store.tasks.list_projects()
+        projects = store.projects.list()
         if not projects:
             return {}
-        return {t.key: t for t in store.tasks.list_tasks(projects[0].id)}
+        return {t.key: t for t in store.tasks.list(projects[0].id)}
 
     def db_steps(self) -> dict[str, dict[str, Any]]:
         """Each task's status and the steps its attempt recorded, straight from the database."""

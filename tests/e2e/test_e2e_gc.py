@@ -31,33 +31,33 @@ def gc(store_url: str, *flags: str) -> subprocess.CompletedProcess[str]:
 
 
 def held_run(store: Store, runner: RunnerId, now: float) -> Run:
-    store.create_run(NewRun(type=RunType.COMMAND, command=("echo",)), now)
-    (run,) = store.claim_runs(runner, 1, now)
-    store.mark_started(run.id, runner, 1, now)
+    store.runs.create(NewRun(type=RunType.COMMAND, command=("echo",)), now)
+    (run,) = store.runs.claim(runner, 1, now)
+    store.runs.mark_started(run.id, runner, 1, now)
     return run
 
 
 def test_corral_gc_deletes_what_retention_lets_go(store: Store, store_url: str) -> None:
     long_ago = time.time() - 40 * DAY
-    runner, _ = store.register_runner(
+    runner, _ = store.runners.register(
         name="r", hostname="r", labels=(), slots=4, version="0", transport="poll", now=long_ago
     )
     old = held_run(store, runner.id, long_ago)
-    store.finish_run(old.id, runner.id, 1, RunReport(status=RunStatus.COMPLETED), long_ago)
+    store.runs.finish(old.id, runner.id, 1, RunReport(status=RunStatus.COMPLETED), long_ago)
     live = held_run(store, runner.id, long_ago)
 
     kept = gc(store_url, "--retain-runs", "forever")
     assert kept.returncode == 0, kept.stderr
     assert "deleted 0 runs" in kept.stdout
-    assert store.get_run(old.id).status is RunStatus.COMPLETED
+    assert store.runs.get(old.id).status is RunStatus.COMPLETED
 
     done = gc(store_url, "--retain-runs", "30d")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("deleted 1 runs"), done.stdout
     with pytest.raises(NotFound):
-        store.get_run(old.id)
-    assert store.get_run(live.id).status is RunStatus.RUNNING
-    assert store.get_runner(runner.id).id == runner.id
+        store.runs.get(old.id)
+    assert store.runs.get(live.id).status is RunStatus.RUNNING
+    assert store.runners.get(runner.id).id == runner.id
 
     bad = gc(store_url, "--retain-runs", "soon")
     assert bad.returncode == 2

@@ -140,7 +140,7 @@ def test_without_claude_the_run_stops_at_once_and_names_the_flag(tr: TaskRepo) -
         "c": ("blocked", 0),
     }
     with tr.store() as store:
-        assert len([r for r in store.list_runs(limit=100) if r.task_id]) == 1
+        assert len([r for r in store.runs.list(limit=100) if r.task_id]) == 1
 
     again = tr.corral("run", "--workers", "1", timeout=RUN_TIMEOUT_S)  # with the fake Claude
     assert again.code == 0, str(again)

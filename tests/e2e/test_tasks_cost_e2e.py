@@ -41,9 +41,9 @@ def test_a_cost_counts_for_the_budget_when_git_fails_after_the_agent(tr: TaskRep
     assert tasks["later"]["status"] == "ready" and tasks["later"]["attempts"] == 0
     assert not tr.started("Later.")
     with tr.store() as store:
-        run = store.get_run(tasks["spender"]["run_id"])
+        run = store.runs.get(tasks["spender"]["run_id"])
         assert run.cost_usd == pytest.approx(0.5)
-        assert run.session_id and store.get_session(run.session_id).cost_usd == pytest.approx(0.5)
+        assert run.session_id and store.sessions.get(run.session_id).cost_usd == pytest.approx(0.5)
 
 
 def test_a_journaled_agents_cost_counts_when_the_rerun_fails_in_git(tr: TaskRepo) -> None:

@@ -1,4 +1,4 @@
-"""Actors' key-value state (``corral.store.kv.apply_op``) on SQLite and PostgreSQL alike:
+"""Actors' key-value state (``Store.kv``, ``corral.store.kv``) on SQLite and PostgreSQL alike:
 each operation, byte-order listing with paging, isolation between actors, and refusals
 that write nothing."""
 
@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 from corral.store import Store
-from corral.store.kv import MAX_KEYS, apply_op
+from corral.store.kv import MAX_KEYS
 
 NOW = 1_700_000_000.0
 VALUE_LIMIT = 128 * 1024  # DESIGN: values ≤ 128 KiB, encoded
 
 
 def kv(store: Store, op: dict[str, Any], actor: str = "act_1") -> dict[str, Any]:
-    return apply_op(store.db, actor, op, NOW)
+    return store.kv.apply(actor, op, NOW)
 
 
 def test_put_get_delete(store: Store) -> None:

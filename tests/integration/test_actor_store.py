@@ -12,7 +12,6 @@ from corral.actors.lifecycle import ActorState, CrashPolicy
 from corral.actors.model import NewActor
 from corral.runners import RunnerState
 from corral.store import Store
-from corral.store.kv import apply_op
 
 T0 = 1000.0
 
@@ -20,7 +19,7 @@ T0 = 1000.0
 def runner(
     store: Store, *, version: str = "1.0", slots: int = 2, names: tuple[str, ...] = ("echo",)
 ) -> str:
-    row, _ = store.register_runner(
+    row, _ = store.runners.register(
         name="r", hostname="h", labels=[], slots=4, version=version, transport="websocket",
         now=T0, revive=False,
     )  # fmt: skip
@@ -29,7 +28,7 @@ def runner(
 
 
 def commands(store: Store, runner_id: str) -> list[dict[str, Any]]:
-    return [c.body for c in store.link.unacknowledged(runner_id, 0)]
+    return [c.body for c in store.commands.unacknowledged(runner_id, 0)]
 
 
 def test_create_without_capacity_queues_or_sleeps(store: Store) -> None:
@@ -149,7 +148,7 @@ def test_drain_sends_going_away_and_a_lost_runner_moves_its_actors(store: Store)
     first = runner(store)
     actor = store.actors.create(NewActor("echo", "k", crash_policy=CrashPolicy.RESTART), T0)[0]
     store.actors.runner_event(first, actor.id, lc.Running(first, 1), T0 + 1)
-    store.set_runner_state(first, RunnerState.DRAINING, T0 + 2)
+    store.runners.set_state(first, RunnerState.DRAINING, T0 + 2)
     store.actors.tick(T0 + 2)
     away = store.actors.get(actor.id)
     assert away.state is ActorState.STOPPING and away.life.going_away
@@ -157,7 +156,7 @@ def test_drain_sends_going_away_and_a_lost_runner_moves_its_actors(store: Store)
     store.actors.tick(T0 + 2.5)  # GoingAway once
     assert [c["type"] for c in commands(store, first)].count("stop_actor") == 1
     second = runner(store)
-    store.set_runner_state(first, RunnerState.STOPPED, T0 + 3)  # it left without a word
+    store.runners.set_state(first, RunnerState.STOPPED, T0 + 3)  # it left without a word
     changes = store.actors.tick(T0 + 3)
     moved = store.actors.get(actor.id)
     assert (moved.state, moved.runner_id, moved.generation) == (ActorState.STARTING, second, 2)
@@ -183,13 +182,13 @@ def test_start_threshold_and_backoff_run_on_tick(store: Store) -> None:
 def test_destroy_stops_it_then_drops_its_kv(store: Store) -> None:
     rid = runner(store)
     actor = store.actors.create(NewActor("echo", "k"), T0)[0]
-    assert apply_op(store.db, actor.id, {"op": "put", "entries": {"a": "1"}}, T0)["ok"]
+    assert store.kv.apply(actor.id, {"op": "put", "entries": {"a": "1"}}, T0)["ok"]
     stopping, _ = store.actors.signal(actor.id, lc.Destroy(), T0 + 1)
     assert stopping.state is ActorState.STOPPING
     store.actors.runner_event(rid, actor.id, lc.Stopped(rid, 1, 0), T0 + 2)
     gone = store.actors.get(actor.id)
     assert gone.state is ActorState.DESTROYED and gone.life.destroyed_at == T0 + 2
-    assert apply_op(store.db, actor.id, {"op": "list"}, T0)["entries"] == []
+    assert store.kv.apply(actor.id, {"op": "list"}, T0)["entries"] == []
     assert store.actors.placement(actor.id) is None
 
 

@@ -235,7 +235,7 @@ async def test_waiting_long_poll_returns_at_once_when_a_run_is_created(
     async with running_api(settings) as api:
         runner_id = await api.register()
         store = api.coordinator.store
-        claimable = store.claimable
+        claimable = store.runs.claimable
         empty_reads = 0
 
         def counting_read(*args: Any, **kwargs: Any) -> Any:
@@ -245,7 +245,7 @@ async def test_waiting_long_poll_returns_at_once_when_a_run_is_created(
                 empty_reads += 1
             return found
 
-        monkeypatch.setattr(store, "claimable", counting_read)
+        monkeypatch.setattr(store.runs, "claimable", counting_read)
 
         result: dict[str, Any] = {}
 

@@ -22,12 +22,12 @@ def events(*bodies: dict[str, Any]) -> list[Any]:
 
 
 def two_claimed_runs(store: Store) -> tuple[str, str, str]:
-    runner, _ = store.register_runner(
+    runner, _ = store.runners.register(
         name="r", hostname="h", labels=[], slots=2, version="t", transport="websocket", now=NOW
     )
     for _ in range(2):
-        store.create_run(NewRun(type=RunType.COMMAND, command=("true",)), NOW)
-    a, b = store.claim_runs(runner.id, 2, NOW)
+        store.runs.create(NewRun(type=RunType.COMMAND, command=("true",)), NOW)
+    a, b = store.runs.claim(runner.id, 2, NOW)
     return runner.id, a.id, b.id
 
 
@@ -40,7 +40,7 @@ def test_an_accepted_batch_takes_effect_with_what_then_writes(store: Store) -> N
     )
 
     def then(outcomes: list[Outcome]) -> int:
-        store.link.events_applied(runner_id, 3)
+        store.commands.events_applied(runner_id, 3)
         return len(outcomes)
 
     applied = apply_reports(store, runner_id, batch, NOW + 1, then)
@@ -48,8 +48,8 @@ def test_an_accepted_batch_takes_effect_with_what_then_writes(store: Store) -> N
     assert [error for error, _ in applied.outcomes] == [None, None, None]
     finished = applied.outcomes[2][1]
     assert finished is not None and finished.status is RunStatus.COMPLETED
-    assert [store.get_run(r).status for r in (a, b)] == [RunStatus.COMPLETED, RunStatus.RUNNING]
-    assert store.link.state(runner_id).last_event_idx == 3
+    assert [store.runs.get(r).status for r in (a, b)] == [RunStatus.COMPLETED, RunStatus.RUNNING]
+    assert store.commands.state(runner_id).last_event_idx == 3
 
 
 def test_a_refused_report_changes_nothing_and_the_others_still_count(store: Store) -> None:
@@ -63,21 +63,21 @@ def test_a_refused_report_changes_nothing_and_the_others_still_count(store: Stor
 
     def then(outcomes: list[Outcome]) -> None:
         calls.append(len(outcomes))
-        store.link.events_applied(runner_id, 3)
+        store.commands.events_applied(runner_id, 3)
 
     applied = apply_reports(store, runner_id, batch, NOW + 1, then)
     errors = [error for error, _ in applied.outcomes]
     assert errors[0] is None and errors[2] is None
     assert isinstance(errors[1], LeaseLost)
     assert calls == [3]  # the flat try was undone before its ``then``; this one committed
-    assert store.get_run(a).status is RunStatus.COMPLETED
-    assert store.get_run(b).status is RunStatus.CLAIMED  # untouched
-    assert store.link.state(runner_id).last_event_idx == 3
+    assert store.runs.get(a).status is RunStatus.COMPLETED
+    assert store.runs.get(b).status is RunStatus.CLAIMED  # untouched
+    assert store.commands.state(runner_id).last_event_idx == 3
 
 
 def test_a_failure_inside_a_flat_transaction_undoes_all_of_it(store: Store) -> None:
-    run_id = store.create_run(NewRun(type=RunType.COMMAND, command=("true",)), NOW).id
+    run_id = store.runs.create(NewRun(type=RunType.COMMAND, command=("true",)), NOW).id
     with pytest.raises(LeaseLost), store.db.transaction(flat=True):
-        store.request_cancel(run_id, NOW)  # joins the flat transaction: no savepoint
+        store.runs.request_cancel(run_id, NOW)  # joins the flat transaction: no savepoint
         raise LeaseLost("a later report is refused")
-    assert store.get_run(run_id).status is RunStatus.PENDING
+    assert store.runs.get(run_id).status is RunStatus.PENDING

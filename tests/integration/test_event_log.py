@@ -24,7 +24,7 @@ def command(**kw: Any) -> NewRun:
 
 
 def register(store: Store, name: str = "r", now: float = NOW) -> Runner:
-    runner, _ = store.register_runner(
+    runner, _ = store.runners.register(
         name=name,
         hostname=f"{name}.host",
         labels=(),
@@ -46,12 +46,12 @@ def read_all(events: EventStore, after: int = 0, where: EventFilter | None = Non
 def test_a_runs_life_is_its_events_in_order(store: Store) -> None:
     events = EventStore(store.db)
     runner = register(store)
-    run = store.create_run(command(), NOW)
-    store.claim_runs(runner.id, 1, NOW + 1)
-    store.mark_started(run.id, runner.id, 1, NOW + 2)
+    run = store.runs.create(command(), NOW)
+    store.runs.claim(runner.id, 1, NOW + 1)
+    store.runs.mark_started(run.id, runner.id, 1, NOW + 2)
     lines = [LogLine(i, "stdout", f"line {i}", NOW + 2) for i in range(3)]
-    store.append_logs(run.id, runner.id, 1, lines)
-    store.finish_run(run.id, runner.id, 1, RunReport(RunStatus.COMPLETED, exit_code=0), NOW + 3)
+    store.logs.append(run.id, runner.id, 1, lines)
+    store.runs.finish(run.id, runner.id, 1, RunReport(RunStatus.COMPLETED, exit_code=0), NOW + 3)
 
     found = read_all(events)
     ids = [e.id for e in found]
@@ -82,13 +82,13 @@ def test_a_runs_life_is_its_events_in_order(store: Store) -> None:
 def test_a_refused_change_writes_no_event(store: Store) -> None:
     events = EventStore(store.db)
     runner = register(store)
-    run = store.create_run(command(), NOW)
-    store.claim_runs(runner.id, 1, NOW)
-    store.mark_started(run.id, runner.id, 1, NOW)
-    store.finish_run(run.id, runner.id, 1, RunReport(RunStatus.COMPLETED, exit_code=0), NOW)
+    run = store.runs.create(command(), NOW)
+    store.runs.claim(runner.id, 1, NOW)
+    store.runs.mark_started(run.id, runner.id, 1, NOW)
+    store.runs.finish(run.id, runner.id, 1, RunReport(RunStatus.COMPLETED, exit_code=0), NOW)
     before = read_all(events)
     with pytest.raises(IllegalTransition):
-        store.request_cancel(run.id, NOW + 1)  # finished: nothing changes
+        store.runs.request_cancel(run.id, NOW + 1)  # finished: nothing changes
     with pytest.raises(Exception), store.db.transaction() as tx:  # noqa: B017
         tx.execute("UPDATE runs SET status = 'failed' WHERE id = ?", (run.id,))
         raise RuntimeError("undone")  # the change and its event go together
@@ -99,9 +99,9 @@ def test_a_heartbeat_is_no_event_but_a_drain_is(store: Store) -> None:
     events = EventStore(store.db)
     runner = register(store)
     first = read_all(events)
-    store.heartbeat(runner.id, None, NOW + 5)
+    store.runners.heartbeat(runner.id, None, NOW + 5)
     assert read_all(events) == first
-    store.set_runner_state(runner.id, RunnerState.DRAINING, NOW + 6)
+    store.runners.set_state(runner.id, RunnerState.DRAINING, NOW + 6)
     (drained,) = read_all(events, after=first[-1].id)
     assert (drained.kind, drained.runner_id, drained.data["state"]) == (
         EventKind.RUNNER,
@@ -113,9 +113,9 @@ def test_a_heartbeat_is_no_event_but_a_drain_is(store: Store) -> None:
 def test_filters_pick_their_events(store: Store) -> None:
     events = EventStore(store.db)
     runner = register(store)
-    mine = store.create_run(command(session_name="alpha"), NOW)
-    other = store.create_run(command(), NOW)
-    store.claim_runs(runner.id, 2, NOW)
+    mine = store.runs.create(command(session_name="alpha"), NOW)
+    other = store.runs.create(command(), NOW)
+    store.runs.claim(runner.id, 2, NOW)
 
     def ids(**query: str) -> set[str | None]:
         return {e.run_id for e in read_all(events, where=EventFilter.parse(**query))}
@@ -139,7 +139,7 @@ def test_retention_deletes_old_events_and_refuses_a_resume_from_them(store: Stor
     events = EventStore(store.db)
     register(store, now=NOW)
     for i in range(5):
-        store.create_run(command(), NOW + i)
+        store.runs.create(command(), NOW + i)
     found = read_all(events)
     assert len(found) == 6
     assert events.collect(cutoff=NOW + 3, batch=2) == 4  # the runner and runs at +0 .. +2
@@ -154,9 +154,9 @@ def test_retention_deletes_old_events_and_refuses_a_resume_from_them(store: Stor
     assert unknown.value.code == "unknown_event_id"
     # Ids are never given again, even once every event is gone; events nobody read yet
     # (on PostgreSQL: not numbered yet) go too.
-    store.create_run(command(), NOW + 50)
+    store.runs.create(command(), NOW + 50)
     assert events.collect(cutoff=NOW + 100, batch=10) == 3
-    store.create_run(command(), NOW + 101)
+    store.runs.create(command(), NOW + 101)
     (newest,) = read_all(events, after=found[-1].id)
     assert newest.id > found[-1].id
 
@@ -178,7 +178,7 @@ def test_concurrent_writers_never_make_a_resuming_reader_skip_an_event(
         try:
             for i in range(runs_each):
                 with own.db.transaction() as tx:
-                    own.create_run(command(session_name=f"w{index}"), NOW + i)
+                    own.runs.create(command(session_name=f"w{index}"), NOW + i)
                     # Hold the transaction open: later writers commit first.
                     tx.execute("SELECT pg_sleep(?)", ((index % 3) * 0.002,))
         except BaseException as exc:

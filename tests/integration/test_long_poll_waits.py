@@ -4,7 +4,7 @@ A claim is a write transaction; 2,000 waiting polls each trying one on arrival a
 every wake-up made ``GET /runs`` 2,000 times slower. Now only a poll the claim board
 reserved a run for tries a claim: polls that come and wait while no run they could take
 is pending make no claim at all, and a new run woken into by many polls is claimed by
-one of them, with one claim. ``Store.claim_runs`` is wrapped to count its calls (the real
+one of them, with one claim. ``RunStore.claim`` is wrapped to count its calls (the real
 store does the work).
 """
 
@@ -22,7 +22,7 @@ from corral.coordinator.service import CLOCK_SKEW_S
 from corral.coordinator.settings import CoordinatorSettings
 from corral.ids import RunnerId
 from corral.runs import NewRun, RunType
-from corral.store import Store
+from corral.store.runs import RunStore
 
 pytestmark = pytest.mark.anyio
 POLLS = 20
@@ -32,13 +32,13 @@ POLLS = 20
 def claims(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The runner of every claim the coordinator tries."""
     tried: list[str] = []
-    claim_runs = Store.claim_runs
+    claim = RunStore.claim
 
-    def counted(store: Store, runner_id: RunnerId, *args: Any) -> Any:
+    def counted(runs: RunStore, runner_id: RunnerId, *args: Any) -> Any:
         tried.append(runner_id)
-        return claim_runs(store, runner_id, *args)
+        return claim(runs, runner_id, *args)
 
-    monkeypatch.setattr(Store, "claim_runs", counted)
+    monkeypatch.setattr(RunStore, "claim", counted)
     return tried
 
 
@@ -99,7 +99,7 @@ async def test_the_reconciler_wakes_polls_for_runs_another_process_wrote_once(
         waiting = asyncio.create_task(api.poll(runner, timeout=30.0))
 
         # Written to the database by someone else (no wake-up from this coordinator).
-        other = coordinator.store.create_run(
+        other = coordinator.store.runs.create(
             NewRun(type=RunType.COMMAND, command=("true",)), clock.now()
         )
         clock.advance(1.0)
@@ -108,7 +108,7 @@ async def test_the_reconciler_wakes_polls_for_runs_another_process_wrote_once(
         assert [run["run_id"] for run in answer.json()["runs"]] == [other.id]
 
         # A run no runner can take wakes them when it comes, not at every pass after.
-        coordinator.store.create_run(
+        coordinator.store.runs.create(
             NewRun(type=RunType.COMMAND, command=("true",), labels=("gpu",)), clock.now()
         )
         clock.advance(1.0)

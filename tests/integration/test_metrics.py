@@ -66,7 +66,7 @@ async def test_the_figures_move_with_runs_claims_and_store_calls(api: Api) -> No
     assert after[("corral_runs_finished", "outcome=failed")] == 1
     assert after[("corral_runs", "state=running")] == 0
     # Every store call is timed by operation: three claims, six reports (started, ended).
-    assert after[("corral_store_seconds_count", "operation=claim_runs")] >= 3
+    assert after[("corral_store_seconds_count", "operation=runs.claim")] >= 3
     assert after[("corral_store_seconds_count", "operation=apply_reports")] == 6
     assert after[("corral_event_subscribers", "")] == 0
 

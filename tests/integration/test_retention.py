@@ -25,30 +25,30 @@ RETENTION = Retention(runs_s=30 * DAY, runners_s=7 * DAY, log_chars=None, events
 
 
 def register(store: Store, name: str, now: float = T0) -> RunnerId:
-    runner, _ = store.register_runner(
+    runner, _ = store.runners.register(
         name=name, hostname=name, labels=(), slots=64, version="0", transport="poll", now=now
     )
     return runner.id
 
 
 def claimed(store: Store, runner: RunnerId, spec: NewRun, now: float) -> Run:
-    created = store.create_run(spec, now)
-    (run,) = store.claim_runs(runner, 1, now)
+    created = store.runs.create(spec, now)
+    (run,) = store.runs.claim(runner, 1, now)
     assert run.id == created.id
-    store.mark_started(run.id, runner, run.attempts, now)
+    store.runs.mark_started(run.id, runner, run.attempts, now)
     return run
 
 
 def log(store: Store, run: Run, *texts: str, first: int = 0) -> None:
     lines = [LogLine(first + i, "stdout", text, T0) for i, text in enumerate(texts)]
     assert run.runner_id is not None
-    store.append_logs(run.id, run.runner_id, run.attempts, lines)
+    store.logs.append(run.id, run.runner_id, run.attempts, lines)
 
 
 def finish(store: Store, run: Run, now: float, **report: Any) -> Run:
     assert run.runner_id is not None
     outcome = RunReport(status=RunStatus.COMPLETED, exit_code=0, **report)
-    return store.finish_run(run.id, run.runner_id, run.attempts, outcome, now)
+    return store.runs.finish(run.id, run.runner_id, run.attempts, outcome, now)
 
 
 def command(*argv: str) -> NewRun:
@@ -56,12 +56,12 @@ def command(*argv: str) -> NewRun:
 
 
 def texts(store: Store, run_id: str) -> list[str]:
-    return [entry.text for entry in store.read_logs(run_id, 0, 10_000)]
+    return [entry.text for entry in store.logs.read(run_id, 0, 10_000)]
 
 
 def gone(store: Store, run_id: str) -> bool:
     try:
-        store.get_run(run_id)
+        store.runs.get(run_id)
     except NotFound:
         return True
     return False
@@ -87,22 +87,22 @@ def test_old_finished_runs_and_silent_runners_go_and_nothing_needed_does(store: 
         NewRun(type=RunType.START_SESSION, prompt="hi", session_name="s", agent=agent),
         T0,
     )
-    store.record_session(session_run.id, resumable, 1, "sess-1", T0)
+    store.runs.record_session(session_run.id, resumable, 1, "sess-1", T0)
     finish(store, session_run, T0, result="the answer", session_id="sess-1")
 
-    project = store.tasks.ensure_project("/repo", "main", T0)
-    store.tasks.add_tasks(project.id, [TaskSpec(key="t", title="t", prompt="t")], {}, T0)
+    project = store.projects.ensure("/repo", "main", T0)
+    store.tasks.add(project.id, [TaskSpec(key="t", title="t", prompt="t")], {}, T0)
     (task_run,) = store.tasks.start(project.id, 1, T0)
-    (task_run,) = store.claim_runs(worker, 1, T0)
-    store.mark_started(task_run.id, worker, 1, T0)
-    store.record_task_step(task_run.id, worker, 1, "worktree", {}, T0)
+    (task_run,) = store.runs.claim(worker, 1, T0)
+    store.runs.mark_started(task_run.id, worker, 1, T0)
+    store.runs.record_task_step(task_run.id, worker, 1, "worktree", {}, T0)
     finish(store, task_run, T0, task={"outcome": "merged", "merge_commit": "abc"})
-    assert store.tasks.get_task(project.id, "t").run_id == task_run.id
-    pending = store.create_run(command("echo", "waiting"), T0)  # no runner took it, for weeks
+    assert store.tasks.get(project.id, "t").run_id == task_run.id
+    pending = store.runs.create(command("echo", "waiting"), T0)  # no runner took it, for weeks
 
-    store.set_runner_state(silent, RunnerState.STOPPED, T0)
-    store.set_runner_state(resumable, RunnerState.STOPPED, T0)
-    store.touch_runners([worker], T0 + 31 * DAY)
+    store.runners.set_state(silent, RunnerState.STOPPED, T0)
+    store.runners.set_state(resumable, RunnerState.STOPPED, T0)
+    store.runners.touch([worker], T0 + 31 * DAY)
     before_running = texts(store, running.id)
 
     collected = store.collect_garbage(RETENTION, T0 + 31 * DAY)
@@ -115,13 +115,13 @@ def test_old_finished_runs_and_silent_runners_go_and_nothing_needed_does(store: 
     for kept in (recent.id, running.id, pending.id, session_run.id, task_run.id):
         assert not gone(store, kept), kept
     assert texts(store, running.id) == before_running == ["still", "going"]
-    assert store.get_run(running.id).status is RunStatus.RUNNING
-    session = store.get_session("s")
+    assert store.runs.get(running.id).status is RunStatus.RUNNING
+    session = store.sessions.get("s")
     assert (session.result, session.last_run_id) == ("the answer", session_run.id)
-    assert store.get_runner(resumable).id == resumable  # the session's resume goes there
+    assert store.runners.get(resumable).id == resumable  # the session's resume goes there
     with pytest.raises(NotFound):
-        store.get_runner(silent)
-    assert store.tasks.get_task(project.id, "t").run_id == task_run.id
+        store.runners.get(silent)
+    assert store.tasks.get(project.id, "t").run_id == task_run.id
     # A run keeps going after a collection: its lease and its log are untouched.
     log(store, running, "more", first=2)
     assert finish(store, running, T0 + 32 * DAY).status is RunStatus.COMPLETED
@@ -132,23 +132,23 @@ def test_old_finished_runs_and_silent_runners_go_and_nothing_needed_does(store: 
 
 def test_a_silent_runner_goes_with_the_commands_it_never_acknowledged(store: Store) -> None:
     silent = register(store, "silent")
-    store.link.push(silent, [{"type": "stop_run", "run_id": "run_000000000000"}], T0)
-    store.set_runner_state(silent, RunnerState.LOST, T0)
+    store.commands.push(silent, [{"type": "stop_run", "run_id": "run_000000000000"}], T0)
+    store.runners.set_state(silent, RunnerState.LOST, T0)
 
     assert store.collect_garbage(RETENTION, T0 + 6 * DAY) == Collected()
-    assert [c.idx for c in store.link.unacknowledged(silent, 0)] == [1]
+    assert [c.idx for c in store.commands.unacknowledged(silent, 0)] == [1]
     assert store.collect_garbage(RETENTION, T0 + 8 * DAY) == Collected(runners=1, commands=1)
     with pytest.raises(NotFound):
-        store.get_runner(silent)
+        store.runners.get(silent)
 
 
 def test_forever_keeps_everything(store: Store) -> None:
     worker = register(store, "worker")
     finish(store, claimed(store, worker, command(), T0), T0)
-    store.set_runner_state(register(store, "silent"), RunnerState.STOPPED, T0)
+    store.runners.set_state(register(store, "silent"), RunnerState.STOPPED, T0)
     forever = Retention(runs_s=None, runners_s=None, log_chars=None, events_s=None)
     assert store.collect_garbage(forever, T0 + 1000 * DAY) == Collected()
-    assert len(store.list_runs()) == 1 and len(store.list_runners()) == 2
+    assert len(store.runs.list()) == 1 and len(store.runners.list()) == 2
 
 
 def test_a_finished_runs_log_over_the_cap_keeps_its_ends(store: Store) -> None:
@@ -163,7 +163,7 @@ def test_a_finished_runs_log_over_the_cap_keeps_its_ends(store: Store) -> None:
 
     assert store.collect_garbage(cap, T0) == Collected(log_lines=90)
 
-    kept = store.read_logs(done.id, 0, 10_000)
+    kept = store.logs.read(done.id, 0, 10_000)
     assert [e.text for e in kept[:5]] == lines[:5]
     assert [e.text for e in kept[6:]] == lines[-5:]
     marker = kept[5]
@@ -171,13 +171,13 @@ def test_a_finished_runs_log_over_the_cap_keeps_its_ends(store: Store) -> None:
     assert marker.text.startswith("[corral: 90 lines (9000 characters) removed")
     assert texts(store, live.id) == lines  # a live run's log is not trimmed
     assert store.collect_garbage(cap, T0) == Collected()  # under the cap now
-    assert store.read_logs(done.id, 0, 10_000) == kept  # the marker too
+    assert store.logs.read(done.id, 0, 10_000) == kept  # the marker too
     # A reader that had reached the middle goes on from its cursor.
-    assert [e.text for e in store.read_logs(done.id, kept[5].id, 100)] == lines[-5:]
+    assert [e.text for e in store.logs.read(done.id, kept[5].id, 100)] == lines[-5:]
     # Trimmed again: one marker.
     lower = Retention(runs_s=None, runners_s=None, log_chars=400, events_s=None)
     assert store.collect_garbage(lower, T0) == Collected(log_lines=6)
-    again = store.read_logs(done.id, 0, 10_000)
+    again = store.logs.read(done.id, 0, 10_000)
     assert [e.text for e in again if e.line_no != MARKER_LINE_NO] == lines[:2] + lines[-2:]
     assert [e.line_no for e in again].count(MARKER_LINE_NO) == 1
     assert again[2].line_no == MARKER_LINE_NO

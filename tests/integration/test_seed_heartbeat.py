@@ -11,7 +11,7 @@ from api_fixtures import Api, running_api
 
 from corral.clock import FakeClock
 from corral.coordinator.settings import CoordinatorSettings
-from corral.store.store import UNREPORTED_CLAIM_GRACE_S
+from corral.store.reconcile import UNREPORTED_CLAIM_GRACE_S
 
 pytestmark = pytest.mark.anyio
 

@@ -347,10 +347,10 @@ async def test_unacknowledged_commands_are_sent_again(served_any: Served) -> Non
     run_2 = await served.create_run("true")
     (cmd_2,) = (await second.expect(m.ToClientCommands)).commands
     assert cmd_2.idx == cmd_1.idx + 1 and cmd_2.body["run"]["run_id"] == run_2
-    link = served.coordinator.store.link
+    commands = served.coordinator.store.commands
 
     async def acked() -> int:
-        return (await served.coordinator._db(link.state, runner_id)).acked_command_idx
+        return (await served.coordinator.in_thread(commands.state, runner_id)).acked_command_idx
 
     deadline = time.monotonic() + STEP_S
     while await acked() < cmd_1.idx:
@@ -398,5 +398,7 @@ async def test_events_sent_again_are_applied_once(served_any: Served) -> None:
     run = await served.run(run_id)
     assert run["status"] == "completed" and run["attempts"] == 1, run
     assert await served.log_texts(run_id) == ["once", "new"]
-    state = await served.coordinator._db(served.coordinator.store.link.state, hello.runner_id)
+    state = await served.coordinator.in_thread(
+        served.coordinator.store.commands.state, hello.runner_id
+    )
     assert state.last_event_idx == 4

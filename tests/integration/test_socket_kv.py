@@ -23,7 +23,7 @@ from corral.runner.settings import RunnerSettings
 from corral.runner.websocket import WebSocketTransport
 from corral.store import Store
 from corral.store.db import open_database
-from corral.store.kv import apply_op
+from corral.store.kv import KvStore
 
 pytestmark = pytest.mark.anyio
 STEP_S = 10.0
@@ -95,7 +95,7 @@ async def test_a_request_made_while_the_link_is_down_completes_after_the_reconne
     assert await asyncio.wait_for(put, STEP_S) == {"ok": True}
     db = open_database(settings.db_url)  # what the coordinator stored, read on our own
     try:
-        assert apply_op(db, act, {"op": "list"}, 0.0)["entries"] == [["k", "v"]]
+        assert KvStore(db).apply(act, {"op": "list"}, 0.0)["entries"] == [["k", "v"]]
     finally:
         db.close()
 
@@ -109,6 +109,6 @@ async def test_a_runner_the_actor_is_not_placed_on_is_refused_and_writes_nothing
     assert refused.value.code == "actor_not_placed"
     db = open_database(settings.db_url)
     try:
-        assert apply_op(db, "act_elsewhere", {"op": "list"}, 0.0)["entries"] == []
+        assert KvStore(db).apply("act_elsewhere", {"op": "list"}, 0.0)["entries"] == []
     finally:
         db.close()

@@ -137,7 +137,7 @@ async def test_a_failure_after_registering_closes_the_socket_and_frees_it(
     pushes = LinkCore.push_work
 
     def failing_push(core: LinkCore, *args: Any, **kwargs: Any) -> Any:
-        if core.store.get_runner(args[0]).name == "unlucky":
+        if core.store.runners.get(args[0]).name == "unlucky":
             raise RuntimeError("injected: pushing work failed")
         return pushes(core, *args, **kwargs)
 

@@ -37,7 +37,7 @@ postgres_only = pytest.mark.parametrize(
 
 
 def register(store: Store, name: str, now: float = NOW) -> RunnerId:
-    runner, _ = store.register_runner(
+    runner, _ = store.runners.register(
         name=name, hostname=name, labels=(), slots=4, version="0", transport="http", now=now
     )
     return runner.id
@@ -90,17 +90,17 @@ def drain(store: Store, runner_id: RunnerId, seed: int) -> list[RunId]:
     claimed: list[RunId] = []
     while True:
         want = rng.randint(1, 4)
-        runs = store.claim_runs(runner_id, want, NOW + 1)
+        runs = store.runs.claim(runner_id, want, NOW + 1)
         assert len(runs) <= want
         if not runs:
-            if not store.list_runs(statuses=[RunStatus.PENDING], limit=1):
+            if not store.runs.list(statuses=[RunStatus.PENDING], limit=1):
                 return claimed
             continue  # the pending ones were locked by other claimers for a moment
         for run in runs:
             assert run.runner_id == runner_id and run.status is RunStatus.CLAIMED
             claimed.append(run.id)
-            store.mark_started(run.id, runner_id, run.attempts, NOW + 2)
-            store.finish_run(run.id, runner_id, run.attempts, DONE, NOW + 3)
+            store.runs.mark_started(run.id, runner_id, run.attempts, NOW + 2)
+            store.runs.finish(run.id, runner_id, run.attempts, DONE, NOW + 3)
 
 
 def assert_each_run_done_once(
@@ -111,7 +111,7 @@ def assert_each_run_done_once(
     assert doubles == [], f"{len(doubles)} runs were claimed twice"
     assert set(all_claims) == {r.id for r in created}, "some runs were never claimed"
     claimer = {run_id: runner for runner, ids in claims.items() for run_id in ids}
-    final = store.list_runs(limit=len(created) + 1)
+    final = store.runs.list(limit=len(created) + 1)
     assert len(final) == len(created)
     for run in final:
         assert run.status is RunStatus.COMPLETED, run
@@ -126,7 +126,7 @@ def assert_each_run_done_once(
 @postgres_only
 def test_postgres_concurrent_claimers_never_double_claim(store: Store, store_url: str) -> None:
     clients, total = 8, 3000
-    created = store.create_runs([command(priority=i % 3) for i in range(total)], NOW)
+    created = store.runs.create_many([command(priority=i % 3) for i in range(total)], NOW)
     runners = [register(store, f"r{i}") for i in range(clients)]
     with stores(store_url, clients) as own:
         results = run_threads(
@@ -150,7 +150,7 @@ def test_sqlite_concurrent_processes_never_double_claim(tmp_path: Path) -> None:
     url = str(tmp_path / "corral.db")
     processes, total = 4, 2000
     with stores(url, 1) as (store,):
-        created = store.create_runs([command(priority=i % 3) for i in range(total)], NOW)
+        created = store.runs.create_many([command(priority=i % 3) for i in range(total)], NOW)
         runners = [register(store, f"p{i}") for i in range(processes)]
         ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
@@ -184,18 +184,18 @@ def test_sqlite_concurrent_processes_never_double_claim(tmp_path: Path) -> None:
 def report_as(
     store: Store, run: Run, runner: RunnerId, report: RunReport, now: float
 ) -> Run | LeaseLost:
-    """``finish_run`` for ``run``'s attempt, returning a refusal instead of raising it."""
+    """``runs.finish`` for ``run``'s attempt, returning a refusal instead of raising it."""
     try:
-        return store.finish_run(run.id, runner, run.attempts, report, now)
+        return store.runs.finish(run.id, runner, run.attempts, report, now)
     except LeaseLost as exc:
         return exc
 
 
 def held_run(store: Store, runner: RunnerId, spec: NewRun) -> Run:
     """A run created, claimed by ``runner`` and started (nothing else is pending)."""
-    store.create_run(spec, NOW)
-    (run,) = store.claim_runs(runner, 1, NOW)
-    return store.mark_started(run.id, runner, run.attempts, NOW)
+    store.runs.create(spec, NOW)
+    (run,) = store.runs.claim(runner, 1, NOW)
+    return store.runs.mark_started(run.id, runner, run.attempts, NOW)
 
 
 @postgres_only
@@ -218,8 +218,8 @@ def test_postgres_the_same_report_twice_at_once_is_one_transition(
             assert first == second  # the later one saw the first's transition: a repeat
             assert isinstance(first, Run) and first.status is RunStatus.COMPLETED
             assert first.finished_at in (NOW + 10, NOW + 20)
-            assert store.get_run(run.id) == first
-            session = store.get_session(f"sess-{i}")
+            assert store.runs.get(run.id) == first
+            session = store.sessions.get(f"sess-{i}")
             assert (session.runs, session.cost_usd) == (1, 1.0)  # finished once
 
 
@@ -235,7 +235,7 @@ def test_postgres_reports_from_two_runners_at_once_one_wins(store: Store, store_
             assert isinstance(by_runner[other], LeaseLost)
             won = by_runner[holder]
             assert isinstance(won, Run) and won.status is RunStatus.COMPLETED
-            assert store.get_run(run.id) == won
+            assert store.runs.get(run.id) == won
 
 
 # ---- racing the reconciler -------------------------------------------------------------------
@@ -256,21 +256,21 @@ def test_postgres_a_claim_racing_reconcile_never_strands_a_run(
     with stores(store_url, 2) as (claimer, reconciler):
         for i in range(40):
             runner = register(store, f"r{i}", now=NOW)
-            run = store.create_run(command(), NOW)
+            run = store.runs.create(command(), NOW)
             run_threads(
                 [partial(claim_unless_lost, claimer, runner), partial(reconcile, reconciler)]
             )
-            assert store.get_runner(runner).state is RunnerState.LOST
-            after = store.get_run(run.id)
+            assert store.runners.get(runner).state is RunnerState.LOST
+            after = store.runs.get(run.id)
             assert after.status is RunStatus.PENDING, f"iteration {i}: {after}"
             assert after.runner_id is None
-            store.request_cancel(run.id, LATER)
+            store.runs.request_cancel(run.id, LATER)
 
 
 def claim_unless_lost(claimer: Store, runner: RunnerId) -> list[Run]:
     """Claim; if the reconciler won the race, the runner is told it was lost."""
     try:
-        return claimer.claim_runs(runner, 1, LATER)
+        return claimer.runs.claim(runner, 1, LATER)
     except LeaseLost as exc:
         assert exc.code == "runner_lost"
         return []
@@ -294,15 +294,15 @@ def test_postgres_a_report_racing_reconcile_is_one_or_the_other(
                     partial(reconcile, reconciler),
                 ]
             )
-            after = store.get_run(run.id)
+            after = store.runs.get(run.id)
             if isinstance(finished, Run):
                 assert after == finished
                 assert reconciled.requeued == []
-                assert store.get_session(f"sess-{i}").runs == 1
+                assert store.sessions.get(f"sess-{i}").runs == 1
             else:
                 assert after.status is RunStatus.PENDING
                 assert reconciled.requeued == [run.id]
-                store.request_cancel(run.id, LATER)
+                store.runs.request_cancel(run.id, LATER)
 
 
 @postgres_only
@@ -320,7 +320,7 @@ def test_postgres_two_reconcilers_at_once_take_each_run_back_once(
             assert sorted(lost) == sorted(runners)
             assert sorted(requeued) == sorted(r.id for r in runs)
             for run in runs:
-                store.request_cancel(run.id, LATER)
+                store.runs.request_cancel(run.id, LATER)
 
 
 def test_closing_a_sqlite_store_waits_for_a_write_in_another_thread(tmp_path: Path) -> None:

@@ -13,10 +13,11 @@ import pytest
 
 from corral.errors import IllegalTransition, InvalidRequest, LeaseLost, NotFound
 from corral.ids import RunId, RunnerId
-from corral.runners import Runner, RunnerState
+from corral.runners import Held, Runner, RunnerState, RunnerSync
 from corral.runs import AgentSpec, NewRun, Run, RunReport, RunStatus, RunType
-from corral.store import Held, LogLine, Store
-from corral.store import store as store_module
+from corral.store import LogLine, Reconciled, Store
+from corral.store import reconcile as reconcile_module
+from corral.store import runs as store_runs
 from corral.store.db import migrate
 from corral.store.schema import LATEST_VERSION, MIGRATIONS
 
@@ -49,7 +50,7 @@ def register(
     runner_id: str | None = None,
     held: Sequence[Held] = (),
 ) -> Runner:
-    runner, _ = store.register_runner(
+    runner, _ = store.runners.register(
         name=name,
         hostname=f"{name}.host",
         labels=labels,
@@ -64,19 +65,19 @@ def register(
 
 
 def claim_one(store: Store, runner: Runner, now: float = NOW) -> Run:
-    runs = store.claim_runs(runner.id, 1, now)
+    runs = store.runs.claim(runner.id, 1, now)
     assert len(runs) == 1, f"expected one run for {runner.id}, got {runs}"
     return runs[0]
 
 
 def start(store: Store, run: Run, now: float = NOW) -> Run:
     assert run.runner_id is not None
-    return store.mark_started(run.id, run.runner_id, run.attempts, now)
+    return store.runs.mark_started(run.id, run.runner_id, run.attempts, now)
 
 
 def running(store: Store, runner: Runner, spec: NewRun | None = None, now: float = NOW) -> Run:
     """A run created, claimed by ``runner`` and started."""
-    store.create_run(spec or command(), now)
+    store.runs.create(spec or command(), now)
     return start(store, claim_one(store, runner, now), now)
 
 
@@ -89,7 +90,7 @@ def finish(
 ) -> Run:
     assert run.runner_id is not None
     report = RunReport(status=status, **kw)
-    return store.finish_run(run.id, run.runner_id, run.attempts, report, now)
+    return store.runs.finish(run.id, run.runner_id, run.attempts, report, now)
 
 
 def held(*runs: Run) -> list[Held]:
@@ -110,8 +111,8 @@ def test_create_and_get_round_trip(store: Store) -> None:
         required_runner="box-7",
         env={"A": "1"},
     )
-    created = store.create_run(spec, NOW)
-    got = store.get_run(created.id)
+    created = store.runs.create(spec, NOW)
+    got = store.runs.get(created.id)
     assert got == created
     assert got.status is RunStatus.PENDING
     assert got.agent == AGENT
@@ -124,22 +125,22 @@ def test_create_and_get_round_trip(store: Store) -> None:
 
 
 def test_create_runs_is_one_batch(store: Store) -> None:
-    runs = store.create_runs([command(priority=i) for i in range(5)], NOW)
+    runs = store.runs.create_many([command(priority=i) for i in range(5)], NOW)
     assert len({r.id for r in runs}) == 5
-    assert [store.get_run(r.id).priority for r in runs] == [0, 1, 2, 3, 4]
-    assert store.create_runs([], NOW) == []
+    assert [store.runs.get(r.id).priority for r in runs] == [0, 1, 2, 3, 4]
+    assert store.runs.create_many([], NOW) == []
 
 
 def test_get_unknown_run_is_not_found(store: Store) -> None:
     with pytest.raises(NotFound) as err:
-        store.get_run("run_missing")
+        store.runs.get("run_missing")
     assert err.value.code == "run_not_found"
 
 
 def test_list_is_newest_first_and_pages_with_before(store: Store) -> None:
-    ids = [store.create_run(command(), NOW + i).id for i in range(5)]
-    ids += [r.id for r in store.create_runs([command(), command(), command()], NOW + 10)]
-    listed = [r.id for r in store.list_runs(limit=100)]
+    ids = [store.runs.create(command(), NOW + i).id for i in range(5)]
+    ids += [r.id for r in store.runs.create_many([command(), command(), command()], NOW + 10)]
+    listed = [r.id for r in store.runs.list(limit=100)]
     assert listed[3:] == ids[4::-1]  # the first five, newest first
     assert set(listed[:3]) == set(ids[5:])  # the three created together, ties broken by id
     assert listed[:3] == sorted(listed[:3], reverse=True)
@@ -147,7 +148,7 @@ def test_list_is_newest_first_and_pages_with_before(store: Store) -> None:
     pages: list[list[str]] = []
     before: str | None = None
     while True:
-        page = [r.id for r in store.list_runs(limit=3, before=before)]
+        page = [r.id for r in store.runs.list(limit=3, before=before)]
         if not page:
             break
         pages.append(page)
@@ -160,12 +161,14 @@ def test_list_filters_by_status_runner_and_session(store: Store) -> None:
     r1, r2 = register(store, name="a"), register(store, name="b")
     on_r1 = running(store, r1, now=NOW + 1)
     on_r2 = running(store, r2, now=NOW + 2)
-    pending = store.create_run(command(), NOW + 2.5)
-    named = store.create_run(agent_run(session_name="feature"), NOW + 3)
-    resumed = store.create_run(agent_run(session_id="sess-1", type=RunType.RESUME_SESSION), NOW + 4)
+    pending = store.runs.create(command(), NOW + 2.5)
+    named = store.runs.create(agent_run(session_name="feature"), NOW + 3)
+    resumed = store.runs.create(
+        agent_run(session_id="sess-1", type=RunType.RESUME_SESSION), NOW + 4
+    )
 
     def ids(**kw: Any) -> list[RunId]:
-        return [r.id for r in store.list_runs(**kw)]
+        return [r.id for r in store.runs.list(**kw)]
 
     assert ids(statuses=[RunStatus.RUNNING]) == [on_r2.id, on_r1.id]
     assert ids(statuses=[RunStatus.PENDING]) == [resumed.id, named.id, pending.id]
@@ -182,102 +185,102 @@ def test_list_filters_by_status_runner_and_session(store: Store) -> None:
 
 def test_claim_takes_a_lease(store: Store) -> None:
     runner = register(store)
-    run = store.create_run(command(), NOW)
+    run = store.runs.create(command(), NOW)
     claimed = claim_one(store, runner, NOW + 1)
     assert claimed.id == run.id
     assert claimed.status is RunStatus.CLAIMED
     assert claimed.runner_id == runner.id
     assert claimed.attempts == 1
     assert claimed.claimed_at == NOW + 1
-    assert store.get_run(run.id) == claimed
-    assert store.claim_runs(runner.id, 5, NOW + 2) == []
+    assert store.runs.get(run.id) == claimed
+    assert store.runs.claim(runner.id, 5, NOW + 2) == []
 
 
 def test_claim_orders_by_priority_then_fifo(store: Store) -> None:
-    low_old = store.create_run(command(priority=0), NOW)
-    high_new = store.create_run(command(priority=5), NOW + 3)
-    low_new = store.create_run(command(priority=0), NOW + 2)
-    high_old = store.create_run(command(priority=5), NOW + 1)
+    low_old = store.runs.create(command(priority=0), NOW)
+    high_new = store.runs.create(command(priority=5), NOW + 3)
+    low_new = store.runs.create(command(priority=0), NOW + 2)
+    high_old = store.runs.create(command(priority=5), NOW + 1)
     runner = register(store)
-    first = store.claim_runs(runner.id, 3, NOW + 10)
+    first = store.runs.claim(runner.id, 3, NOW + 10)
     assert [r.id for r in first] == [high_old.id, high_new.id, low_old.id]
-    assert [r.id for r in store.claim_runs(runner.id, 3, NOW + 10)] == [low_new.id]
+    assert [r.id for r in store.runs.claim(runner.id, 3, NOW + 10)] == [low_new.id]
 
 
 def test_claim_respects_max_runs(store: Store) -> None:
-    store.create_runs([command() for _ in range(5)], NOW)
+    store.runs.create_many([command() for _ in range(5)], NOW)
     runner = register(store)
-    assert store.claim_runs(runner.id, 0, NOW) == []
-    assert store.claim_runs(runner.id, -1, NOW) == []
-    assert len(store.claim_runs(runner.id, 2, NOW)) == 2
-    assert len(store.claim_runs(runner.id, 2, NOW)) == 2
-    assert len(store.claim_runs(runner.id, 2, NOW)) == 1
-    assert store.claim_runs(runner.id, 2, NOW) == []
+    assert store.runs.claim(runner.id, 0, NOW) == []
+    assert store.runs.claim(runner.id, -1, NOW) == []
+    assert len(store.runs.claim(runner.id, 2, NOW)) == 2
+    assert len(store.runs.claim(runner.id, 2, NOW)) == 2
+    assert len(store.runs.claim(runner.id, 2, NOW)) == 1
+    assert store.runs.claim(runner.id, 2, NOW) == []
 
 
 def test_claim_matches_labels(store: Store) -> None:
-    gpu_run = store.create_run(command(labels=("gpu",)), NOW)
-    both_run = store.create_run(command(labels=("gpu", "linux")), NOW + 1)
+    gpu_run = store.runs.create(command(labels=("gpu",)), NOW)
+    both_run = store.runs.create(command(labels=("gpu", "linux")), NOW + 1)
     plain = register(store, name="plain")
     linux = register(store, labels=("linux",), name="linux")
-    assert store.claim_runs(plain.id, 5, NOW + 2) == []
-    assert store.claim_runs(linux.id, 5, NOW + 2) == []
+    assert store.runs.claim(plain.id, 5, NOW + 2) == []
+    assert store.runs.claim(linux.id, 5, NOW + 2) == []
     gpu = register(store, labels=("gpu",), name="gpu")
-    assert [r.id for r in store.claim_runs(gpu.id, 5, NOW + 2)] == [gpu_run.id]
+    assert [r.id for r in store.runs.claim(gpu.id, 5, NOW + 2)] == [gpu_run.id]
     full = register(store, labels=("linux", "gpu", "x86"), name="full")
-    assert [r.id for r in store.claim_runs(full.id, 5, NOW + 2)] == [both_run.id]
-    unlabeled = store.create_run(command(), NOW + 3)
-    assert [r.id for r in store.claim_runs(plain.id, 5, NOW + 4)] == [unlabeled.id]
-    also_unlabeled = store.create_run(command(), NOW + 5)
-    assert [r.id for r in store.claim_runs(gpu.id, 5, NOW + 6)] == [also_unlabeled.id]
+    assert [r.id for r in store.runs.claim(full.id, 5, NOW + 2)] == [both_run.id]
+    unlabeled = store.runs.create(command(), NOW + 3)
+    assert [r.id for r in store.runs.claim(plain.id, 5, NOW + 4)] == [unlabeled.id]
+    also_unlabeled = store.runs.create(command(), NOW + 5)
+    assert [r.id for r in store.runs.claim(gpu.id, 5, NOW + 6)] == [also_unlabeled.id]
 
 
 def test_claim_is_not_blocked_by_runs_the_runner_cannot_take(store: Store) -> None:
     """Many older runs needing a label this runner lacks must not hide one it can take."""
-    store.create_runs([command(labels=("gpu",)) for _ in range(200)], NOW)
-    reachable = store.create_run(command(), NOW + 1)
+    store.runs.create_many([command(labels=("gpu",)) for _ in range(200)], NOW)
+    reachable = store.runs.create(command(), NOW + 1)
     plain = register(store)
-    assert [r.id for r in store.claim_runs(plain.id, 1, NOW + 2)] == [reachable.id]
+    assert [r.id for r in store.runs.claim(plain.id, 1, NOW + 2)] == [reachable.id]
 
 
 def test_claim_honours_required_runner(store: Store) -> None:
     a, b = register(store, name="a"), register(store, name="b")
-    pinned = store.create_run(command(required_runner="b"), NOW)
-    assert store.claim_runs(a.id, 5, NOW + 1) == []
-    assert [r.id for r in store.claim_runs(b.id, 5, NOW + 1)] == [pinned.id]
+    pinned = store.runs.create(command(required_runner="b"), NOW)
+    assert store.runs.claim(a.id, 5, NOW + 1) == []
+    assert [r.id for r in store.runs.claim(b.id, 5, NOW + 1)] == [pinned.id]
 
 
 def test_claim_skips_runs_not_yet_available(store: Store) -> None:
     runner = register(store)
     run = running(store, runner)
     finish(store, run, RunStatus.PENDING, retry_after_s=60.0)
-    assert store.claim_runs(runner.id, 5, NOW + 30) == []
-    assert [r.id for r in store.claim_runs(runner.id, 5, NOW + 61)] == [run.id]
+    assert store.runs.claim(runner.id, 5, NOW + 30) == []
+    assert [r.id for r in store.runs.claim(runner.id, 5, NOW + 61)] == [run.id]
 
 
 def test_a_draining_runner_claims_nothing(store: Store) -> None:
     runner = register(store)
-    run = store.create_run(command(), NOW)
-    store.set_runner_state(runner.id, RunnerState.DRAINING, NOW + 1)
-    assert store.claim_runs(runner.id, 5, NOW + 2) == []
-    assert store.get_run(run.id).status is RunStatus.PENDING
+    run = store.runs.create(command(), NOW)
+    store.runners.set_state(runner.id, RunnerState.DRAINING, NOW + 1)
+    assert store.runs.claim(runner.id, 5, NOW + 2) == []
+    assert store.runs.get(run.id).status is RunStatus.PENDING
 
 
 @pytest.mark.parametrize("state", [RunnerState.LOST, RunnerState.STOPPED])
 def test_a_lost_runner_is_told_to_register_again(store: Store, state: RunnerState) -> None:
     runner = register(store)
-    run = store.create_run(command(), NOW)
-    store.set_runner_state(runner.id, state, NOW + 1)
+    run = store.runs.create(command(), NOW)
+    store.runners.set_state(runner.id, state, NOW + 1)
     with pytest.raises(LeaseLost) as err:
-        store.claim_runs(runner.id, 5, NOW + 2)
+        store.runs.claim(runner.id, 5, NOW + 2)
     assert err.value.code == "runner_lost"
-    assert store.get_run(run.id).status is RunStatus.PENDING
+    assert store.runs.get(run.id).status is RunStatus.PENDING
 
 
 def test_claim_by_unknown_runner_is_not_found(store: Store) -> None:
-    store.create_run(command(), NOW)
+    store.runs.create(command(), NOW)
     with pytest.raises(NotFound):
-        store.claim_runs(RunnerId("rnr_missing"), 1, NOW)
+        store.runs.claim(RunnerId("rnr_missing"), 1, NOW)
 
 
 # ---- mark_started ----------------------------------------------------------------------------
@@ -285,30 +288,30 @@ def test_claim_by_unknown_runner_is_not_found(store: Store) -> None:
 
 def test_mark_started_is_idempotent_for_the_same_lease(store: Store) -> None:
     runner = register(store)
-    store.create_run(command(), NOW)
+    store.runs.create(command(), NOW)
     claimed = claim_one(store, runner)
-    started = store.mark_started(claimed.id, runner.id, 1, NOW + 1)
+    started = store.runs.mark_started(claimed.id, runner.id, 1, NOW + 1)
     assert started.status is RunStatus.RUNNING
     assert started.started_at == NOW + 1
-    again = store.mark_started(claimed.id, runner.id, 1, NOW + 5)
+    again = store.runs.mark_started(claimed.id, runner.id, 1, NOW + 5)
     assert again == started
-    assert store.get_run(claimed.id) == started
+    assert store.runs.get(claimed.id) == started
 
 
 def test_mark_started_refuses_another_lease(store: Store) -> None:
     runner, other = register(store, name="a"), register(store, name="b")
-    store.create_run(command(), NOW)
+    store.runs.create(command(), NOW)
     claimed = claim_one(store, runner)
     with pytest.raises(LeaseLost):
-        store.mark_started(claimed.id, other.id, 1, NOW + 1)
+        store.runs.mark_started(claimed.id, other.id, 1, NOW + 1)
     with pytest.raises(LeaseLost):
-        store.mark_started(claimed.id, runner.id, 2, NOW + 1)
-    assert store.get_run(claimed.id) == claimed
+        store.runs.mark_started(claimed.id, runner.id, 2, NOW + 1)
+    assert store.runs.get(claimed.id) == claimed
     with pytest.raises(NotFound):
-        store.mark_started("run_missing", runner.id, 1, NOW)
+        store.runs.mark_started("run_missing", runner.id, 1, NOW)
 
 
-# ---- finish_run ------------------------------------------------------------------------------
+# ---- finish ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -334,12 +337,12 @@ def test_finish_records_the_outcome(store: Store, status: RunStatus) -> None:
     assert (done.exit_code, done.error, done.result) == (3, "boom", "out")
     assert (done.cost_usd, done.usage, done.num_turns) == (0.25, {"input_tokens": 10}, 2)
     assert done.runner_id == runner.id and done.attempts == 1
-    assert store.get_run(run.id) == done
+    assert store.runs.get(run.id) == done
 
 
 def test_a_claimed_run_may_fail_before_it_starts(store: Store) -> None:
     runner = register(store)
-    store.create_run(command(), NOW)
+    store.runs.create(command(), NOW)
     claimed = claim_one(store, runner)
     failed = finish(store, claimed, RunStatus.FAILED, error="could not spawn")
     assert failed.status is RunStatus.FAILED
@@ -351,8 +354,8 @@ def test_a_repeated_report_is_accepted_and_changes_nothing(store: Store) -> None
     first = finish(store, run, now=NOW + 2, result="ok", cost_usd=1.0, session_id="sess-r")
     again = finish(store, run, now=NOW + 50, result="ok", cost_usd=1.0, session_id="sess-r")
     assert again == first
-    assert store.get_run(run.id) == first
-    session = store.get_session("sess-r")
+    assert store.runs.get(run.id) == first
+    session = store.sessions.get("sess-r")
     assert (session.runs, session.cost_usd) == (1, 1.0)  # counted once
 
 
@@ -361,32 +364,32 @@ def test_a_report_from_a_runner_without_the_lease_is_refused(store: Store) -> No
     run = running(store, runner)
     report = RunReport(status=RunStatus.COMPLETED, result="stolen")
     with pytest.raises(LeaseLost):
-        store.finish_run(run.id, other.id, run.attempts, report, NOW + 1)
+        store.runs.finish(run.id, other.id, run.attempts, report, NOW + 1)
     with pytest.raises(LeaseLost):
-        store.finish_run(run.id, runner.id, run.attempts + 1, report, NOW + 1)
-    assert store.get_run(run.id) == run
+        store.runs.finish(run.id, runner.id, run.attempts + 1, report, NOW + 1)
+    assert store.runs.get(run.id) == run
     done = finish(store, run)
     with pytest.raises(LeaseLost):  # a finished run: still not the other runner's
-        store.finish_run(run.id, other.id, run.attempts, report, NOW + 2)
-    assert store.get_run(run.id) == done
+        store.runs.finish(run.id, other.id, run.attempts, report, NOW + 2)
+    assert store.runs.get(run.id) == done
 
 
 def test_an_illegal_transition_changes_nothing(store: Store) -> None:
     runner = register(store)
-    store.create_run(command(), NOW)
+    store.runs.create(command(), NOW)
     claimed = claim_one(store, runner)
     with pytest.raises(IllegalTransition):  # claimed → completed skips running
         finish(store, claimed, RunStatus.COMPLETED, result="x")
-    assert store.get_run(claimed.id) == claimed
+    assert store.runs.get(claimed.id) == claimed
 
     run = start(store, claimed)
     done = finish(store, run, RunStatus.COMPLETED)
     with pytest.raises(IllegalTransition) as err:  # the same lease, a different outcome
         finish(store, run, RunStatus.FAILED, now=NOW + 5)
     assert err.value.code == "illegal_transition"
-    assert store.get_run(run.id) == done
+    assert store.runs.get(run.id) == done
     with pytest.raises(NotFound):
-        store.finish_run("run_missing", runner.id, 1, RunReport(RunStatus.COMPLETED), NOW)
+        store.runs.finish("run_missing", runner.id, 1, RunReport(RunStatus.COMPLETED), NOW)
 
 
 def test_rate_limit_requeue_gives_the_attempt_back(store: Store) -> None:
@@ -407,18 +410,18 @@ def test_rate_limit_requeue_gives_the_attempt_back(store: Store) -> None:
     assert requeued.available_at == NOW + 130
     assert requeued.runner_id is None
     assert requeued.session_id == "sess-rl"  # a resume picks the conversation up
-    assert store.get_run(run.id) == requeued
+    assert store.runs.get(run.id) == requeued
     with pytest.raises(LeaseLost):  # the old lease is gone with the requeue
         finish(store, run, RunStatus.COMPLETED, now=NOW + 11)
-    assert store.get_run(run.id) == requeued
+    assert store.runs.get(run.id) == requeued
 
-    assert store.claim_runs(runner.id, 1, NOW + 129) == []
+    assert store.runs.claim(runner.id, 1, NOW + 129) == []
     again = claim_one(store, runner, NOW + 131)
     assert (again.attempts, again.rate_limited) == (2, 1)
     # A delayed copy of the first attempt's report cannot touch the new attempt.
     with pytest.raises(LeaseLost):
         finish(store, run, RunStatus.PENDING, now=NOW + 132, retry_after_s=1.0)
-    assert store.get_run(run.id).status is RunStatus.CLAIMED
+    assert store.runs.get(run.id).status is RunStatus.CLAIMED
 
 
 def test_a_rate_limit_does_not_count_against_max_attempts(store: Store) -> None:
@@ -431,21 +434,21 @@ def test_a_rate_limit_does_not_count_against_max_attempts(store: Store) -> None:
         NOW + 2 + LOST_AFTER + 1, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE
     )
     assert result.failed == [run.id]
-    assert "no attempts left (1/1)" in (store.get_run(run.id).error or "")
+    assert "no attempts left (1/1)" in (store.runs.get(run.id).error or "")
 
 
 def test_a_claimed_run_may_be_requeued(store: Store) -> None:
     runner = register(store)
-    store.create_run(command(), NOW)
+    store.runs.create(command(), NOW)
     claimed = claim_one(store, runner)
     back = finish(store, claimed, RunStatus.PENDING, retry_after_s=0.0)
     assert (back.status, back.attempts, back.available_at) == (RunStatus.PENDING, 1, NOW + 1)
 
 
 def test_too_many_rate_limits_fail_the_run(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "MAX_RATE_LIMIT_REQUEUES", 2)
+    monkeypatch.setattr(store_runs, "MAX_RATE_LIMIT_REQUEUES", 2)
     runner = register(store)
-    store.create_run(command(), NOW)
+    store.runs.create(command(), NOW)
     now = NOW
     for _ in range(2):
         run = start(store, claim_one(store, runner, now), now)
@@ -460,18 +463,18 @@ def test_too_many_rate_limits_fail_the_run(store: Store, monkeypatch: pytest.Mon
 def test_a_failure_after_cancel_is_recorded_as_cancelled(store: Store) -> None:
     runner = register(store)
     run = running(store, runner)
-    store.request_cancel(run.id, NOW + 1)
+    store.runs.request_cancel(run.id, NOW + 1)
     done = finish(store, run, RunStatus.FAILED, now=NOW + 2, exit_code=-15)
     assert done.status is RunStatus.CANCELLED
     again = finish(store, run, RunStatus.FAILED, now=NOW + 3, exit_code=-15)  # a retry
     assert again == done
-    assert store.get_run(run.id) == done
+    assert store.runs.get(run.id) == done
 
 
 def test_a_completion_after_cancel_stays_completed(store: Store) -> None:
     runner = register(store)
     run = running(store, runner)
-    store.request_cancel(run.id, NOW + 1)
+    store.runs.request_cancel(run.id, NOW + 1)
     assert finish(store, run, RunStatus.COMPLETED).status is RunStatus.COMPLETED
 
 
@@ -479,39 +482,39 @@ def test_a_completion_after_cancel_stays_completed(store: Store) -> None:
 
 
 def test_cancel_of_a_pending_run_is_immediate(store: Store) -> None:
-    run = store.create_run(command(), NOW)
-    cancelled = store.request_cancel(run.id, NOW + 1)
+    run = store.runs.create(command(), NOW)
+    cancelled = store.runs.request_cancel(run.id, NOW + 1)
     assert cancelled.status is RunStatus.CANCELLED
     assert cancelled.finished_at == NOW + 1
-    assert store.get_run(run.id) == cancelled
+    assert store.runs.get(run.id) == cancelled
     runner = register(store)
-    assert store.claim_runs(runner.id, 5, NOW + 2) == []
+    assert store.runs.claim(runner.id, 5, NOW + 2) == []
 
 
 @pytest.mark.parametrize("started", [False, True])
 def test_cancel_of_a_held_run_is_passed_to_its_runner(store: Store, started: bool) -> None:
     runner = register(store)
-    store.create_run(command(), NOW)
+    store.runs.create(command(), NOW)
     run = claim_one(store, runner)
     if started:
         run = start(store, run)
-    other = store.create_run(command(), NOW)
+    other = store.runs.create(command(), NOW)
     other_run = claim_one(store, runner)
     assert other_run.id == other.id
-    assert store.heartbeat(runner.id, held(run, other_run), NOW + 1).cancel == []
+    assert store.runners.heartbeat(runner.id, held(run, other_run), NOW + 1).cancel == []
 
-    flagged = store.request_cancel(run.id, NOW + 2)
+    flagged = store.runs.request_cancel(run.id, NOW + 2)
     assert flagged.status is run.status
     assert flagged.cancel_requested
     assert flagged.runner_id == runner.id
-    sync = store.heartbeat(runner.id, held(run, other_run), NOW + 3)
+    sync = store.runners.heartbeat(runner.id, held(run, other_run), NOW + 3)
     assert sync.cancel == [run.id]
     assert sync.abandon == []
-    assert store.request_cancel(run.id, NOW + 4).cancel_requested  # asking twice is fine
+    assert store.runs.request_cancel(run.id, NOW + 4).cancel_requested  # asking twice is fine
 
     done = finish(store, run, RunStatus.CANCELLED, now=NOW + 5)
     assert done.status is RunStatus.CANCELLED
-    assert store.heartbeat(runner.id, held(other_run), NOW + 6).cancel == []
+    assert store.runners.heartbeat(runner.id, held(other_run), NOW + 6).cancel == []
 
 
 @pytest.mark.parametrize("status", [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED])
@@ -519,10 +522,10 @@ def test_cancel_of_a_finished_run_is_illegal(store: Store, status: RunStatus) ->
     runner = register(store)
     done = finish(store, running(store, runner), status)
     with pytest.raises(IllegalTransition):
-        store.request_cancel(done.id, NOW + 5)
-    assert store.get_run(done.id) == done
+        store.runs.request_cancel(done.id, NOW + 5)
+    assert store.runs.get(done.id) == done
     with pytest.raises(NotFound):
-        store.request_cancel("run_missing", NOW)
+        store.runs.request_cancel("run_missing", NOW)
 
 
 # ---- sessions --------------------------------------------------------------------------------
@@ -531,10 +534,10 @@ def test_cancel_of_a_finished_run_is_illegal(store: Store, status: RunStatus) ->
 def test_record_session_creates_the_session(store: Store) -> None:
     runner = register(store)
     run = running(store, runner, agent_run(session_name="feature", project_dir="/src/app"))
-    recorded = store.record_session(run.id, runner.id, run.attempts, "sess-1", NOW + 1)
+    recorded = store.runs.record_session(run.id, runner.id, run.attempts, "sess-1", NOW + 1)
     assert recorded.session_id == "sess-1"
-    assert store.get_run(run.id).session_id == "sess-1"
-    session = store.get_session("sess-1")
+    assert store.runs.get(run.id).session_id == "sess-1"
+    session = store.sessions.get("sess-1")
     assert session.id == "sess-1"
     assert session.name == "feature"
     assert session.agent_name == "coder"
@@ -542,26 +545,26 @@ def test_record_session_creates_the_session(store: Store) -> None:
     assert session.project_dir == "/src/app"
     assert session.last_run_id == run.id
     assert (session.runs, session.cost_usd, session.result) == (0, 0.0, None)
-    assert store.get_session("feature") == session
+    assert store.sessions.get("feature") == session
     # telling it again (a retried request) changes nothing that matters
-    store.record_session(run.id, runner.id, run.attempts, "sess-1", NOW + 1)
-    assert store.get_session("sess-1") == session
+    store.runs.record_session(run.id, runner.id, run.attempts, "sess-1", NOW + 1)
+    assert store.sessions.get("sess-1") == session
 
 
 def test_record_session_needs_the_lease(store: Store) -> None:
     runner, other = register(store, name="a"), register(store, name="b")
     run = running(store, runner, agent_run())
     with pytest.raises(LeaseLost):
-        store.record_session(run.id, other.id, run.attempts, "sess-x", NOW + 1)
+        store.runs.record_session(run.id, other.id, run.attempts, "sess-x", NOW + 1)
     with pytest.raises(NotFound):
-        store.get_session("sess-x")
-    assert store.get_run(run.id).session_id is None
+        store.sessions.get("sess-x")
+    assert store.runs.get(run.id).session_id is None
 
 
 def test_finishing_runs_sums_session_cost_and_sets_result(store: Store) -> None:
     runner = register(store)
     first = running(store, runner, agent_run(session_name="feature"))
-    store.record_session(first.id, runner.id, first.attempts, "sess-1", NOW + 1)
+    store.runs.record_session(first.id, runner.id, first.attempts, "sess-1", NOW + 1)
     finish(store, first, now=NOW + 2, result="step one", cost_usd=0.5)
     second = running(
         store,
@@ -578,7 +581,7 @@ def test_finishing_runs_sums_session_cost_and_sets_result(store: Store) -> None:
         cost_usd=0.25,
         session_id="sess-1",
     )
-    session = store.get_session("sess-1")
+    session = store.sessions.get("sess-1")
     assert session.cost_usd == pytest.approx(0.75)
     assert session.runs == 2
     assert session.result == "step two"
@@ -591,7 +594,7 @@ def test_a_session_reported_only_at_the_end_is_created(store: Store) -> None:
     runner = register(store)
     run = running(store, runner, agent_run(session_name="late"))
     finish(store, run, result="done", cost_usd=0.1, session_id="sess-late")
-    session = store.get_session("late")
+    session = store.sessions.get("late")
     assert (session.id, session.runner_id, session.project_dir) == ("sess-late", runner.id, "/p")
     assert (session.runs, session.result, session.is_error) == (1, "done", False)
 
@@ -599,13 +602,13 @@ def test_a_session_reported_only_at_the_end_is_created(store: Store) -> None:
 def test_get_session_by_name_is_the_most_recent(store: Store) -> None:
     runner = register(store)
     old = running(store, runner, agent_run(session_name="dup"))
-    store.record_session(old.id, runner.id, old.attempts, "sess-old", NOW + 1)
+    store.runs.record_session(old.id, runner.id, old.attempts, "sess-old", NOW + 1)
     new = running(store, runner, agent_run(session_name="dup"), now=NOW + 2)
-    store.record_session(new.id, runner.id, new.attempts, "sess-new", NOW + 3)
-    assert store.get_session("dup").id == "sess-new"
-    assert store.get_session("sess-old").id == "sess-old"
+    store.runs.record_session(new.id, runner.id, new.attempts, "sess-new", NOW + 3)
+    assert store.sessions.get("dup").id == "sess-new"
+    assert store.sessions.get("sess-old").id == "sess-old"
     with pytest.raises(NotFound) as err:
-        store.get_session("nothing")
+        store.sessions.get("nothing")
     assert err.value.code == "session_not_found"
 
 
@@ -615,13 +618,13 @@ def test_schema_version_is_the_latest_migration(store: Store) -> None:
 
 def test_list_sessions_most_recent_first(store: Store) -> None:
     runner = register(store)
-    assert store.list_sessions() == []
+    assert store.sessions.list() == []
     for n, name in enumerate(("first", "second", "third")):
         run = running(store, runner, agent_run(session_name=name), now=NOW + 10 * n)
         finish(store, run, now=NOW + 10 * n + 1, cost_usd=0.5, session_id=f"sess-{name}")
-    assert [s.name for s in store.list_sessions()] == ["third", "second", "first"]
-    assert [s.name for s in store.list_sessions(limit=2)] == ["third", "second"]
-    assert store.list_sessions()[0].cost_usd == pytest.approx(0.5)
+    assert [s.name for s in store.sessions.list()] == ["third", "second", "first"]
+    assert [s.name for s in store.sessions.list(limit=2)] == ["third", "second"]
+    assert store.sessions.list()[0].cost_usd == pytest.approx(0.5)
 
 
 # ---- runners and heartbeats ------------------------------------------------------------------
@@ -634,20 +637,20 @@ def test_register_a_new_runner(store: Store) -> None:
     assert (runner.name, runner.hostname, runner.slots) == ("box", "box.host", 3)
     assert runner.labels == ("gpu", "linux")
     assert runner.registered_at == runner.last_heartbeat_at == NOW
-    assert store.get_runner(runner.id) == runner
+    assert store.runners.get(runner.id) == runner
     with pytest.raises(InvalidRequest):
         register(store, slots=0)
     with pytest.raises(NotFound):
-        store.get_runner("rnr_missing")
+        store.runners.get("rnr_missing")
 
 
 def test_list_runners_counts_used_slots(store: Store) -> None:
     a = register(store, name="a", now=NOW)
     b = register(store, name="b", now=NOW + 1)
     running(store, a)
-    store.create_run(command(), NOW)
+    store.runs.create(command(), NOW)
     claim_one(store, a)
-    listed = store.list_runners()
+    listed = store.runners.list()
     assert [r.id for r in listed] == [b.id, a.id]
     assert [r.slots_used for r in listed] == [0, 2]
 
@@ -657,7 +660,7 @@ def test_heartbeat_tells_the_runner_what_to_abandon(store: Store) -> None:
     mine = running(store, runner)
     theirs = running(store, other)
     done = finish(store, running(store, runner))
-    sync = store.heartbeat(
+    sync = store.runners.heartbeat(
         runner.id,
         [
             Held(mine.id, mine.attempts),
@@ -670,33 +673,33 @@ def test_heartbeat_tells_the_runner_what_to_abandon(store: Store) -> None:
     )
     assert sorted(sync.abandon) == sorted([theirs.id, done.id, mine.id, RunId("run_unknown")])
     assert sync.cancel == []
-    assert store.get_runner(runner.id).last_heartbeat_at == NOW + 3
-    assert store.get_run(mine.id).status is RunStatus.RUNNING
-    assert store.get_run(theirs.id).status is RunStatus.RUNNING
+    assert store.runners.get(runner.id).last_heartbeat_at == NOW + 3
+    assert store.runs.get(mine.id).status is RunStatus.RUNNING
+    assert store.runs.get(theirs.id).status is RunStatus.RUNNING
 
 
 def test_a_claim_the_runner_never_reports_is_released_after_the_grace(store: Store) -> None:
     runner = register(store)
     kept = running(store, runner)
-    store.create_run(command(), NOW)
+    store.runs.create(command(), NOW)
     forgotten = claim_one(store, runner)  # the answer to this claim never reached the runner
-    grace = store_module.UNREPORTED_CLAIM_GRACE_S
+    grace = reconcile_module.UNREPORTED_CLAIM_GRACE_S
 
-    assert store.heartbeat(runner.id, held(kept), NOW + grace - 1).abandon == []
-    assert store.get_run(forgotten.id) == forgotten  # still within the grace
+    assert store.runners.heartbeat(runner.id, held(kept), NOW + grace - 1).abandon == []
+    assert store.runs.get(forgotten.id) == forgotten  # still within the grace
 
-    store.heartbeat(runner.id, held(kept), NOW + grace + 1)
-    released = store.get_run(forgotten.id)
+    store.runners.heartbeat(runner.id, held(kept), NOW + grace + 1)
+    released = store.runs.get(forgotten.id)
     assert released.status is RunStatus.PENDING
     assert released.runner_id is None
-    assert store.get_run(kept.id).status is RunStatus.RUNNING
+    assert store.runs.get(kept.id).status is RunStatus.RUNNING
     again = claim_one(store, runner, NOW + grace + 2)
     assert (again.id, again.attempts) == (forgotten.id, 2)
 
 
 def test_heartbeat_of_an_unknown_runner_is_not_found(store: Store) -> None:
     with pytest.raises(NotFound) as err:
-        store.heartbeat("rnr_missing", [], NOW)
+        store.runners.heartbeat("rnr_missing", [], NOW)
     assert err.value.code == "runner_not_found"
 
 
@@ -704,24 +707,24 @@ def test_heartbeat_of_a_lost_runner_asks_it_to_register_again(store: Store) -> N
     runner = register(store)
     store.reconcile(NOW + LOST_AFTER + 1, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE)
     with pytest.raises(LeaseLost) as err:
-        store.heartbeat(runner.id, [], NOW + LOST_AFTER + 2)
+        store.runners.heartbeat(runner.id, [], NOW + LOST_AFTER + 2)
     assert err.value.code == "runner_lost"
 
 
 def test_register_with_a_known_id_reactivates_and_reconciles_held_runs(store: Store) -> None:
     runner = register(store, labels=("old",))
     taken = running(store, runner)
-    kept_claim = store.create_run(command(), NOW)
+    kept_claim = store.runs.create(command(), NOW)
     claim_one(store, runner)
     later = NOW + LOST_AFTER + 1
     result = store.reconcile(later, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE)
     assert result.lost_runners == [runner.id]
     assert sorted(result.requeued) == sorted([taken.id, kept_claim.id])
-    assert store.get_runner(runner.id).state is RunnerState.LOST
+    assert store.runners.get(runner.id).state is RunnerState.LOST
 
     other = register(store, name="other", now=later)
     stolen = claim_one(store, other, later)
-    back, sync = store.register_runner(
+    back, sync = store.runners.register(
         name="r2",
         hostname="h2",
         labels=("new",),
@@ -738,15 +741,15 @@ def test_register_with_a_known_id_reactivates_and_reconciles_held_runs(store: St
     assert back.last_heartbeat_at == later + 1
     assert back.registered_at == NOW
     assert sync.abandon == [taken.id]
-    assert store.get_run(stolen.id).runner_id == other.id
-    assert store.heartbeat(runner.id, [], later + 2) == store_module.RunnerSync()
+    assert store.runs.get(stolen.id).runner_id == other.id
+    assert store.runners.heartbeat(runner.id, [], later + 2) == RunnerSync()
 
 
 def test_register_again_while_still_holding_runs_keeps_them(store: Store) -> None:
     runner = register(store)
     run = running(store, runner)
-    store.set_runner_state(runner.id, RunnerState.DRAINING, NOW + 1)
-    back, sync = store.register_runner(
+    store.runners.set_state(runner.id, RunnerState.DRAINING, NOW + 1)
+    back, sync = store.runners.register(
         name="r",
         hostname="r.host",
         labels=(),
@@ -759,15 +762,15 @@ def test_register_again_while_still_holding_runs_keeps_them(store: Store) -> Non
     )
     assert back.state is RunnerState.ACTIVE
     assert sync.abandon == [] and sync.cancel == []
-    assert store.get_run(run.id) == run
+    assert store.runs.get(run.id) == run
 
 
 def test_stopping_a_runner_releases_its_runs(store: Store) -> None:
     runner = register(store)
     run = running(store, runner)
-    stopped = store.set_runner_state(runner.id, RunnerState.STOPPED, NOW + 1)
+    stopped = store.runners.set_state(runner.id, RunnerState.STOPPED, NOW + 1)
     assert stopped.state is RunnerState.STOPPED
-    released = store.get_run(run.id)
+    released = store.runs.get(run.id)
     assert (released.status, released.runner_id) == (RunStatus.PENDING, None)
 
 
@@ -777,41 +780,41 @@ def test_stopping_a_runner_releases_its_runs(store: Store) -> None:
 def test_reconcile_takes_runs_back_from_a_silent_runner(store: Store) -> None:
     silent = register(store, name="silent")
     alive = register(store, name="alive")
-    claimed_only = store.create_run(command(), NOW)
+    claimed_only = store.runs.create(command(), NOW)
     claim_one(store, silent)
     retryable = running(store, silent)
     last_try = running(store, silent, command(max_attempts=1))
     to_cancel = running(store, silent)
-    store.request_cancel(to_cancel.id, NOW + 1)
+    store.runs.request_cancel(to_cancel.id, NOW + 1)
     alive_run = running(store, alive)
 
     later = NOW + LOST_AFTER + 1
-    store.heartbeat(alive.id, held(alive_run), later - 1)
+    store.runners.heartbeat(alive.id, held(alive_run), later - 1)
     result = store.reconcile(later, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE)
     assert result.changed
     assert result.lost_runners == [silent.id]
     assert sorted(result.requeued) == sorted([claimed_only.id, retryable.id])
     assert sorted(result.failed) == sorted([last_try.id, to_cancel.id])
     assert result.timed_out == []
-    assert store.get_runner(silent.id).state is RunnerState.LOST
-    assert store.get_runner(alive.id).state is RunnerState.ACTIVE
+    assert store.runners.get(silent.id).state is RunnerState.LOST
+    assert store.runners.get(alive.id).state is RunnerState.ACTIVE
 
     for run_id in (claimed_only.id, retryable.id):
-        run = store.get_run(run_id)
+        run = store.runs.get(run_id)
         assert (run.status, run.runner_id, run.attempts) == (RunStatus.PENDING, None, 1)
         assert run.available_at == later
-    failed = store.get_run(last_try.id)
+    failed = store.runs.get(last_try.id)
     assert failed.status is RunStatus.FAILED
     assert failed.finished_at == later
     assert failed.error is not None
     assert "lost" in failed.error and "no attempts left" in failed.error
-    assert store.get_run(to_cancel.id).status is RunStatus.CANCELLED
-    assert store.get_run(alive_run.id) == alive_run
+    assert store.runs.get(to_cancel.id).status is RunStatus.CANCELLED
+    assert store.runs.get(alive_run.id) == alive_run
 
-    before = {r.id: r for r in store.list_runs(limit=100)}
+    before = {r.id: r for r in store.runs.list(limit=100)}
     again = store.reconcile(later + 1, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE)
     assert not again.changed
-    assert {r.id: r for r in store.list_runs(limit=100)} == before
+    assert {r.id: r for r in store.runs.list(limit=100)} == before
 
     retaken = claim_one(store, alive, later + 2)
     assert retaken.attempts == 2
@@ -821,28 +824,28 @@ def test_reconcile_times_out_overdue_runs(store: Store) -> None:
     runner = register(store)
     slow = running(store, runner, command(timeout_s=10.0))
     unbounded = running(store, runner)
-    claimed = store.create_run(command(timeout_s=20.0), NOW)
+    claimed = store.runs.create(command(timeout_s=20.0), NOW)
     claim_one(store, runner)
 
-    def reconcile_at(now: float) -> store_module.Reconciled:
-        store.heartbeat(runner.id, held(slow, unbounded, store.get_run(claimed.id)), now)
+    def reconcile_at(now: float) -> Reconciled:
+        store.runners.heartbeat(runner.id, held(slow, unbounded, store.runs.get(claimed.id)), now)
         return store.reconcile(now, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE)
 
     assert not reconcile_at(NOW + 10 + GRACE).changed  # at the limit, not past it
     result = reconcile_at(NOW + 10 + GRACE + 1)
     assert result.timed_out == [slow.id]
     assert result.lost_runners == [] and result.requeued == []
-    timed_out = store.get_run(slow.id)
+    timed_out = store.runs.get(slow.id)
     assert timed_out.status is RunStatus.TIMED_OUT
     assert timed_out.finished_at == NOW + 10 + GRACE + 1
     assert timed_out.error is not None and "timeout" in timed_out.error
 
     assert reconcile_at(NOW + 20 + GRACE + 1).timed_out == [claimed.id]
     assert not reconcile_at(NOW + 1000).changed
-    assert store.get_run(unbounded.id).status is RunStatus.RUNNING
+    assert store.runs.get(unbounded.id).status is RunStatus.RUNNING
     with pytest.raises(IllegalTransition):  # the runner's late report is refused…
         finish(store, slow, RunStatus.COMPLETED, now=NOW + 1001, exit_code=0)
-    assert store.get_run(slow.id) == timed_out  # …and changes nothing
+    assert store.runs.get(slow.id) == timed_out  # …and changes nothing
 
 
 # ---- logs ------------------------------------------------------------------------------------
@@ -855,46 +858,46 @@ def lines(start: int, count: int, stream: str = "stdout") -> list[LogLine]:
 def test_logs_append_and_read_after(store: Store) -> None:
     runner = register(store)
     run = running(store, runner)
-    assert store.append_logs(run.id, runner.id, 1, lines(0, 3)) == 3
-    assert store.append_logs(run.id, runner.id, 1, lines(3, 2, "stderr")) == 2
-    assert store.append_logs(run.id, runner.id, 1, []) == 0
-    entries = store.read_logs(run.id)
+    assert store.logs.append(run.id, runner.id, 1, lines(0, 3)) == 3
+    assert store.logs.append(run.id, runner.id, 1, lines(3, 2, "stderr")) == 2
+    assert store.logs.append(run.id, runner.id, 1, []) == 0
+    entries = store.logs.read(run.id)
     assert [(e.line_no, e.stream, e.text, e.ts) for e in entries] == [
         (n, "stdout" if n < 3 else "stderr", f"line {n}", NOW + n) for n in range(5)
     ]
     assert all(e.attempt == 1 for e in entries)
     ids = [e.id for e in entries]
     assert ids == sorted(ids) and len(set(ids)) == 5
-    assert [e.line_no for e in store.read_logs(run.id, after_id=ids[2])] == [3, 4]
-    assert [e.line_no for e in store.read_logs(run.id, after_id=ids[0], limit=2)] == [1, 2]
-    assert store.read_logs(run.id, after_id=ids[-1]) == []
+    assert [e.line_no for e in store.logs.read(run.id, after_id=ids[2])] == [3, 4]
+    assert [e.line_no for e in store.logs.read(run.id, after_id=ids[0], limit=2)] == [1, 2]
+    assert store.logs.read(run.id, after_id=ids[-1]) == []
 
 
 def test_a_retried_log_batch_is_stored_once(store: Store) -> None:
     runner = register(store)
     run = running(store, runner)
-    store.append_logs(run.id, runner.id, 1, lines(0, 3))
-    store.append_logs(run.id, runner.id, 1, lines(0, 4))  # the retry, with one more line
-    assert [e.line_no for e in store.read_logs(run.id)] == [0, 1, 2, 3]
+    store.logs.append(run.id, runner.id, 1, lines(0, 3))
+    store.logs.append(run.id, runner.id, 1, lines(0, 4))  # the retry, with one more line
+    assert [e.line_no for e in store.logs.read(run.id)] == [0, 1, 2, 3]
 
 
 def test_logs_from_another_runner_or_for_an_unknown_run_are_refused(store: Store) -> None:
     runner, other = register(store, name="a"), register(store, name="b")
     run = running(store, runner)
     with pytest.raises(LeaseLost):
-        store.append_logs(run.id, other.id, 1, lines(0, 1))
-    assert store.read_logs(run.id) == []
+        store.logs.append(run.id, other.id, 1, lines(0, 1))
+    assert store.logs.read(run.id) == []
     with pytest.raises(NotFound):
-        store.append_logs("run_missing", runner.id, 1, lines(0, 1))
+        store.logs.append("run_missing", runner.id, 1, lines(0, 1))
     with pytest.raises(NotFound):
-        store.read_logs("run_missing")
+        store.logs.read("run_missing")
 
 
 # ---- migrations ------------------------------------------------------------------------------
 
 
 def test_migrate_twice_is_a_no_op(store: Store) -> None:
-    run = store.create_run(command(), NOW)
+    run = store.runs.create(command(), NOW)
     assert migrate(store.db) == LATEST_VERSION
     assert migrate(store.db) == LATEST_VERSION
     with store.db.transaction(write=False) as tx:
@@ -903,34 +906,34 @@ def test_migrate_twice_is_a_no_op(store: Store) -> None:
             for r in tx.execute("SELECT version FROM schema_migrations ORDER BY version")
         ]
     assert versions == [v for v, _ in MIGRATIONS]
-    assert store.get_run(run.id) == run
+    assert store.runs.get(run.id) == run
 
 
 # ---- nested transactions --------------------------------------------------------------------
 
 
 def statuses(store: Store, *run_ids: str) -> list[str]:
-    return [str(store.get_run(r).status) for r in run_ids]
+    return [str(store.runs.get(r).status) for r in run_ids]
 
 
 def test_a_transaction_inside_another_is_a_savepoint(store: Store) -> None:
-    a, b = (store.create_run(command(), NOW).id for _ in range(2))
+    a, b = (store.runs.create(command(), NOW).id for _ in range(2))
     with store.db.transaction():
-        store.request_cancel(a, NOW)  # commits with the outer one
+        store.runs.request_cancel(a, NOW)  # commits with the outer one
         with pytest.raises(IllegalTransition), store.db.transaction() as tx:
             tx.execute("UPDATE runs SET status = 'failed' WHERE id = ?", (b,))
             raise IllegalTransition("undo only this")
-        store.request_cancel(b, NOW)
+        store.runs.request_cancel(b, NOW)
     assert statuses(store, a, b) == ["cancelled", "cancelled"]
 
 
 def test_a_failed_outer_transaction_undoes_what_its_savepoints_did(store: Store) -> None:
-    run_id = store.create_run(command(), NOW).id
+    run_id = store.runs.create(command(), NOW).id
     with pytest.raises(RuntimeError), store.db.transaction():
-        store.request_cancel(run_id, NOW)  # a savepoint, released
+        store.runs.request_cancel(run_id, NOW)  # a savepoint, released
         raise RuntimeError("the outer one fails")
     assert statuses(store, run_id) == ["pending"]
-    store.request_cancel(run_id, NOW)  # the thread's next transaction is a fresh one
+    store.runs.request_cancel(run_id, NOW)  # the thread's next transaction is a fresh one
     assert statuses(store, run_id) == ["cancelled"]
 
 
@@ -940,15 +943,15 @@ def test_a_failed_outer_transaction_undoes_what_its_savepoints_did(store: Store)
 def test_runs_whose_final_report_is_in_flight_free_their_slots(store: Store) -> None:
     runner = register(store, slots=2)
     for _ in range(4):
-        store.create_run(command(), NOW)
+        store.runs.create(command(), NOW)
 
     def start(run: Run) -> dict[str, Any]:
         return {"type": "start_run", "run_id": run.id}
 
-    first = store.link.claim_into_commands(runner.id, NOW, start)
+    first = store.commands.claim_into_commands(runner.id, NOW, start)
     a, b = (c.body["run_id"] for c in first)
-    assert store.link.claim_into_commands(runner.id, NOW, start) == []  # both slots busy
+    assert store.commands.claim_into_commands(runner.id, NOW, start) == []  # both slots busy
     # A report of another attempt of ``a`` frees nothing; ``b``'s own report frees one.
-    assert store.link.claim_into_commands(runner.id, NOW, start, finishing={(a, 2)}) == []
-    (third,) = store.link.claim_into_commands(runner.id, NOW, start, finishing={(b, 1)})
+    assert store.commands.claim_into_commands(runner.id, NOW, start, finishing={(a, 2)}) == []
+    (third,) = store.commands.claim_into_commands(runner.id, NOW, start, finishing={(b, 1)})
     assert third.body["run_id"] not in (a, b)

@@ -38,11 +38,11 @@ def spec(key: str, *after: str, **kw: Any) -> TaskSpec:
 
 
 def project(store: Store, now: float = NOW, **settings: Any) -> Project:
-    return store.tasks.ensure_project("/repo", "main", now, **settings)
+    return store.projects.ensure("/repo", "main", now, **settings)
 
 
 def tasks_by_key(store: Store, pid: str) -> dict[str, Task]:
-    return {t.key: t for t in store.tasks.list_tasks(pid)}
+    return {t.key: t for t in store.tasks.list(pid)}
 
 
 def statuses(store: Store, pid: str) -> dict[str, TaskStatus]:
@@ -50,7 +50,7 @@ def statuses(store: Store, pid: str) -> dict[str, TaskStatus]:
 
 
 def register(store: Store, name: str = "r1", now: float = NOW) -> RunnerId:
-    runner, _ = store.register_runner(
+    runner, _ = store.runners.register(
         name=name, hostname=name, labels=(), slots=64, version="0", transport="http", now=now
     )
     return runner.id
@@ -63,12 +63,12 @@ def task_updates(store: Store) -> list[tuple[str, float]]:
 
 
 def task_runs(store: Store) -> list[Run]:
-    return [r for r in store.list_runs(limit=100_000) if r.type is RunType.TASK]
+    return [r for r in store.runs.list(limit=100_000) if r.type is RunType.TASK]
 
 
 def claim_all(store: Store, runner: RunnerId, now: float) -> dict[str, Run]:
     """Claim every pending run for ``runner``; by task id."""
-    return {str(r.task_id): r for r in store.claim_runs(runner, 10_000, now)}
+    return {str(r.task_id): r for r in store.runs.claim(runner, 10_000, now)}
 
 
 def finish(
@@ -83,14 +83,14 @@ def finish(
     **task: Any,
 ) -> Run:
     assert run.runner_id is not None
-    store.mark_started(run.id, run.runner_id, run.attempts, now)  # a no-op if it was
+    store.runs.mark_started(run.id, run.runner_id, run.attempts, now)  # a no-op if it was
     # As a runner does, the attempt reports its worktree before anything else (a task
     # still ``claimed`` can fail but not complete: see the task transition table).
-    store.record_task_step(run.id, run.runner_id, run.attempts, "worktree", {"at": now}, now)
+    store.runs.record_task_step(run.id, run.runner_id, run.attempts, "worktree", {"at": now}, now)
     if agent_step is not None:
-        store.record_task_step(run.id, run.runner_id, run.attempts, "agent", agent_step, now)
+        store.runs.record_task_step(run.id, run.runner_id, run.attempts, "agent", agent_step, now)
     report = RunReport(status=status, cost_usd=cost, error=error, task=task or None)
-    return store.finish_run(run.id, run.runner_id, run.attempts, report, now)
+    return store.runs.finish(run.id, run.runner_id, run.attempts, report, now)
 
 
 def run_task_once(
@@ -99,7 +99,7 @@ def run_task_once(
     """Claim the run of task ``key`` (already scheduled) unless held already; finish it."""
     task = tasks_by_key(store, pid)[key]
     assert task.status is S.CLAIMED and task.run_id, f"{key} is {task.status}"
-    run = store.get_run(task.run_id)
+    run = store.runs.get(task.run_id)
     if run.status is RunStatus.PENDING:
         run = claim_all(store, runner, now)[task.id]
     return finish(store, run, now, **finish_kw)
@@ -134,7 +134,7 @@ def fail_task_once(
 
 def test_add_tasks_sets_statuses_and_counters(store: Store) -> None:
     pid = project(store).id
-    result = store.tasks.add_tasks(
+    result = store.tasks.add(
         pid, [spec("a"), spec("b"), spec("c", "a"), spec("d", "a", "b"), spec("e", "d")], {}, NOW
     )
     assert result.created == ["a", "b", "c", "d", "e"]
@@ -160,16 +160,16 @@ def test_add_tasks_sets_statuses_and_counters(store: Store) -> None:
 def test_reimport_is_idempotent_and_changes_only_content(store: Store) -> None:
     pid = project(store).id
     plan = [spec("a"), spec("b", "a"), spec("c", "b")]
-    store.tasks.add_tasks(pid, plan, {}, NOW)
-    before, updates = store.tasks.list_tasks(pid), task_updates(store)
+    store.tasks.add(pid, plan, {}, NOW)
+    before, updates = store.tasks.list(pid), task_updates(store)
 
-    again = store.tasks.add_tasks(pid, plan, {}, NOW + 10)
+    again = store.tasks.add(pid, plan, {}, NOW + 10)
     assert (again.created, again.updated, again.unchanged) == ([], [], ["a", "b", "c"])
-    assert store.tasks.list_tasks(pid) == before
+    assert store.tasks.list(pid) == before
     assert task_updates(store) == updates  # nothing written
 
     changed = [spec("a"), spec("b", "a", title="b, better"), spec("c", "b")]
-    result = store.tasks.add_tasks(pid, changed, {}, NOW + 20)
+    result = store.tasks.add(pid, changed, {}, NOW + 20)
     assert (result.created, result.updated, result.unchanged) == ([], ["b"], ["a", "c"])
     b = tasks_by_key(store, pid)["b"]
     assert b.title == "b, better" and b.status is S.BLOCKED and b.remaining_blockers == 1
@@ -178,7 +178,7 @@ def test_reimport_is_idempotent_and_changes_only_content(store: Store) -> None:
 def test_tasks_may_come_before_their_blockers(store: Store) -> None:
     """Order inside a plan does not matter: a task may name blockers listed after it."""
     pid = project(store).id
-    result = store.tasks.add_tasks(
+    result = store.tasks.add(
         pid, [spec("d", "c", "b"), spec("c", "a"), spec("b", "a"), spec("a")], {}, NOW
     )
     assert result.created == ["d", "c", "b", "a"]
@@ -187,9 +187,9 @@ def test_tasks_may_come_before_their_blockers(store: Store) -> None:
     assert {k: t.remaining_blockers for k, t in tasks.items()} == {"a": 0, "b": 1, "c": 1, "d": 2}
     assert tasks["d"].blocked_by == ("b", "c")
     # A later import may also put a new blocker after its new dependent.
-    store.tasks.add_tasks(pid, [spec("f", "e", "a"), spec("e", "d")], {}, NOW + 1)
+    store.tasks.add(pid, [spec("f", "e", "a"), spec("e", "d")], {}, NOW + 1)
     assert tasks_by_key(store, pid)["f"].remaining_blockers == 2
-    assert [t.key for t in store.tasks.list_tasks(pid)] == ["d", "c", "b", "a", "f", "e"]
+    assert [t.key for t in store.tasks.list(pid)] == ["d", "c", "b", "a", "f", "e"]
 
 
 @pytest.mark.parametrize(
@@ -208,25 +208,25 @@ def test_a_bad_import_writes_nothing(
     store: Store, bad: list[TaskSpec], code: str, message: str
 ) -> None:
     pid = project(store).id
-    store.tasks.add_tasks(pid, [spec("a"), spec("b"), spec("c")], {}, NOW)
-    before, updates = store.tasks.list_tasks(pid), task_updates(store)
+    store.tasks.add(pid, [spec("a"), spec("b"), spec("c")], {}, NOW)
+    before, updates = store.tasks.list(pid), task_updates(store)
     # A content change and a new task come first: neither may stay behind.
     with pytest.raises(InvalidRequest, match=message) as refused:
-        store.tasks.add_tasks(
+        store.tasks.add(
             pid, [spec("a", title="new title"), spec("new"), *bad], {}, NOW + 10, digest="d1"
         )
     assert refused.value.code == code
-    assert store.tasks.list_tasks(pid) == before
+    assert store.tasks.list(pid) == before
     assert task_updates(store) == updates
-    assert store.tasks.get_project(pid).plan_digest is None
+    assert store.projects.get(pid).plan_digest is None
 
 
 def test_a_started_task_cannot_change(store: Store) -> None:
     pid = project(store).id
-    store.tasks.add_tasks(pid, [spec("a")], {}, NOW)
+    store.tasks.add(pid, [spec("a")], {}, NOW)
     store.tasks.start(pid, 1, NOW)
     with pytest.raises(InvalidRequest, match="no longer change"):
-        store.tasks.add_tasks(pid, [spec("a", title="other")], {}, NOW + 1)
+        store.tasks.add(pid, [spec("a", title="other")], {}, NOW + 1)
     assert tasks_by_key(store, pid)["a"].title == "task a"
 
 
@@ -235,7 +235,7 @@ def test_a_started_task_cannot_change(store: Store) -> None:
 
 def test_start_claims_up_to_workers_by_priority_atomically(store: Store) -> None:
     pid = project(store).id
-    store.tasks.add_tasks(
+    store.tasks.add(
         pid,
         [
             spec("low", priority=-5),
@@ -254,24 +254,24 @@ def test_start_claims_up_to_workers_by_priority_atomically(store: Store) -> None
     )
     assert {k for k, t in tasks.items() if t.status is S.CLAIMED} == {"higher", "high"}
     for run in runs:
-        stored = store.get_run(run.id)
+        stored = store.runs.get(run.id)
         assert stored.type is RunType.TASK and stored.status is RunStatus.PENDING
         task = next(t for t in tasks.values() if t.id == stored.task_id)
         assert task.run_id == stored.id and task.attempts == 1
         assert stored.prompt == task.prompt and stored.project_dir == "/repo"
     assert len(task_runs(store)) == 2
-    assert store.tasks.get_project(pid).workers == 2
+    assert store.projects.get(pid).workers == 2
     # Nothing more while both workers are busy.
     assert store.tasks.schedule(pid, NOW + 1) == []
 
 
 def test_a_paused_project_claims_nothing_until_resumed(store: Store) -> None:
     pid = project(store).id
-    store.tasks.add_tasks(pid, [spec("a"), spec("b")], {}, NOW)
+    store.tasks.add(pid, [spec("a"), spec("b")], {}, NOW)
     assert store.tasks.set_paused(pid, True, NOW, "by hand") == []
     assert store.tasks.start(pid, 2, NOW) == []
     assert store.tasks.schedule(pid, NOW + 1) == []
-    p = store.tasks.get_project(pid)
+    p = store.projects.get(pid)
     assert p.paused and p.pause_reason == "by hand"
     assert set(statuses(store, pid).values()) == {S.READY}
     assert task_runs(store) == []
@@ -279,7 +279,7 @@ def test_a_paused_project_claims_nothing_until_resumed(store: Store) -> None:
     runs = store.tasks.set_paused(pid, False, NOW + 2)
     assert len(runs) == 2
     assert set(statuses(store, pid).values()) == {S.CLAIMED}
-    p = store.tasks.get_project(pid)
+    p = store.projects.get(pid)
     assert not p.paused and p.pause_reason is None
 
 
@@ -287,40 +287,40 @@ def test_a_pause_stops_claims_only(store: Store) -> None:
     """A task under way when the plan is paused goes on to the end (and its dependent is
     not claimed); the pause lasts through another start until it is lifted."""
     pid = project(store).id
-    store.tasks.add_tasks(pid, [spec("a"), spec("b", "a"), spec("c")], {}, NOW)
+    store.tasks.add(pid, [spec("a"), spec("b", "a"), spec("c")], {}, NOW)
     runner = register(store)
     store.tasks.start(pid, 1, NOW)
     store.tasks.set_paused(pid, True, NOW + 1, "by hand")
     run_task_once(store, runner, pid, "a", NOW + 2, outcome="merged", merge_commit="m")
     assert statuses(store, pid) == {"a": S.COMPLETED, "b": S.READY, "c": S.READY}
     assert store.tasks.start(pid, 2, NOW + 3) == []
-    assert store.tasks.get_project(pid).paused
+    assert store.projects.get(pid).paused
     assert len(store.tasks.set_paused(pid, False, NOW + 4)) == 2
 
 
 def test_a_started_task_whose_runner_is_gone_is_interrupted(store: Store) -> None:
     pid = project(store).id
-    store.tasks.add_tasks(pid, [spec("a"), spec("b")], {}, NOW)
+    store.tasks.add(pid, [spec("a"), spec("b")], {}, NOW)
     store.tasks.start(pid, 2, NOW)
-    assert not any(t.interrupted for t in store.tasks.list_tasks(pid))  # claimed, queued
+    assert not any(t.interrupted for t in store.tasks.list(pid))  # claimed, queued
     runner = register(store, "r1", NOW)
     runs = claim_all(store, runner, NOW)
     a = tasks_by_key(store, pid)["a"]
     run = runs[a.id]
-    store.mark_started(run.id, runner, run.attempts, NOW)
-    store.record_task_step(run.id, runner, run.attempts, "worktree", {"path": "/wt"}, NOW)
-    assert not store.tasks.get_task(pid, "a").interrupted
+    store.runs.mark_started(run.id, runner, run.attempts, NOW)
+    store.runs.record_task_step(run.id, runner, run.attempts, "worktree", {"path": "/wt"}, NOW)
+    assert not store.tasks.get(pid, "a").interrupted
 
     store.reconcile(NOW + 100, lost_after_s=30, timeout_grace_s=5)  # the runner is lost
     assert {k: t.interrupted for k, t in tasks_by_key(store, pid).items()} == {
         "a": True,  # in progress, its run back to pending
         "b": False,  # claimed and queued again: nothing had started
     }
-    assert store.tasks.get_task(pid, "a").interrupted
+    assert store.tasks.get(pid, "a").interrupted
 
     other = register(store, "r2", NOW + 100)
     claim_all(store, other, NOW + 101)
-    assert not store.tasks.get_task(pid, "a").interrupted  # picked up again
+    assert not store.tasks.get(pid, "a").interrupted  # picked up again
 
 
 # ---- a whole flow through the run API --------------------------------------------------------
@@ -328,16 +328,16 @@ def test_a_started_task_whose_runner_is_gone_is_interrupted(store: Store) -> Non
 
 def test_full_flow_steps_merge_and_wake_dependents(store: Store) -> None:
     pid = project(store).id
-    store.tasks.add_tasks(pid, [spec("a"), spec("b"), spec("c", "a", "b"), spec("d", "c")], {}, NOW)
+    store.tasks.add(pid, [spec("a"), spec("b"), spec("c", "a", "b"), spec("d", "c")], {}, NOW)
     runner = register(store)
     store.tasks.start(pid, 4, NOW)
     claimed = claim_all(store, runner, NOW + 1)
     tasks = tasks_by_key(store, pid)
     run_a = claimed[tasks["a"].id]
-    store.mark_started(run_a.id, runner, run_a.attempts, NOW + 1)
+    store.runs.mark_started(run_a.id, runner, run_a.attempts, NOW + 1)
 
     def step(name: str, data: dict[str, Any], at: float) -> Task:
-        store.record_task_step(run_a.id, runner, run_a.attempts, name, data, at)
+        store.runs.record_task_step(run_a.id, runner, run_a.attempts, name, data, at)
         return tasks_by_key(store, pid)["a"]
 
     assert step("worktree", {"path": "/wt/a"}, NOW + 2).status is S.IN_PROGRESS
@@ -368,7 +368,7 @@ def test_full_flow_steps_merge_and_wake_dependents(store: Store) -> None:
     # c's last blocker completed: it became ready and was claimed in that same transaction.
     c = tasks["c"]
     assert c.remaining_blockers == 0 and c.status is S.CLAIMED and c.run_id is not None
-    run_c = store.get_run(c.run_id)
+    run_c = store.runs.get(c.run_id)
     assert run_c.task_id == c.id and run_c.status is RunStatus.PENDING
     assert run_c.created_at == NOW + 7
     assert tasks["d"].status is S.BLOCKED
@@ -385,7 +385,7 @@ def test_full_flow_steps_merge_and_wake_dependents(store: Store) -> None:
 
 def test_a_step_from_an_old_run_is_ignored(store: Store) -> None:
     pid = project(store, retry_backoff_s=0.0).id
-    store.tasks.add_tasks(pid, [spec("a")], {}, NOW)
+    store.tasks.add(pid, [spec("a")], {}, NOW)
     runner = register(store)
     store.tasks.start(pid, 1, NOW)
     tid = tasks_by_key(store, pid)["a"].id
@@ -393,9 +393,9 @@ def test_a_step_from_an_old_run_is_ignored(store: Store) -> None:
     finish(store, first, NOW + 1, status=RunStatus.FAILED, error="boom", outcome="agent_failed")
     second = claim_all(store, runner, NOW + 2)[tid]
     assert second.id != first.id
-    store.record_task_step(second.id, runner, second.attempts, "worktree", {"p": 2}, NOW + 3)
+    store.runs.record_task_step(second.id, runner, second.attempts, "worktree", {"p": 2}, NOW + 3)
     # A late report of the first run's (its lease is still its own) changes nothing.
-    store.record_task_step(first.id, runner, first.attempts, "agent", {"late": 1}, NOW + 4)
+    store.runs.record_task_step(first.id, runner, first.attempts, "agent", {"late": 1}, NOW + 4)
     a = tasks_by_key(store, pid)["a"]
     assert a.steps["worktree"] == {"p": 2} and "agent" not in a.steps
     assert a.run_id == second.id and a.status is S.IN_PROGRESS
@@ -406,7 +406,7 @@ def test_a_step_from_an_old_run_is_ignored(store: Store) -> None:
 
 def test_no_changes_fails_the_attempt_with_backoff_then_the_task(store: Store) -> None:
     pid = project(store, on_no_changes="fail", retry_backoff_s=10.0).id
-    store.tasks.add_tasks(pid, [spec("a", max_attempts=2), spec("b", "a")], {}, NOW)
+    store.tasks.add(pid, [spec("a", max_attempts=2), spec("b", "a")], {}, NOW)
     runner = register(store)
     store.tasks.start(pid, 2, NOW)
     agent = {"session_id": "s1", "result": "nothing to do"}
@@ -430,7 +430,7 @@ def test_no_changes_fails_the_attempt_with_backoff_then_the_task(store: Store) -
 
 def test_no_changes_completes_when_the_project_says_so(store: Store) -> None:
     pid = project(store, on_no_changes="complete").id
-    store.tasks.add_tasks(pid, [spec("a"), spec("b", "a")], {}, NOW)
+    store.tasks.add(pid, [spec("a"), spec("b", "a")], {}, NOW)
     runner = register(store)
     store.tasks.start(pid, 1, NOW)
     run_task_once(store, runner, pid, "a", NOW + 1, outcome="no_changes")
@@ -444,7 +444,7 @@ def test_no_changes_completes_when_the_project_says_so(store: Store) -> None:
 
 def test_merge_conflict_blocks_dependents_transitively_until_retried(store: Store) -> None:
     pid = project(store).id
-    store.tasks.add_tasks(pid, [spec("a"), spec("b", "a"), spec("c", "b"), spec("other")], {}, NOW)
+    store.tasks.add(pid, [spec("a"), spec("b", "a"), spec("c", "b"), spec("other")], {}, NOW)
     runner = register(store)
     store.tasks.start(pid, 1, NOW)  # a first (file order)
     run_task_once(
@@ -478,7 +478,7 @@ def test_merge_conflict_blocks_dependents_transitively_until_retried(store: Stor
 
 def test_failure_after_max_attempts_and_partial_retry(store: Store) -> None:
     pid = project(store, retry_backoff_s=0.0).id
-    store.tasks.add_tasks(
+    store.tasks.add(
         pid,
         [
             spec("x", max_attempts=2),
@@ -524,7 +524,7 @@ def test_failure_after_max_attempts_and_partial_retry(store: Store) -> None:
 
 def test_only_settled_failures_can_be_retried(store: Store) -> None:
     pid = project(store).id
-    store.tasks.add_tasks(pid, [spec("a"), spec("b", "a")], {}, NOW)
+    store.tasks.add(pid, [spec("a"), spec("b", "a")], {}, NOW)
     for key in ("a", "b"):
         with pytest.raises(Conflict, match="only failed"):
             store.tasks.retry(pid, key, NOW)
@@ -535,19 +535,19 @@ def test_only_settled_failures_can_be_retried(store: Store) -> None:
 
 def test_a_lost_and_requeued_task_run_leaves_the_task_alone(store: Store) -> None:
     pid = project(store).id
-    store.tasks.add_tasks(pid, [spec("a")], {}, NOW)
+    store.tasks.add(pid, [spec("a")], {}, NOW)
     store.tasks.start(pid, 1, NOW)
     runner = register(store, "r1", NOW)
     a = tasks_by_key(store, pid)["a"]
     run = claim_all(store, runner, NOW)[a.id]
-    store.mark_started(run.id, runner, run.attempts, NOW)
-    store.record_task_step(run.id, runner, run.attempts, "worktree", {"path": "/wt"}, NOW)
+    store.runs.mark_started(run.id, runner, run.attempts, NOW)
+    store.runs.record_task_step(run.id, runner, run.attempts, "worktree", {"path": "/wt"}, NOW)
     result = store.reconcile(NOW + 100, lost_after_s=30, timeout_grace_s=5)
     assert result.requeued == [run.id]
     after = tasks_by_key(store, pid)["a"]
     assert after.status is S.IN_PROGRESS and after.run_id == run.id and after.attempts == 1
     assert after.steps == {"worktree": {"path": "/wt"}}
-    assert store.get_run(run.id).status is RunStatus.PENDING
+    assert store.runs.get(run.id).status is RunStatus.PENDING
 
     # Another runner takes the same run over and finishes the task.
     other = register(store, "r2", NOW + 100)
@@ -562,7 +562,7 @@ def test_a_task_run_failed_by_the_reconciler_fails_the_attempt(
     store: Store, max_attempts: int
 ) -> None:
     pid = project(store, retry_backoff_s=5.0).id
-    store.tasks.add_tasks(pid, [spec("a", max_attempts=max_attempts), spec("b", "a")], {}, NOW)
+    store.tasks.add(pid, [spec("a", max_attempts=max_attempts), spec("b", "a")], {}, NOW)
     store.tasks.start(pid, 1, NOW)
     tid = tasks_by_key(store, pid)["a"].id
     now = NOW
@@ -578,7 +578,7 @@ def test_a_task_run_failed_by_the_reconciler_fails_the_attempt(
         result = store.reconcile(now, lost_after_s=30, timeout_grace_s=5)
         failed += result.failed
     assert run is not None and failed == [run.id]
-    stored = store.get_run(run.id)
+    stored = store.runs.get(run.id)
     assert stored.status is RunStatus.FAILED and "no attempts left" in (stored.error or "")
     a = tasks_by_key(store, pid)["a"]
     assert a.attempts == 1 and "no attempts left" in (a.last_error or "")
@@ -595,7 +595,7 @@ def test_a_missing_program_gives_the_attempt_back_and_stops_the_plan_run(store: 
     """Not worth retrying, and not the task's fault: it waits, ready, for a plan run that
     has the program; the plan run claims nothing more meanwhile."""
     pid = project(store, retry_backoff_s=0.0).id
-    store.tasks.add_tasks(pid, [spec("a"), spec("b"), spec("c", "a")], {}, NOW)
+    store.tasks.add(pid, [spec("a"), spec("b"), spec("c", "a")], {}, NOW)
     runner = register(store)
     store.tasks.start(pid, 1, NOW)
     run = run_task_once(
@@ -613,7 +613,7 @@ def test_a_missing_program_gives_the_attempt_back_and_stops_the_plan_run(store: 
     assert a.status is S.READY and a.attempts == 0 and a.run_id is None
     assert a.last_error == "could not start: no such program: 'claude'"
     assert statuses(store, pid) == {"a": S.READY, "b": S.READY, "c": S.BLOCKED}
-    assert store.tasks.get_project(pid).workers == 0
+    assert store.projects.get(pid).workers == 0
     assert store.tasks.schedule_all(NOW + 2) == []
     assert len(store.tasks.start(pid, 1, NOW + 3)) == 1  # the next plan run goes on
 
@@ -623,20 +623,20 @@ def test_a_missing_program_gives_the_attempt_back_and_stops_the_plan_run(store: 
 
 def test_costs_add_up_and_a_project_budget_stops_claims_until_raised(store: Store) -> None:
     pid = project(store, budget_usd=1.0, retry_backoff_s=0.0).id
-    store.tasks.add_tasks(pid, [spec("a", max_attempts=3), spec("b"), spec("c", "b")], {}, NOW)
+    store.tasks.add(pid, [spec("a", max_attempts=3), spec("b"), spec("c", "b")], {}, NOW)
     runner = register(store)
     store.tasks.start(pid, 2, NOW)  # a and b
     fail_task_once(store, runner, pid, "a", NOW + 1, error="x", cost=0.25)
     run_task_once(store, runner, pid, "a", NOW + 2, cost=0.25, outcome="merged")
     tasks = tasks_by_key(store, pid)
     assert tasks["a"].cost_usd == pytest.approx(0.5)
-    assert store.tasks.get_project(pid).cost_usd == pytest.approx(0.5)
-    assert not store.tasks.get_project(pid).paused
+    assert store.projects.get(pid).cost_usd == pytest.approx(0.5)
+    assert not store.projects.get(pid).paused
 
     # b's run brings the plan to its budget: c (now ready) is not claimed.
     run_task_once(store, runner, pid, "b", NOW + 3, cost=0.5, outcome="merged")
     tasks = tasks_by_key(store, pid)
-    p = store.tasks.get_project(pid)
+    p = store.projects.get(pid)
     assert tasks["b"].status is S.COMPLETED and tasks["b"].cost_usd == pytest.approx(0.5)
     assert p.cost_usd == pytest.approx(1.0)
     assert p.budget_reached and not p.paused
@@ -656,12 +656,12 @@ def test_an_agents_cost_counts_whatever_happens_after_it(store: Store) -> None:
     report carries no cost). The cost still counts for the run, task, plan and session, so
     the budget sees it; the next attempt reuses the agent's result without counting it again."""
     pid = project(store, budget_usd=0.4, retry_backoff_s=0.0).id
-    store.tasks.add_tasks(pid, [spec("a", max_attempts=2), spec("b")], {}, NOW)
+    store.tasks.add(pid, [spec("a", max_attempts=2), spec("b")], {}, NOW)
     runner = register(store)
     store.tasks.start(pid, 1, NOW)
     run = claim_all(store, runner, NOW)[tasks_by_key(store, pid)["a"].id]
-    store.mark_started(run.id, runner, run.attempts, NOW)
-    store.record_session(run.id, runner, run.attempts, "sess-a", NOW)
+    store.runs.mark_started(run.id, runner, run.attempts, NOW)
+    store.runs.record_session(run.id, runner, run.attempts, "sess-a", NOW)
     agent = {"run_id": run.id, "session_id": "sess-a", "result": "done", "cost_usd": 0.4}
     failed = finish(
         store,
@@ -674,9 +674,9 @@ def test_an_agents_cost_counts_whatever_happens_after_it(store: Store) -> None:
     )
     assert failed.cost_usd == pytest.approx(0.4)
     assert tasks_by_key(store, pid)["a"].cost_usd == pytest.approx(0.4)
-    p = store.tasks.get_project(pid)
+    p = store.projects.get(pid)
     assert p.cost_usd == pytest.approx(0.4)
-    assert store.get_session("sess-a").cost_usd == pytest.approx(0.4)
+    assert store.sessions.get("sess-a").cost_usd == pytest.approx(0.4)
     assert p.budget_reached
     assert statuses(store, pid) == {"a": S.READY, "b": S.READY}  # nothing claimed
 
@@ -685,21 +685,21 @@ def test_an_agents_cost_counts_whatever_happens_after_it(store: Store) -> None:
     again = run_task_once(store, runner, pid, "a", NOW + 3, outcome="merged", merge_commit="m")
     assert again.cost_usd is None
     assert tasks_by_key(store, pid)["a"].cost_usd == pytest.approx(0.4)
-    assert store.tasks.get_project(pid).cost_usd == pytest.approx(0.4)
+    assert store.projects.get(pid).cost_usd == pytest.approx(0.4)
 
 
 def test_an_agents_cost_counts_when_its_run_is_lost_for_good(store: Store) -> None:
     pid = project(store).id
-    store.tasks.add_tasks(pid, [spec("a")], {}, NOW)
+    store.tasks.add(pid, [spec("a")], {}, NOW)
     store.tasks.start(pid, 1, NOW)
     tid = tasks_by_key(store, pid)["a"].id
     runner = register(store, "r0", NOW)
     run = claim_all(store, runner, NOW)[tid]
-    store.mark_started(run.id, runner, run.attempts, NOW)
-    store.record_session(run.id, runner, run.attempts, "sess-a", NOW)
+    store.runs.mark_started(run.id, runner, run.attempts, NOW)
+    store.runs.record_session(run.id, runner, run.attempts, "sess-a", NOW)
     agent = {"run_id": run.id, "session_id": "sess-a", "cost_usd": 0.25}
-    store.record_task_step(run.id, runner, run.attempts, "agent", agent, NOW)
-    store.record_task_step(run.id, runner, run.attempts, "agent", agent, NOW)  # sent twice
+    store.runs.record_task_step(run.id, runner, run.attempts, "agent", agent, NOW)
+    store.runs.record_task_step(run.id, runner, run.attempts, "agent", agent, NOW)  # sent twice
     now, failed = NOW, []
     for i in range(1, 10):  # runners die until the run's own attempts run out
         now += 100
@@ -708,15 +708,15 @@ def test_an_agents_cost_counts_when_its_run_is_lost_for_good(store: Store) -> No
             break
         claim_all(store, register(store, f"r{i}", now), now)
     assert failed == [run.id]
-    assert store.get_run(run.id).cost_usd == pytest.approx(0.25)
+    assert store.runs.get(run.id).cost_usd == pytest.approx(0.25)
     assert tasks_by_key(store, pid)["a"].cost_usd == pytest.approx(0.25)
-    assert store.tasks.get_project(pid).cost_usd == pytest.approx(0.25)
-    assert store.get_session("sess-a").cost_usd == pytest.approx(0.25)
+    assert store.projects.get(pid).cost_usd == pytest.approx(0.25)
+    assert store.sessions.get("sess-a").cost_usd == pytest.approx(0.25)
 
 
 def test_a_task_budget_fails_the_task_instead_of_retrying(store: Store) -> None:
     pid = project(store, retry_backoff_s=0.0).id
-    store.tasks.add_tasks(pid, [spec("a", max_attempts=5, budget_usd=1.0), spec("b", "a")], {}, NOW)
+    store.tasks.add(pid, [spec("a", max_attempts=5, budget_usd=1.0), spec("b", "a")], {}, NOW)
     runner = register(store)
     store.tasks.start(pid, 1, NOW)
     fail_task_once(store, runner, pid, "a", NOW + 1, error="e1", cost=0.6)
@@ -735,7 +735,7 @@ def test_a_task_budget_fails_the_task_instead_of_retrying(store: Store) -> None:
 
 def test_cancel_a_ready_task_then_retry_it(store: Store) -> None:
     pid = project(store).id
-    store.tasks.add_tasks(pid, [spec("a"), spec("b", "a"), spec("c", "b")], {}, NOW)
+    store.tasks.add(pid, [spec("a"), spec("b", "a"), spec("c", "b")], {}, NOW)
     a = store.tasks.cancel(pid, "a", NOW + 1)
     assert a.status is S.CANCELLED and a.finished_at == NOW + 1
     assert statuses(store, pid) == {
@@ -752,13 +752,13 @@ def test_cancel_a_ready_task_then_retry_it(store: Store) -> None:
 
 def test_cancel_a_running_task_then_its_run_ends(store: Store) -> None:
     pid = project(store).id
-    store.tasks.add_tasks(pid, [spec("a"), spec("b", "a")], {}, NOW)
+    store.tasks.add(pid, [spec("a"), spec("b", "a")], {}, NOW)
     runner = register(store)
     store.tasks.start(pid, 1, NOW)
     run = claim_all(store, runner, NOW)[tasks_by_key(store, pid)["a"].id]
-    store.mark_started(run.id, runner, run.attempts, NOW)
+    store.runs.mark_started(run.id, runner, run.attempts, NOW)
     assert store.tasks.cancel(pid, "a", NOW + 1).status is S.CANCELLED
-    store.request_cancel(run.id, NOW + 1)
+    store.runs.request_cancel(run.id, NOW + 1)
     ended = finish(store, run, NOW + 2, status=RunStatus.FAILED, cost=0.1, error="killed")
     assert ended.status is RunStatus.CANCELLED
     tasks = tasks_by_key(store, pid)
@@ -800,7 +800,7 @@ def test_postgres_concurrent_completions_wake_every_dependent(store: Store, stor
         assert second != first
         specs.append(spec(f"c{j}", f"b{first}", f"b{second}"))
     pid = project(store).id
-    store.tasks.add_tasks(pid, specs, {}, NOW)
+    store.tasks.add(pid, specs, {}, NOW)
     started = store.tasks.start(pid, workers, NOW)
     assert len(started) == blockers  # only the blockers are ready
 
@@ -808,7 +808,7 @@ def test_postgres_concurrent_completions_wake_every_dependent(store: Store, stor
     held: dict[RunnerId, list[Run]] = {}
     per = blockers // threads
     for runner in runners:
-        held[runner] = store.claim_runs(runner, per, NOW + 1)
+        held[runner] = store.runs.claim(runner, per, NOW + 1)
     assert sum(len(v) for v in held.values()) == blockers
 
     opened = [Store.open(store_url) for _ in range(threads)]
@@ -818,12 +818,12 @@ def test_postgres_concurrent_completions_wake_every_dependent(store: Store, stor
             def work() -> None:
                 for i, run in enumerate(held[runner]):
                     now = NOW + 2 + i * 0.001
-                    own.mark_started(run.id, runner, run.attempts, now)
-                    own.record_task_step(run.id, runner, run.attempts, "worktree", {}, now)
+                    own.runs.mark_started(run.id, runner, run.attempts, now)
+                    own.runs.record_task_step(run.id, runner, run.attempts, "worktree", {}, now)
                     report = RunReport(
                         RunStatus.COMPLETED, task={"outcome": "merged", "merge_commit": f"m{i}"}
                     )
-                    own.finish_run(run.id, runner, run.attempts, report, now)
+                    own.runs.finish(run.id, runner, run.attempts, report, now)
 
             return work
 
@@ -846,4 +846,4 @@ def test_postgres_concurrent_completions_wake_every_dependent(store: Store, stor
     per_task = Counter(r.task_id for r in runs)
     assert len(runs) == blockers + len(claimed)
     assert all(n == 1 for n in per_task.values())
-    assert all(store.get_run(str(t.run_id)).task_id == t.id for t in claimed)
+    assert all(store.runs.get(str(t.run_id)).task_id == t.id for t in claimed)

@@ -305,7 +305,7 @@ class SimCoordinator:
     def reconcile(self) -> None:
         now = self.world.now
         if pinged := self.connections.take_pinged():
-            self.store.touch_runners(pinged, now)
+            self.store.runners.touch(pinged, now)
         done = self.store.reconcile(
             now,
             lost_after_s=self.settings.lost_after_s,
@@ -314,7 +314,7 @@ class SimCoordinator:
         )
         if done.changed:
             self.world.log(f"reconcile: lost {done.lost_runners}, requeued {done.requeued}")
-        if self.store.has_claimable(now):  # as reconcile_once: only then are pollers woken
+        if self.store.runs.has_claimable(now):  # as reconcile_once: only then are pollers woken
             self.notify(RUNS_AVAILABLE)
         self.next_reconcile = now + self.settings.reconcile_interval_s
 

@@ -110,7 +110,10 @@ class CrashingStore(_Proxy):
 
     def __init__(self, store: Store) -> None:
         super().__init__(store, _Budget())
-        self.link = _Proxy(store.link, self._budget)
+        # Every sub-store's calls spend the budget too (``store.runs.finish`` …).
+        for name, sub in vars(store).items():
+            if name != "db":
+                setattr(self, name, _Proxy(sub, self._budget))
 
     def run_until_crash(self, fn: Callable[[], Any], budget: int) -> bool:
         """Run ``fn`` with ``budget`` store calls left; True if it ran to the end."""

@@ -315,7 +315,7 @@ class World:
     def client(self, kind: str, i: int) -> None:
         if kind == "create":
             spec = NewRun(type=RunType.COMMAND, command=("true",), max_attempts=1_000_000)
-            (run,) = self.store.create_runs([spec], self.now)
+            (run,) = self.store.runs.create_many([spec], self.now)
             self.created.append(run.id)
             self.status[run.id] = str(RunStatus.PENDING)
             self.history[run.id] = [f"pending at {self.now - T0:.3f}"]
@@ -327,7 +327,7 @@ class World:
             return
         self.cancel_asked.add(run_id)
         try:
-            run = self.store.request_cancel(run_id, self.now)
+            run = self.store.runs.request_cancel(run_id, self.now)
         except IllegalTransition:
             self.log(f"client cancels {run_id}: already ended")
             return

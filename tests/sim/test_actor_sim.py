@@ -65,7 +65,7 @@ class ActorSim:
 
     def _connect(self, runner: SimRunner) -> None:
         """A fresh runner process (a new identity): no processes, no commands read."""
-        row, _ = self.store.register_runner(
+        row, _ = self.store.runners.register(
             name=runner.name, hostname="h", labels=[], slots=1, version="1", transport="websocket",
             now=self.now, revive=False,
         )  # fmt: skip
@@ -83,7 +83,7 @@ class ActorSim:
         """The runner carries out the commands it has not read yet."""
         if not runner.reachable:
             return
-        for command in self.store.link.unacknowledged(runner.runner_id, runner.read_idx):
+        for command in self.store.commands.unacknowledged(runner.runner_id, runner.read_idx):
             runner.read_idx = command.idx
             body = command.body
             actor_id, generation = body["actor_id"], body["generation"]
@@ -153,14 +153,14 @@ class ActorSim:
     def lose(self, runner: SimRunner) -> None:
         if runner.reachable:
             runner.reachable = False
-            self.store.set_runner_state(runner.runner_id, RunnerState.LOST, self.now)
+            self.store.runners.set_state(runner.runner_id, RunnerState.LOST, self.now)
 
     def drain(self, runner: SimRunner) -> None:
-        state = self.store.get_runner(runner.runner_id).state
+        state = self.store.runners.get(runner.runner_id).state
         if runner.reachable and state is RunnerState.ACTIVE:
-            self.store.set_runner_state(runner.runner_id, RunnerState.DRAINING, self.now)
+            self.store.runners.set_state(runner.runner_id, RunnerState.DRAINING, self.now)
         elif runner.reachable and not runner.processes:
-            self.store.set_runner_state(runner.runner_id, RunnerState.STOPPED, self.now)
+            self.store.runners.set_state(runner.runner_id, RunnerState.STOPPED, self.now)
             runner.reachable = False  # it left; it comes back as a new process
 
     def kv_write(self, runner: SimRunner, actor_id: str) -> None:
@@ -216,11 +216,11 @@ class ActorSim:
         """Every runner back and reachable; every actor woken; processes report running;
         time passes (backoffs, thresholds): each actor not destroyed ends connectable."""
         for runner in self.runners:
-            if not runner.reachable or self.store.get_runner(runner.runner_id).state is not (
+            if not runner.reachable or self.store.runners.get(runner.runner_id).state is not (
                 RunnerState.ACTIVE
             ):
                 if runner.reachable:
-                    self.store.set_runner_state(runner.runner_id, RunnerState.STOPPED, self.now)
+                    self.store.runners.set_state(runner.runner_id, RunnerState.STOPPED, self.now)
                 self._connect(runner)
         self.store.actors.tick(self.now)  # the stopped runners' actors are lost
         alive = [

@@ -86,11 +86,11 @@ def stop_dead_local_runners(db_url: str, repo: Path, now: float) -> int:
     try:
         dead = [
             r
-            for r in store.list_runners()
+            for r in store.runners.list()
             if r.name == runner_name(repo) and r.state is not RunnerState.STOPPED
         ]
         for runner in dead:
-            store.set_runner_state(runner.id, RunnerState.STOPPED, now)
+            store.runners.set_state(runner.id, RunnerState.STOPPED, now)
         return len(dead)
     finally:
         store.close()

@@ -29,7 +29,6 @@ from corral.coordinator.notifier import RUNS_AVAILABLE, Notifier, actor_topic, r
 from corral.protocol.messages import ToServerInit
 from corral.store import Store
 from corral.store.actors import Changes
-from corral.store.kv import apply_op
 
 T = TypeVar("T")
 log = logging.getLogger("corral.coordinator")
@@ -41,7 +40,7 @@ class Actors:
         self.notifier = notifier
         self.clock = clock
 
-    async def _db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+    async def in_thread(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         return await anyio.to_thread.run_sync(partial(fn, *args, **kwargs))
 
     def notify(self, changes: Changes) -> None:
@@ -68,18 +67,20 @@ class Actors:
     # ---- the API -------------------------------------------------------------------------
 
     async def create(self, spec: NewActor) -> tuple[Actor, bool]:
-        actor, created, changes = await self._db(self.store.actors.create, spec, self.clock.now())
+        actor, created, changes = await self.in_thread(
+            self.store.actors.create, spec, self.clock.now()
+        )
         self.notify(changes)
         return actor, created
 
     async def known(self, name: str, pool: str) -> bool:
-        return await self._db(self.store.actors.known, name, pool)
+        return await self.in_thread(self.store.actors.known, name, pool)
 
     async def get(self, actor_id: str) -> Actor:
-        return await self._db(self.store.actors.get, actor_id)
+        return await self.in_thread(self.store.actors.get, actor_id)
 
     async def list(self, **filters: Any) -> list[Actor]:
-        return await self._db(partial(self.store.actors.list, **filters))
+        return await self.in_thread(partial(self.store.actors.list, **filters))
 
     async def sleep(self, actor_id: str) -> Actor:
         return await self._signal(actor_id, lc.Sleep())
@@ -88,7 +89,9 @@ class Actors:
         return await self._signal(actor_id, lc.Destroy())
 
     async def _signal(self, actor_id: str, event: lc.Event) -> Actor:
-        actor, changes = await self._db(self.store.actors.signal, actor_id, event, self.clock.now())
+        actor, changes = await self.in_thread(
+            self.store.actors.signal, actor_id, event, self.clock.now()
+        )
         self.notify(changes)
         return actor
 
@@ -98,7 +101,7 @@ class Actors:
         """Thresholds, backoffs, alarms; drained and lost runners' actors; queues served.
         A failure is logged, not raised: the runs' reconciliation that follows must go on."""
         try:
-            self.notify(await self._db(self.store.actors.tick, self.clock.now()))
+            self.notify(await self.in_thread(self.store.actors.tick, self.clock.now()))
         except Exception:
             log.exception("actors: tick failed; trying again at the next one")
 
@@ -123,7 +126,7 @@ def kv_request(
             "code": "actor_not_placed",
             "error": f"actor {actor_id} is not placed on runner {runner_id}",
         }
-    return apply_op(store.db, actor_id, op, now)
+    return store.kv.apply(actor_id, op, now)
 
 
 def actor_wakeups(runner_id: str, events: Sequence[object]) -> list[str]:

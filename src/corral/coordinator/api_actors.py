@@ -35,7 +35,7 @@ from corral.coordinator.auth import Access, require
 from corral.coordinator.schemas import iso
 from corral.coordinator.service import Coordinator
 from corral.errors import InvalidRequest, PayloadTooLarge
-from corral.store.kv import MAX_LIST, apply_op
+from corral.store.kv import MAX_LIST
 from corral.wire import WireModel
 
 router = APIRouter(prefix="/actors", tags=["actors"])
@@ -166,8 +166,8 @@ async def read_kv(
     op: dict[str, Any] = {"op": "list", "prefix": prefix, "limit": limit}
     if after is not None:
         op["after"] = after
-    result = await coordinator._db(
-        apply_op, coordinator.store.db, actor_id, op, coordinator.clock.now()
+    result = await coordinator.in_thread(
+        coordinator.store.kv.apply, actor_id, op, coordinator.clock.now()
     )
     if not result["ok"]:
         raise InvalidRequest(result["error"], code=result["code"])

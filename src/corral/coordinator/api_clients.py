@@ -59,8 +59,8 @@ async def list_runs(
 ) -> dict[str, Any]:
     statuses = _parse_statuses(status)
     store = _coordinator(request).store
-    runs = await _coordinator(request)._db(
-        store.list_runs,
+    runs = await _coordinator(request).in_thread(
+        store.runs.list,
         statuses=statuses,
         runner_id=runner_id,
         session=session,
@@ -87,7 +87,7 @@ def _parse_statuses(text: str | None) -> list[RunStatus]:
 @router.get("/runs/{run_id}", tags=["runs"], dependencies=[READ])
 async def get_run(run_id: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
-    return run_json(await coordinator._db(coordinator.store.get_run, run_id))
+    return run_json(await coordinator.in_thread(coordinator.store.runs.get, run_id))
 
 
 @router.post("/runs/{run_id}/cancel", tags=["runs"], dependencies=[WRITE])
@@ -107,12 +107,12 @@ async def run_logs(
     """The run's output lines; with ``follow=true`` a stream of JSON lines until it ends."""
     coordinator = _coordinator(request)
     if not follow:
-        entries = await coordinator._db(coordinator.store.read_logs, run_id, after, limit)
+        entries = await coordinator.in_thread(coordinator.store.logs.read, run_id, after, limit)
         return {
             "lines": [log_json(e) for e in entries],
             "next_after": entries[-1].id if entries else after,
         }
-    await coordinator._db(coordinator.store.get_run, run_id)  # 404 before streaming starts
+    await coordinator.in_thread(coordinator.store.runs.get, run_id)  # 404 before streaming starts
 
     async def stream() -> AsyncIterator[bytes]:
         async for item in coordinator.follow_logs(run_id, after):
@@ -131,7 +131,7 @@ async def list_sessions(
 ) -> dict[str, Any]:
     """The most recently updated sessions first: runs, latest result, total cost."""
     coordinator = _coordinator(request)
-    found = await coordinator._db(coordinator.store.list_sessions, limit)
+    found = await coordinator.in_thread(coordinator.store.sessions.list, limit)
     return {"sessions": [session_json(s) for s in found]}
 
 
@@ -139,14 +139,14 @@ async def list_sessions(
 async def get_session(session: str, request: Request) -> dict[str, Any]:
     """A session by id or name (the most recent with that name)."""
     coordinator = _coordinator(request)
-    return session_json(await coordinator._db(coordinator.store.get_session, session))
+    return session_json(await coordinator.in_thread(coordinator.store.sessions.get, session))
 
 
 @router.get("/sessions/{session}/result", tags=["sessions"], dependencies=[READ])
 async def session_result(session: str, request: Request) -> dict[str, Any]:
     """The latest finished result of a session."""
     coordinator = _coordinator(request)
-    found = await coordinator._db(coordinator.store.get_session, session)
+    found = await coordinator.in_thread(coordinator.store.sessions.get, session)
     return {
         "session_id": found.id,
         "result": found.result,
@@ -159,7 +159,7 @@ async def session_result(session: str, request: Request) -> dict[str, Any]:
 @router.get("/runners", tags=["runners"], dependencies=[READ])
 async def list_runners(request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
-    runners = await coordinator._db(coordinator.store.list_runners)
+    runners = await coordinator.in_thread(coordinator.store.runners.list)
     return {"runners": [runner_json(r) for r in runners]}
 
 
@@ -174,7 +174,7 @@ async def drain_runner(
     """Take no new work on this runner; it finishes what it has (up to grace_s) and leaves."""
     coordinator = _coordinator(request)
     await coordinator.drain_runner(runner_id, body.grace_s if body else 120.0)
-    return runner_json(await coordinator._db(coordinator.store.get_runner, runner_id))
+    return runner_json(await coordinator.in_thread(coordinator.store.runners.get, runner_id))
 
 
 @router.post("/runners/{runner_id}/stop", tags=["runners"], dependencies=[ADMIN])
@@ -182,7 +182,7 @@ async def stop_runner(runner_id: str, request: Request) -> dict[str, Any]:
     """Stop a runner now: its runs go back to pending for other runners."""
     coordinator = _coordinator(request)
     await coordinator.stop_runner(runner_id)
-    return runner_json(await coordinator._db(coordinator.store.get_runner, runner_id))
+    return runner_json(await coordinator.in_thread(coordinator.store.runners.get, runner_id))
 
 
 @router.get("/agents", tags=["meta"], dependencies=[READ])
@@ -212,12 +212,12 @@ async def stats(request: Request) -> dict[str, Any]:
     """Runs per status and runners per state: the numbers a glance needs; the
     coordinator's version and its database's schema version."""
     coordinator = _coordinator(request)
-    counts = await coordinator._db(coordinator.store.count_runs)
-    runners = await coordinator._db(coordinator.store.list_runners)
+    counts = await coordinator.in_thread(coordinator.store.runs.count_by_status)
+    runners = await coordinator.in_thread(coordinator.store.runners.list)
     by_state: dict[str, int] = {}
     for runner in runners:
         by_state[runner.state] = by_state.get(runner.state, 0) + 1
-    schema = await coordinator._db(coordinator.store.schema_version)
+    schema = await coordinator.in_thread(coordinator.store.schema_version)
     return {
         "runs": counts,
         "runners": by_state,

@@ -37,7 +37,7 @@ async def chart_series(
     charts, from the runs created in the window (at most the newest 20,000)."""
     coordinator = _coordinator(request)
     window = Window(now=coordinator.clock.now(), minutes=minutes, days=days)
-    runs = await coordinator._db(_recent_runs, coordinator, window.since)
+    runs = await coordinator.in_thread(_recent_runs, coordinator, window.since)
     return {**charts(runs, window), "runs_read": len(runs), "truncated": len(runs) >= CHART_RUNS}
 
 
@@ -46,7 +46,7 @@ def _recent_runs(coordinator: Coordinator, since: float) -> list[Run]:
     found: list[Run] = []
     before = None
     while len(found) < CHART_RUNS:
-        page = coordinator.store.list_runs(before=before, limit=CHART_PAGE)
+        page = coordinator.store.runs.list(before=before, limit=CHART_PAGE)
         found += [run for run in page if run.created_at >= since]
         if len(page) < CHART_PAGE or page[-1].created_at < since:
             break
@@ -59,7 +59,7 @@ async def retry_run(run_id: str, request: Request) -> dict[str, Any]:
     """Run a finished run again, as a new run with the same spec (a task's run is retried
     with its task: ``POST /projects/{id}/tasks/{key}/retry``)."""
     coordinator = _coordinator(request)
-    run = await coordinator._db(coordinator.store.get_run, run_id)
+    run = await coordinator.in_thread(coordinator.store.runs.get, run_id)
     if not run.status.is_terminal:
         raise Conflict(
             f"{run_id} is {run.status}: only a finished run is retried",

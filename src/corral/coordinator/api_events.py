@@ -66,7 +66,7 @@ async def events(
     resume = _resume_id(last_event_id, after)
     hub = coordinator.events
     if resume is not None:
-        await hub._db(hub.events.check_resume, resume)
+        await hub.in_thread(hub.events.check_resume, resume)
     subscription = await hub.subscribe(where)
     start = subscription.live_from if resume is None else resume
     return StreamingResponse(
@@ -124,12 +124,12 @@ async def _check_named(coordinator: Coordinator, where: EventFilter) -> None:
     """A filter naming what does not exist would match nothing, forever: refuse it (404)."""
     store = coordinator.store
     if where.run_id is not None:
-        await coordinator._db(store.get_run, where.run_id)
+        await coordinator.in_thread(store.runs.get, where.run_id)
     if where.runner is not None:
-        await coordinator._db(store.get_runner, where.runner)
+        await coordinator.in_thread(store.runners.get, where.runner)
     if where.plan is not None:
-        await coordinator._db(store.tasks.get_project, where.plan)
-    if where.session is not None and not await coordinator._db(
+        await coordinator.in_thread(store.projects.get, where.plan)
+    if where.session is not None and not await coordinator.in_thread(
         coordinator.events.events.session_known, where.session
     ):
         raise NotFound.of("session", where.session)

@@ -22,7 +22,7 @@ async def metrics(request: Request) -> Response:
     """Runs by state and outcome, runners, runner links, claims, dispatch latency, event
     subscribers and store latency, in Prometheus' text format (a reader token will do)."""
     coordinator: Coordinator = request.app.state.coordinator
-    counts = await coordinator._db(coordinator.store.count_runs)
-    runners = await coordinator._db(coordinator.store.list_runners)
+    counts = await coordinator.in_thread(coordinator.store.runs.count_by_status)
+    runners = await coordinator.in_thread(coordinator.store.runners.list)
     body = coordinator.metrics.scrape(counts, runners, len(coordinator.connections.by_runner))
     return Response(body, media_type=CONTENT_TYPE)

@@ -48,9 +48,9 @@ def _coordinator(request: Request) -> Coordinator:
 
 async def _pool_json(coordinator: Coordinator, name: str) -> dict[str, Any]:
     store = coordinator.store
-    pool = await coordinator._db(store.pools.get, name)
-    slots = await coordinator._db(store.actors.wanted_slots, name)
-    errors = await coordinator._db(store.pools.errors, name)
+    pool = await coordinator.in_thread(store.pools.get, name)
+    slots = await coordinator.in_thread(store.actors.wanted_slots, name)
+    errors = await coordinator.in_thread(store.pools.errors, name)
     config = pool.serverless
     return {
         "name": pool.name,
@@ -85,7 +85,7 @@ async def put_pool(name: PoolName, body: PutPool, request: Request) -> dict[str,
             max_runners=s.max_runners,
             margin=s.margin,
         )
-    await coordinator._db(coordinator.store.pools.put, name, config, coordinator.clock.now())
+    await coordinator.in_thread(coordinator.store.pools.put, name, config, coordinator.clock.now())
     coordinator.autoscaler.bump()
     return await _pool_json(coordinator, name)
 

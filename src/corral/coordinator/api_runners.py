@@ -34,8 +34,8 @@ from corral.coordinator.schemas import (
 from corral.coordinator.service import Coordinator
 from corral.errors import InvalidRequest
 from corral.ids import RunId, RunnerId
+from corral.runners import Held, RunnerSync
 from corral.runs import RunStatus
-from corral.store import Held, RunnerSync
 
 router = APIRouter(
     prefix="/runner", tags=["runner protocol"], dependencies=[require(Access.RUNNER)]
@@ -105,7 +105,7 @@ async def poll_runs(
     wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
     async with hangup(request) as gone:
         if max_runs is None:
-            runner = await coordinator._db(coordinator.store.get_runner, runner_id)
+            runner = await coordinator.in_thread(coordinator.store.runners.get, runner_id)
             if compat_ao.speaks_ao(runner):
                 return await compat_ao.poll(request, runner, wait, gone)
             run = await seed_wire.poll_one(coordinator, RunnerId(runner_id), wait, gone)

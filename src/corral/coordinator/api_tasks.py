@@ -124,8 +124,8 @@ async def ensure_project(body: ProjectBody, request: Request) -> dict[str, Any]:
     """The project of a repository and target branch (created on first use)."""
     check_branch(body.target_branch, "target_branch: ")
     coordinator = _coordinator(request)
-    project = await coordinator._db(
-        coordinator.store.tasks.ensure_project,
+    project = await coordinator.in_thread(
+        coordinator.store.projects.ensure,
         body.repo_path,
         body.target_branch,
         coordinator.clock.now(),
@@ -142,15 +142,15 @@ async def ensure_project(body: ProjectBody, request: Request) -> dict[str, Any]:
 @router.get("/projects", dependencies=[READ])
 async def list_projects(request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
-    projects = await coordinator._db(coordinator.store.tasks.list_projects)
+    projects = await coordinator.in_thread(coordinator.store.projects.list)
     return {"projects": [project_json(p) for p in projects]}
 
 
 @router.get("/projects/{project_id}", dependencies=[READ])
 async def get_project(project_id: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
-    project = await coordinator._db(coordinator.store.tasks.get_project, project_id)
-    tasks = await coordinator._db(coordinator.store.tasks.list_tasks, project_id)
+    project = await coordinator.in_thread(coordinator.store.projects.get, project_id)
+    tasks = await coordinator.in_thread(coordinator.store.tasks.list, project_id)
     return project_json(project, tasks)
 
 
@@ -175,15 +175,15 @@ async def add_tasks(project_id: str, body: TasksBody, request: Request) -> dict[
         for t in body.tasks
     ]
     agents: dict[str, AgentSpec] = {s.key: resolve(coordinator.profiles, s.agent) for s in specs}
-    result = await coordinator._db(
-        coordinator.store.tasks.add_tasks,
+    result = await coordinator.in_thread(
+        coordinator.store.tasks.add,
         project_id,
         specs,
         agents,
         coordinator.clock.now(),
         digest=body.digest,
     )
-    runs = await coordinator._db(
+    runs = await coordinator.in_thread(
         coordinator.store.tasks.schedule, project_id, coordinator.clock.now()
     )
     _scheduled(coordinator, runs)
@@ -193,22 +193,22 @@ async def add_tasks(project_id: str, body: TasksBody, request: Request) -> dict[
 @router.get("/projects/{project_id}/tasks", dependencies=[READ])
 async def list_tasks(project_id: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
-    project = await coordinator._db(coordinator.store.tasks.get_project, project_id)
-    tasks = await coordinator._db(coordinator.store.tasks.list_tasks, project_id)
+    project = await coordinator.in_thread(coordinator.store.projects.get, project_id)
+    tasks = await coordinator.in_thread(coordinator.store.tasks.list, project_id)
     return {"project": project_json(project, tasks), "tasks": [task_json(t) for t in tasks]}
 
 
 @router.get("/projects/{project_id}/tasks/{key}", dependencies=[READ])
 async def get_task(project_id: str, key: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
-    return task_json(await coordinator._db(coordinator.store.tasks.get_task, project_id, key))
+    return task_json(await coordinator.in_thread(coordinator.store.tasks.get, project_id, key))
 
 
 @router.post("/projects/{project_id}/start", dependencies=[WRITE])
 async def start(project_id: str, body: StartBody, request: Request) -> dict[str, Any]:
     """Work through the plan with up to ``workers`` tasks at once."""
     coordinator = _coordinator(request)
-    runs = await coordinator._db(
+    runs = await coordinator.in_thread(
         coordinator.store.tasks.start, project_id, body.workers, coordinator.clock.now()
     )
     _scheduled(coordinator, runs)
@@ -219,7 +219,7 @@ async def start(project_id: str, body: StartBody, request: Request) -> dict[str,
 async def stop(project_id: str, request: Request) -> dict[str, Any]:
     """Claim no more tasks; those running go on."""
     coordinator = _coordinator(request)
-    project = await coordinator._db(
+    project = await coordinator.in_thread(
         coordinator.store.tasks.stop, project_id, coordinator.clock.now()
     )
     return project_json(project)
@@ -228,7 +228,7 @@ async def stop(project_id: str, request: Request) -> dict[str, Any]:
 @router.post("/projects/{project_id}/pause", dependencies=[WRITE])
 async def pause(project_id: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
-    await coordinator._db(
+    await coordinator.in_thread(
         coordinator.store.tasks.set_paused,
         project_id,
         True,
@@ -241,7 +241,7 @@ async def pause(project_id: str, request: Request) -> dict[str, Any]:
 @router.post("/projects/{project_id}/resume", dependencies=[WRITE])
 async def resume(project_id: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
-    runs = await coordinator._db(
+    runs = await coordinator.in_thread(
         coordinator.store.tasks.set_paused, project_id, False, coordinator.clock.now()
     )
     _scheduled(coordinator, runs)
@@ -252,7 +252,7 @@ async def resume(project_id: str, request: Request) -> dict[str, Any]:
 async def retry(project_id: str, key: str, request: Request) -> dict[str, Any]:
     """A failed, conflicted or cancelled task starts over; its dependents come back."""
     coordinator = _coordinator(request)
-    task, runs = await coordinator._db(
+    task, runs = await coordinator.in_thread(
         coordinator.store.tasks.retry, project_id, key, coordinator.clock.now()
     )
     _scheduled(coordinator, runs)
@@ -262,8 +262,8 @@ async def retry(project_id: str, key: str, request: Request) -> dict[str, Any]:
 @router.post("/projects/{project_id}/tasks/{key}/cancel", dependencies=[WRITE])
 async def cancel(project_id: str, key: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
-    before = await coordinator._db(coordinator.store.tasks.get_task, project_id, key)
-    task = await coordinator._db(
+    before = await coordinator.in_thread(coordinator.store.tasks.get, project_id, key)
+    task = await coordinator.in_thread(
         coordinator.store.tasks.cancel, project_id, key, coordinator.clock.now()
     )
     if before.run_id and before.status.is_active:

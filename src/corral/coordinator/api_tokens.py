@@ -44,7 +44,7 @@ def _coordinator(request: Request) -> Coordinator:
 async def create_token(body: CreateToken, request: Request) -> dict[str, Any]:
     """A new token; its secret is in this answer only (the store keeps its hash)."""
     coordinator = _coordinator(request)
-    token, secret = await coordinator._db(
+    token, secret = await coordinator.in_thread(
         coordinator.store.tokens.create,
         body.name,
         body.role,
@@ -57,7 +57,7 @@ async def create_token(body: CreateToken, request: Request) -> dict[str, Any]:
 @router.get("")
 async def list_tokens(request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
-    tokens = await coordinator._db(coordinator.store.tokens.list)
+    tokens = await coordinator.in_thread(coordinator.store.tokens.list)
     return {"tokens": [token_json(t) for t in tokens]}
 
 
@@ -65,7 +65,7 @@ async def list_tokens(request: Request) -> dict[str, Any]:
 async def revoke_token(token_id: str, request: Request) -> dict[str, Any]:
     """Refuse the token from now on (other coordinator processes within a few seconds)."""
     coordinator = _coordinator(request)
-    token = await coordinator._db(
+    token = await coordinator.in_thread(
         coordinator.store.tokens.revoke, token_id, coordinator.clock.now()
     )
     coordinator.auth.forget(token.id)

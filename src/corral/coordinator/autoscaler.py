@@ -104,17 +104,17 @@ class Autoscaler:
     async def scale_once(self) -> None:
         coordinator = self._coordinator
         store, now = coordinator.store, coordinator.clock.now()
-        pools = await coordinator._db(store.pools.serverless)
+        pools = await coordinator.in_thread(store.pools.serverless)
         lease_until = now + 3 * coordinator.settings.autoscale_interval_s + 5.0
         held = set(
-            await coordinator._db(
+            await coordinator.in_thread(
                 store.pools.lease, [p.name for p in pools], self.scaler_id, lease_until, now
             )
         )
         for pool in pools:
             if pool.name not in held or pool.serverless is None:
                 continue
-            slots = await coordinator._db(store.actors.wanted_slots, pool.name)
+            slots = await coordinator.in_thread(store.actors.wanted_slots, pool.name)
             self._scale(pool.name, pool.serverless, desired_runners(slots, pool.serverless))
         for other in set(self._pools) - held:
             self._scale(other, None, 0)  # no longer serverless, or scaled by another now
@@ -140,7 +140,7 @@ class Autoscaler:
 
     async def _stream(self, stream: _Stream, config: Serverless) -> None:
         coordinator = self._coordinator
-        token, secret = await coordinator._db(
+        token, secret = await coordinator.in_thread(
             coordinator.store.tokens.create,
             f"serverless:{stream.pool}",
             Role.RUNNER,
@@ -217,11 +217,13 @@ class Autoscaler:
     async def _record(self, pool: str, kind: PoolError, message: str) -> None:
         coordinator = self._coordinator
         now = coordinator.clock.now()
-        await coordinator._db(coordinator.store.pools.record_error, pool, kind, message, now)
+        await coordinator.in_thread(coordinator.store.pools.record_error, pool, kind, message, now)
 
     async def _revoke(self, token_id: str) -> None:
         coordinator = self._coordinator
-        await coordinator._db(coordinator.store.tokens.revoke, token_id, coordinator.clock.now())
+        await coordinator.in_thread(
+            coordinator.store.tokens.revoke, token_id, coordinator.clock.now()
+        )
         coordinator.auth.forget(token_id)
 
     def _later(self, work: Callable[[], Awaitable[None]], delay: float) -> None:

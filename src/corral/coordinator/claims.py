@@ -6,7 +6,7 @@ time it was woken, so 2,000 waiting runners woken by one new run (or by the reco
 each second, while a run no runner can take was pending) queued 2,000 write transactions
 in front of every other request. Now:
 
-    round ──▶ one read (``Store.claimable``: ready pending runs, what each requires)
+    round ──▶ one read (``RunStore.claimable``: ready pending runs, what each requires)
           ──▶ each woken poll matches its runner against them in memory and *reserves*
               the runs it could take that no other poll of this round has reserved
           ──▶ only a poll holding a reservation claims (writes)
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from corral.ids import RunId
 from corral.runners import Runner
-from corral.store.store import Claimable
+from corral.store.claims import Claimable
 
 # Runs read per round. Beyond them the read may miss what a runner could take: a poll that
 # reserves nothing from an incomplete read claims anyway (a busy queue: claims succeed).
@@ -42,7 +42,7 @@ class _Round:
 
 class ClaimBoard:
     def __init__(self, read: Callable[[int], Awaitable[list[Claimable]]]) -> None:
-        self._read = read  # ``Store.claimable`` with the time, off the event loop
+        self._read = read  # ``RunStore.claimable`` with the time, off the event loop
         self._round: _Round | None = None
 
     async def reserve(

@@ -120,7 +120,9 @@ async def register(body: AoRegister, request: Request) -> dict[str, Any] | JSONR
     coordinator = _coordinator(request)
     settings = coordinator.settings
     name = runner_name(body)
-    known = [r for r in await coordinator._db(coordinator.store.list_runners) if r.name == name]
+    known = [
+        r for r in await coordinator.in_thread(coordinator.store.runners.list) if r.name == name
+    ]
     runner_id = None
     if known:
         old = known[0]
@@ -222,8 +224,8 @@ async def _stops_due(request: Request, runner_id: RunnerId) -> list[str]:
     before = sent.get(runner_id, {})
     wanted: dict[tuple[RunId, int], float] = {}
     due: list[str] = []
-    for run_id in await coordinator._db(coordinator.store.cancel_requests, runner_id):
-        run = await coordinator._db(coordinator.store.get_run, run_id)
+    for run_id in await coordinator.in_thread(coordinator.store.runs.cancel_requests, runner_id):
+        run = await coordinator.in_thread(coordinator.store.runs.get, run_id)
         if run.status is not RunStatus.RUNNING:
             continue  # not started yet: the runner has no process to stop
         key = (run.id, run.attempts)
@@ -259,7 +261,7 @@ async def completed(run_id: str, body: AoCompleted, request: Request) -> dict[st
     coordinator = await _as_runner(request, body.runner_id)
     attempt = await seed_wire.lease_attempt(coordinator, run_id, body.runner_id, None)
     await seed_wire.start_if_claimed(coordinator, run_id, body.runner_id)
-    run = await coordinator._db(coordinator.store.get_run, run_id)
+    run = await coordinator.in_thread(coordinator.store.runs.get, run_id)
     report = FinishedEvent(
         type="finished", run_id=run_id, attempt=attempt, status="completed", result=run.result
     )
@@ -273,7 +275,7 @@ async def stopped(run_id: str, body: AoStopped, request: Request) -> dict[str, A
     shutting down) and the attempt is given back, for another runner to take."""
     coordinator = await _as_runner(request, body.runner_id)
     attempt = await seed_wire.lease_attempt(coordinator, run_id, body.runner_id, None)
-    run = await coordinator._db(coordinator.store.get_run, run_id)
+    run = await coordinator.in_thread(coordinator.store.runs.get, run_id)
     status: FinalStatus
     if run.cancel_requested or run.status is RunStatus.CANCELLED:
         status, error = "cancelled", f"stopped ({body.signal})"
@@ -293,7 +295,7 @@ async def session_status(
     """A persistent executor ended between runs: no run changes; the session stays
     resumable (corral resumes a session with a new process)."""
     coordinator = await _as_runner(request, body.runner_id)
-    await coordinator._db(coordinator.store.get_runner, body.runner_id)
+    await coordinator.in_thread(coordinator.store.runners.get, body.runner_id)
     await _resolve(coordinator, session_id)
     return {"ok": True}
 
@@ -307,7 +309,7 @@ async def bind(session_id: str, body: AoBind, request: Request) -> dict[str, Any
     coordinator = _coordinator(request)
     run = await _run_in_progress(request, session_id)
     assert run.runner_id is not None
-    holder = await coordinator._db(coordinator.store.get_runner, run.runner_id)
+    holder = await coordinator.in_thread(coordinator.store.runners.get, run.runner_id)
     if body.hostname and body.hostname != holder.hostname:
         raise LeaseLost(f"session {session_id} runs on {holder.hostname}, not {body.hostname}")
     await _session_seen(coordinator, run, body.executor_session_id)
@@ -331,8 +333,8 @@ async def add_event(session_id: str, body: AoEvent, request: Request) -> dict[st
         text = json.dumps(body.result_data)
     if text is not None:
         now = coordinator.clock.now()
-        record = coordinator.store.record_result
-        await coordinator._db(record, run.id, run.runner_id, run.attempts, text, now)
+        record = coordinator.store.runs.record_result
+        await coordinator.in_thread(record, run.id, run.runner_id, run.attempts, text, now)
     return {"ok": True}
 
 
@@ -353,9 +355,9 @@ async def affinity(session_id: str, request: Request) -> dict[str, Any]:
     agent_session, _ = await _resolve(coordinator, session_id)
     if agent_session is None:
         raise NotFound(f"session {session_id} has not started yet", code="session_not_found")
-    session = await coordinator._db(coordinator.store.get_session, agent_session)
+    session = await coordinator.in_thread(coordinator.store.sessions.get, agent_session)
     runner = (
-        await coordinator._db(coordinator.store.get_runner, session.runner_id)
+        await coordinator.in_thread(coordinator.store.runners.get, session.runner_id)
         if session.runner_id
         else None
     )
@@ -377,7 +379,9 @@ async def ao_session_id(coordinator: Coordinator, run: Run) -> str:
     """``ses_<hex>`` of the run that started the run's session."""
     if run.type is not RunType.RESUME_SESSION or not run.session_id:
         return SESSION_PREFIX + run.id.removeprefix("run_")
-    runs = await coordinator._db(coordinator.store.list_runs, session=run.session_id, limit=1000)
+    runs = await coordinator.in_thread(
+        coordinator.store.runs.list, session=run.session_id, limit=1000
+    )
     starts = [r for r in runs if r.type is RunType.START_SESSION]
     first = min(starts, key=lambda r: (r.created_at, r.id)) if starts else run
     return SESSION_PREFIX + first.id.removeprefix("run_")
@@ -388,15 +392,15 @@ async def _resolve(coordinator: Coordinator, session_id: str) -> tuple[str | Non
     if not session_id.startswith(SESSION_PREFIX):
         raise NotFound.of("session", session_id)
     try:
-        start = await coordinator._db(
-            coordinator.store.get_run, "run_" + session_id.removeprefix(SESSION_PREFIX)
+        start = await coordinator.in_thread(
+            coordinator.store.runs.get, "run_" + session_id.removeprefix(SESSION_PREFIX)
         )
     except NotFound:
         raise NotFound.of("session", session_id) from None
     if start.status.holds_lease or not start.session_id:
         return start.session_id, start if start.status.holds_lease else None
-    held = await coordinator._db(
-        coordinator.store.list_runs,
+    held = await coordinator.in_thread(
+        coordinator.store.runs.list,
         session=start.session_id,
         statuses=[RunStatus.CLAIMED, RunStatus.RUNNING],
         limit=1,

@@ -85,7 +85,7 @@ class EventHub:
         self._pump: asyncio.Task[None] | None = None
         self._starting = asyncio.Lock()
 
-    async def _db(self, fn: Callable[..., T], *args: object) -> T:
+    async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
         # Not through ``Coordinator._db``: that wakes the pump, which would wake itself.
         return await anyio.to_thread.run_sync(partial(fn, *args))
 
@@ -93,8 +93,8 @@ class EventHub:
         async with self._starting:
             if self._cursor is None:
                 if self.events.numbered_later:
-                    await self._db(self.events.number)
-                self._cursor = await self._db(self.events.latest)
+                    await self.in_thread(self.events.number)
+                self._cursor = await self.in_thread(self.events.latest)
             subscription = Subscription(where, self._cursor, self.capacity)
             self.subscriptions.add(subscription)
             self.metrics.event_subscribers.set(len(self.subscriptions))
@@ -109,7 +109,7 @@ class EventHub:
     async def catch_up(self, where: EventFilter, after: int, until: int) -> AsyncIterator[Event]:
         """The stored events in (``after``, ``until``] that ``where`` wants, in order."""
         while after < until:
-            page = await self._db(self.events.read, after, where, PAGE)
+            page = await self.in_thread(self.events.read, after, where, PAGE)
             for event in page:
                 if event.id > until:
                     return
@@ -128,8 +128,10 @@ class EventHub:
             woken = self.notifier.event(EVENTS)
             try:
                 if self.events.numbered_later:
-                    await self._db(self.events.number)
-                batch = await self._db(self.events.read, self._cursor or 0, EventFilter(), PAGE)
+                    await self.in_thread(self.events.number)
+                batch = await self.in_thread(
+                    self.events.read, self._cursor or 0, EventFilter(), PAGE
+                )
             except Exception:  # a database hiccup: try again at the next wake-up
                 log.exception("reading events failed; retrying")
                 batch = []

@@ -20,7 +20,7 @@ the same two objects with a virtual clock, so what it checks is what the coordin
     PushWork     ──▶ push_work()     pending runs claimed into start commands, cancel
                                      commands, then every stored command after the cursor
     Stopping     ──▶ draining()      and once the runner has closed its socket, gone()
-    KvRequested  ──▶ (the pump calls ``store.kv.apply_op``)
+    KvRequested  ──▶ (the pump calls ``store.kv.apply``)
     Wake         ──▶ (the pump notifies those topics)
 
 Events are parsed once, as they are read (``parse_events``): a malformed one closes the
@@ -71,7 +71,7 @@ from corral.protocol.server import ServerSession
 from corral.runners import RunnerState
 from corral.runs import Run, RunStatus
 from corral.store import LogLine, Store
-from corral.store.link import Command
+from corral.store.commands import Command
 
 log = logging.getLogger("corral.coordinator")
 Outcome = tuple[CorralError | None, Run | None]  # an event refused, or the run it finished
@@ -312,7 +312,7 @@ class LinkCore:
         ``token_id``: the token of its socket (an id registered with another one is refused,
         ``runner_not_yours``)."""
         store = self.store
-        runner, _ = store.register_runner(
+        runner, _ = store.runners.register(
             name=init.name,
             hostname=str(init.metadata.get("hostname", "")),
             labels=list(init.labels),
@@ -333,9 +333,9 @@ class LinkCore:
         # start runs that are others' now; the runner stops all work on a new id).
         same = init.runner_id == runner.id
         if init.runner_id is not None and not same:
-            store.link.forget(init.runner_id)
-        state = store.link.state(runner.id)
-        missed = store.link.unacknowledged(
+            store.commands.forget(init.runner_id)
+        state = store.commands.state(runner.id)
+        missed = store.commands.unacknowledged(
             runner.id, max(init.last_command_idx, state.acked_command_idx) if same else 0
         )
         return Registration(runner.id, state.last_event_idx if same else 0, _indexed(missed))
@@ -361,7 +361,7 @@ class LinkCore:
         last: int,
         now: float,
     ) -> Applied:
-        self.store.link.events_applied(runner_id, last)
+        self.store.commands.events_applied(runner_id, last)
         refused = {
             (e.run_id, e.attempt): None
             for e, (error, _) in zip(parsed, outcomes, strict=True)
@@ -383,17 +383,17 @@ class LinkCore:
         )
 
     def _holds_newer(self, runner_id: RunnerId, run_id: str, attempt: int) -> bool:
-        run = self.store.get_run(run_id)
+        run = self.store.runs.get(run_id)
         return run.runner_id == runner_id and run.status.holds_lease and run.attempts > attempt
 
     def acknowledge(self, runner_id: RunnerId, idx: int) -> None:
-        self.store.link.acknowledge(runner_id, idx)
+        self.store.commands.acknowledge(runner_id, idx)
 
     def push(
         self, runner_id: RunnerId, bodies: Sequence[dict[str, Any]], now: float
     ) -> list[Indexed]:
         """Number and store commands; the push loop sends them (``push_work``)."""
-        return _indexed(self.store.link.push(runner_id, bodies, now))
+        return _indexed(self.store.commands.push(runner_id, bodies, now))
 
     def push_work(self, runner_id: RunnerId, now: float, request: PushRequest) -> Pushed:
         """Pending runs claimed into the runner's free slots (with their start commands, one
@@ -406,28 +406,30 @@ class LinkCore:
         Commits come in index order (numbering locks the runner's row), so this read never
         sees a command without those before it. Raises ``CorralError`` (runner_lost) when
         the runner was declared lost or stopped meanwhile: it must connect again."""
-        link = self.store.link
+        commands = self.store.commands
         with self.store.db.transaction():  # one commit for the claim, cancels and read
             added = (
-                link.claim_into_commands(runner_id, now, _start_body, request.finishing)
+                commands.claim_into_commands(runner_id, now, _start_body, request.finishing)
                 if request.claim
                 else []
             )
             cancels = [
-                r for r in self.store.cancel_requests(runner_id) if r not in request.cancels_sent
+                r
+                for r in self.store.runs.cancel_requests(runner_id)
+                if r not in request.cancels_sent
             ]
             if cancels:
                 bodies = [{"type": "cancel_run", "run_id": r} for r in cancels]
-                added += link.push(runner_id, bodies, now)
+                added += commands.push(runner_id, bodies, now)
             # Numbering holds the runner's row: what was added here is contiguous. If it
             # starts right after the cursor, it is all there is to send (no read back).
             if not added or added[0].idx != request.after + 1:
-                added = link.unacknowledged(runner_id, request.after)
+                added = commands.unacknowledged(runner_id, request.after)
         return Pushed(_indexed(added), cancels)
 
     def draining(self, runner_id: RunnerId, now: float) -> None:
         """The runner shuts down gracefully: no new work for it."""
-        self.store.set_runner_state(runner_id, RunnerState.DRAINING, now)
+        self.store.runners.set_state(runner_id, RunnerState.DRAINING, now)
 
     def gone(self, runner_id: RunnerId, left: bool, now: float) -> bool:
         """The runner's socket closed. ``left``: it said it was stopping, then closed the way
@@ -440,7 +442,7 @@ class LinkCore:
         if not left:
             return False
         with contextlib.suppress(CorralError):
-            self.store.set_runner_state(runner_id, RunnerState.STOPPED, now)
+            self.store.runners.set_state(runner_id, RunnerState.STOPPED, now)
         return True
 
 
@@ -507,19 +509,21 @@ def apply_event(store: Store, runner_id: str, event: RunnerEvent, now: float) ->
 def _apply(store: Store, runner_id: str, event: RunnerEvent, now: float) -> Run | None:
     """One report's effect; the run it finished, if it was a final report."""
     if isinstance(event, StartedEvent):
-        store.mark_started(event.run_id, runner_id, event.attempt, now)
+        store.runs.mark_started(event.run_id, runner_id, event.attempt, now)
     elif isinstance(event, SessionEvent):
-        store.record_session(event.run_id, runner_id, event.attempt, event.session_id, now)
+        store.runs.record_session(event.run_id, runner_id, event.attempt, event.session_id, now)
     elif isinstance(event, LogsEvent):
         lines = [LogLine(x.line_no, x.stream, x.text, x.ts) for x in event.lines]
-        store.append_logs(event.run_id, runner_id, event.attempt, lines)
+        store.logs.append(event.run_id, runner_id, event.attempt, lines)
     elif isinstance(event, TaskStepEvent):
-        store.record_task_step(event.run_id, runner_id, event.attempt, event.step, event.data, now)
+        store.runs.record_task_step(
+            event.run_id, runner_id, event.attempt, event.step, event.data, now
+        )
     elif isinstance(event, ActorEvent):
         store.actors.runner_event(runner_id, event.actor_id, lifecycle_event(runner_id, event), now)
     else:
         report = event.to_report(RunStatus(event.status))
-        return store.finish_run(event.run_id, runner_id, event.attempt, report, now)
+        return store.runs.finish(event.run_id, runner_id, event.attempt, report, now)
     return None
 
 

@@ -49,7 +49,7 @@ def _resume(base: NewRun, body: CreateRun, store: Store, profiles: dict[str, Age
     key = body.session_id or body.session_name
     if not key:
         raise InvalidRequest("a resume_session run needs 'session_id' or 'session_name'")
-    session = store.get_session(key)
+    session = store.sessions.get(key)
     if session.runner_id is None:
         raise SessionNotReady(f"session {session.id} has not started on any runner yet")
     agent = resolve(profiles, body.agent_name or session.agent_name)
@@ -59,7 +59,7 @@ def _resume(base: NewRun, body: CreateRun, store: Store, profiles: dict[str, Age
             f"${agent.budget_usd:.2f} budget of agent {agent.name!r}",
             code="budget_exceeded",
         )
-    runner = store.get_runner(session.runner_id)
+    runner = store.runners.get(session.runner_id)
     return replace(
         base,
         agent=agent,

@@ -36,7 +36,7 @@ async def lease_attempt(
     """The attempt a report is about: the one given, else the lease ``runner_id`` holds."""
     if attempt is not None:
         return attempt
-    run = await coordinator._db(coordinator.store.get_run, run_id)
+    run = await coordinator.in_thread(coordinator.store.runs.get, run_id)
     if run.runner_id != runner_id:
         raise LeaseLost(
             f"run {run_id} is not held by runner {runner_id} (holder: {run.runner_id})",
@@ -48,7 +48,7 @@ async def lease_attempt(
 async def start_if_claimed(coordinator: Coordinator, run_id: str, runner_id: str) -> None:
     """A seed runner's ``started`` may have been lost (it does not retry it): its final
     report on a run still ``claimed`` starts the run first, on the same lease."""
-    run = await coordinator._db(coordinator.store.get_run, run_id)
+    run = await coordinator.in_thread(coordinator.store.runs.get, run_id)
     if run.status is RunStatus.CLAIMED and run.runner_id == runner_id:
         event = StartedEvent(type="started", run_id=run_id, attempt=run.attempts)
         await coordinator.apply_event(runner_id, event)
@@ -67,8 +67,8 @@ async def give_back(coordinator: Coordinator, runs: list[Run], why: str) -> None
 
 
 async def give_back_unstarted(coordinator: Coordinator, runner_id: RunnerId) -> None:
-    claimed = await coordinator._db(
-        coordinator.store.list_runs, statuses=[RunStatus.CLAIMED], runner_id=runner_id
+    claimed = await coordinator.in_thread(
+        coordinator.store.runs.list, statuses=[RunStatus.CLAIMED], runner_id=runner_id
     )
     # Spawning a process and reporting it started takes a seed runner well under a second.
     cutoff = coordinator.clock.now() - coordinator.settings.lost_after_s

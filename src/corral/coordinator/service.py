@@ -45,9 +45,9 @@ from corral.coordinator.tunnel import TunnelHub
 from corral.errors import CorralError, Forbidden, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import CLOSE_POLICY_VIOLATION
-from corral.runners import Runner, RunnerState
+from corral.runners import Held, Runner, RunnerState, RunnerSync
 from corral.runs import AgentSpec, Run
-from corral.store import Held, LogEntry, Reconciled, RunnerSync, Store, leases
+from corral.store import LogEntry, Reconciled, Store, leases
 from corral.store.events import EventStore
 from corral.store.leases import RECONCILER
 from corral.store.retention import Collected
@@ -80,7 +80,9 @@ class Coordinator:
             poll_interval_s=settings.events_poll_interval_s,
             capacity=settings.event_queue_size,
         )
-        self.claims = ClaimBoard(lambda limit: self._db(store.claimable, clock.now(), limit))
+        self.claims = ClaimBoard(
+            lambda limit: self.in_thread(store.runs.claimable, clock.now(), limit)
+        )
         self.connections = Connections()
         self.actors = Actors(store, self.notifier, clock)
         self.tunnels = TunnelHub(self.connections)  # the gateway's requests to runners
@@ -91,7 +93,9 @@ class Coordinator:
         self._claimable_seen_at = 0.0  # the reconciler's last look for claimable runs
         self.node = secrets.token_hex(8)  # its name as a lease holder (store/leases.py)
 
-    async def _db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+    async def in_thread(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """``fn(*args, **kwargs)`` (a blocking store call) on a worker thread, off the loop,
+        timed for the metrics."""
         try:
             return await anyio.to_thread.run_sync(partial(self._timed, fn, *args, **kwargs))
         finally:
@@ -102,8 +106,7 @@ class Coordinator:
         try:
             return fn(*args, **kwargs)
         finally:
-            operation = getattr(fn, "__name__", "other")
-            self.metrics.store_call(operation, time.perf_counter() - started)
+            self.metrics.store_call(_operation(fn), time.perf_counter() - started)
 
     # ---- clients -------------------------------------------------------------------------
 
@@ -113,14 +116,14 @@ class Coordinator:
                 build_new_run(b, self.store, self.profiles, self.settings.max_prompt_bytes)
                 for b in bodies
             ]
-            return self.store.create_runs(specs, self.clock.now())
+            return self.store.runs.create_many(specs, self.clock.now())
 
-        runs = await self._db(validate_and_create)
+        runs = await self.in_thread(validate_and_create)
         self.notifier.notify(RUNS_AVAILABLE)
         return runs
 
     async def cancel(self, run_id: str) -> Run:
-        run = await self._db(self.store.request_cancel, run_id, self.clock.now())
+        run = await self.in_thread(self.store.runs.request_cancel, run_id, self.clock.now())
         if run.runner_id:
             self.notifier.notify(runner_topic(run.runner_id))
         self.notifier.notify(logs_topic(run.id))
@@ -130,17 +133,17 @@ class Coordinator:
         """Yield log lines as they arrive, then the finished run."""
         while True:
             event = self.notifier.event(logs_topic(run_id))
-            entries = await self._db(self.store.read_logs, run_id, after_id)
+            entries = await self.in_thread(self.store.logs.read, run_id, after_id)
             for entry in entries:
                 yield entry
                 after_id = entry.id
             if entries:
                 continue
-            run = await self._db(self.store.get_run, run_id)
+            run = await self.in_thread(self.store.runs.get, run_id)
             if run.status.is_terminal:
                 # The last lines may have been stored after the read above (they always are
                 # before the run ends): read again, and send them before the end.
-                if await self._db(self.store.read_logs, run_id, after_id, 1):
+                if await self.in_thread(self.store.logs.read, run_id, after_id, 1):
                     continue
                 yield run
                 return
@@ -153,7 +156,7 @@ class Coordinator:
         public: ``GET /runs`` shows it) — nobody else may report for it."""
         owner = self._runner_tokens.get(runner_id)
         if owner is None:
-            owner = await self._db(self.store.runner_token, runner_id)
+            owner = await self.in_thread(self.store.runners.token_id, runner_id)
             if owner is None:
                 return  # registered before tokens: the next register binds it
             self._runner_tokens[runner_id] = owner
@@ -169,8 +172,8 @@ class Coordinator:
         wire the runner speaks, when not corral's own (``compat_ao``)."""
         principal.check_labels(body.labels)
         held = None if body.held is None else [Held(RunId(h.run_id), h.attempt) for h in body.held]
-        runner, sync = await self._db(
-            self.store.register_runner,
+        runner, sync = await self.in_thread(
+            self.store.runners.register,
             name=body.name,
             hostname=body.hostname,
             labels=body.labels,
@@ -217,8 +220,8 @@ class Coordinator:
             wanted = await self.claims.reserve(runner, max_runs, event) if active else []
             if wanted is None or wanted:
                 try:
-                    runs = await self._db(
-                        self.store.claim_runs, runner_id, max_runs, self.clock.now()
+                    runs = await self.in_thread(
+                        self.store.runs.claim, runner_id, max_runs, self.clock.now()
                     )
                 except BaseException:
                     self.notifier.notify(RUNS_AVAILABLE)  # what we reserved, others may take
@@ -243,7 +246,7 @@ class Coordinator:
     async def _runner_to_claim(self, runner_id: RunnerId) -> Runner:
         """The runner of a poll; NotFound if unknown, ``runner_lost`` (as a claim says it)
         if it was declared lost or stopped: it must register again."""
-        runner = await self._db(self.store.get_runner, runner_id)
+        runner = await self.in_thread(self.store.runners.get, runner_id)
         if runner.state in (RunnerState.LOST, RunnerState.STOPPED):
             raise LeaseLost(
                 f"runner {runner_id} is {runner.state}; register again", code="runner_lost"
@@ -254,18 +257,18 @@ class Coordinator:
         """A task run goes out with its task, project and the steps already done."""
         if run.task_id is None:
             return run
-        context = await self._db(self.store.tasks.task_context, run.task_id)
+        context = await self.in_thread(self.store.tasks.context, run.task_id)
         return replace(run, task=context)
 
     async def control(
         self, runner_id: RunnerId, timeout_s: float, gone: asyncio.Future[None] | None = None
     ) -> list[RunId]:
         """Wait until one of the runner's runs is asked to cancel; returns their ids."""
-        await self._db(self.store.get_runner, runner_id)  # an unknown runner: 404 at once
+        await self.in_thread(self.store.runners.get, runner_id)  # an unknown runner: 404 at once
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             event = self.notifier.event(runner_topic(runner_id))
-            cancels = await self._db(self.store.cancel_requests, runner_id)
+            cancels = await self.in_thread(self.store.runs.cancel_requests, runner_id)
             if cancels:
                 return cancels
             remaining = deadline - asyncio.get_running_loop().time()
@@ -273,19 +276,19 @@ class Coordinator:
                 return []
 
     async def heartbeat(self, runner_id: str, held: Sequence[Held] | None) -> RunnerSync:
-        return await self._db(self.store.heartbeat, runner_id, held, self.clock.now())
+        return await self.in_thread(self.store.runners.heartbeat, runner_id, held, self.clock.now())
 
     async def deregister(self, runner_id: str) -> Runner:
-        runner = await self._db(
-            self.store.set_runner_state, runner_id, RunnerState.STOPPED, self.clock.now()
+        runner = await self.in_thread(
+            self.store.runners.set_state, runner_id, RunnerState.STOPPED, self.clock.now()
         )
         self.notifier.notify(RUNS_AVAILABLE)
         return runner
 
     async def drain_runner(self, runner_id: str, grace_s: float) -> None:
         """Forced drain: no new work; the runner finishes (up to ``grace_s``) and leaves."""
-        await self._db(
-            self.store.set_runner_state, runner_id, RunnerState.DRAINING, self.clock.now()
+        await self.in_thread(
+            self.store.runners.set_state, runner_id, RunnerState.DRAINING, self.clock.now()
         )
         if (link := self.connections.by_runner.get(runner_id)) is not None:
             await link.drain(grace_s)
@@ -319,7 +322,7 @@ class Coordinator:
         return run
 
     async def _apply(self, runner_id: str, events: Sequence[RunnerEvent]) -> list[Outcome]:
-        applied = await self._db(
+        applied = await self.in_thread(
             apply_reports, self.store, runner_id, events, self.clock.now(), lambda _: None
         )
         self.notifier.notify(*wakeups(runner_id, events, applied.outcomes))
@@ -331,11 +334,11 @@ class Coordinator:
         now = self.clock.now()
         # WebSocket runners ping every few seconds: their heartbeats are written together.
         if pinged := self.connections.take_pinged():
-            await self._db(self.store.touch_runners, pinged, now)
+            await self.in_thread(self.store.runners.touch, pinged, now)
         done = Reconciled()
         # What must happen once (declaring runners lost, ending overdue runs, retries,
         # actors' ticks) is done by the coordinator holding the reconciler's lease.
-        if await self._db(leases.hold, self.store.db, RECONCILER, self.node, now, LEASE_S):
+        if await self.in_thread(leases.hold, self.store.db, RECONCILER, self.node, now, LEASE_S):
             done = await self._reconcile_held(now)
         # Also wakes pollers for runs whose rate-limit backoff ended, and for runs that
         # another process (a second coordinator, a CLI) wrote to the same database — only
@@ -344,14 +347,14 @@ class Coordinator:
         # other processes may lag: the look reaches back a little further.)
         since = self._claimable_seen_at - CLOCK_SKEW_S
         self._claimable_seen_at = now
-        if await self._db(self.store.has_claimable, now, since=since):
+        if await self.in_thread(self.store.runs.has_claimable, now, since=since):
             self.notifier.notify(RUNS_AVAILABLE)
         return done
 
     async def _reconcile_held(self, now: float) -> Reconciled:
         # No runner could heartbeat while no coordinator was up: after a restart, each
         # gets its whole threshold to check in before it is declared lost.
-        done = await self._db(
+        done = await self.in_thread(
             self.store.reconcile,
             now,
             lost_after_s=self.settings.lost_after_s,
@@ -369,7 +372,7 @@ class Coordinator:
             self.notifier.notify(*(logs_topic(r) for r in done.failed + done.timed_out))
         await self.actors.tick()
         # Tasks whose retry backoff has ended are claimed into runs.
-        await self._db(self.store.tasks.schedule_all, now)
+        await self.in_thread(self.store.tasks.schedule_all, now)
         return done
 
     async def collect_forever(self) -> None:
@@ -377,7 +380,7 @@ class Coordinator:
         interval = self.settings.gc_interval_s
         while interval:
             try:
-                collected = await self._db(
+                collected = await self.in_thread(
                     self.store.collect_garbage, self.settings.retention, self.clock.now()
                 )
                 if collected != Collected():
@@ -396,4 +399,13 @@ class Coordinator:
                 await asyncio.sleep(self.settings.reconcile_interval_s)
         finally:  # stopping: another coordinator takes the work over at its next pass
             with contextlib.suppress(Exception):
-                await self._db(leases.release, self.store.db, RECONCILER, self.node)
+                await self.in_thread(leases.release, self.store.db, RECONCILER, self.node)
+
+
+def _operation(fn: Callable[..., object]) -> str:
+    """A store call's name in the metrics: ``runs.claim`` for ``store.runs.claim``."""
+    name: str = getattr(fn, "__name__", "other")
+    module: str = getattr(fn, "__module__", None) or ""
+    if module.startswith("corral.store."):
+        return f"{module.removeprefix('corral.store.')}.{name}"
+    return name

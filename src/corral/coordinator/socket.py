@@ -225,19 +225,19 @@ class SocketPump:
                 assert runner_id is not None  # nothing is handed over before registering
                 now = coordinator.clock.now()
                 if isinstance(out, ApplyEvents):
-                    applied = await coordinator._db(
+                    applied = await coordinator.in_thread(
                         core.apply, runner_id, out.last_idx, out.events, now
                     )
                     await self._handle(channel.applied(applied))
                 elif isinstance(out, CommandsAcked):
-                    await coordinator._db(core.acknowledge, runner_id, out.last_command_idx)
+                    await coordinator.in_thread(core.acknowledge, runner_id, out.last_command_idx)
                 elif isinstance(out, KvRequested):
-                    result = await coordinator._db(
+                    result = await coordinator.in_thread(
                         kv_request, coordinator.store, runner_id, out.actor_id, out.op, now
                     )
                     await self._handle(channel.kv_answered(out.request_id, result))
                 else:
-                    await coordinator._db(core.draining, runner_id, now)
+                    await coordinator.in_thread(core.draining, runner_id, now)
         except Exception:
             log.exception("runner %s: storing what it sent failed", channel.runner_id)
             await self.close(m.CLOSE_GOING_AWAY, REASON_STORE_FAILED)
@@ -251,7 +251,7 @@ class SocketPump:
         coordinator = self.coordinator
         try:
             self.principal.check_labels(init.labels)
-            registration = await coordinator._db(
+            registration = await coordinator.in_thread(
                 self.core.register, init, coordinator.clock.now(), self.principal.token_id
             )
         except Forbidden as exc:  # another token's runner id, or labels it may not have
@@ -281,7 +281,7 @@ class SocketPump:
         if not self.connections.forget(channel.runner_id, self):
             return
         assert channel.runner_id is not None
-        if await coordinator._db(
+        if await coordinator.in_thread(
             self.core.gone, channel.runner_id, channel.stopped_for_good, coordinator.clock.now()
         ):
             coordinator.notifier.notify(RUNS_AVAILABLE)
@@ -298,7 +298,7 @@ class SocketPump:
             orders = coordinator.notifier.event(runner_topic(runner_id))
             self.push_wanted.clear()
             try:
-                pushed = await coordinator._db(
+                pushed = await coordinator.in_thread(
                     self.core.push_work, runner_id, coordinator.clock.now(), channel.push_request()
                 )
             except CorralError as exc:  # lost or stopped meanwhile: it must reconnect

@@ -32,8 +32,8 @@ from corral.runner.settings import RunnerSettings
 from corral.runner.task_attempt import TaskAttempt
 from corral.runner.transport import Transport
 from corral.runner.websocket import WebSocketTransport
+from corral.runners import Held
 from corral.runs import RunType
-from corral.store import Held
 
 log = logging.getLogger("corral.runner")
 # How long a runner stopped while still registering may spend closing its link.

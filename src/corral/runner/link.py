@@ -15,7 +15,7 @@ import httpx
 from corral import errors
 from corral.credentials import auth_headers
 from corral.ids import RunId, RunnerId
-from corral.store import Held
+from corral.runners import Held
 
 
 class LinkDown(Exception):

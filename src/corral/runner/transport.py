@@ -11,7 +11,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
 from corral.ids import RunId
-from corral.store import Held
+from corral.runners import Held
 
 if TYPE_CHECKING:
     from corral.runner.actors import ActorHost

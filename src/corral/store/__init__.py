@@ -1,5 +1,7 @@
 """The durable store: the only source of truth, on SQLite or PostgreSQL."""
 
-from corral.store.store import Held, LogEntry, LogLine, Reconciled, RunnerSync, Store
+from corral.store.logs import LogEntry, LogLine
+from corral.store.reconcile import Reconciled
+from corral.store.store import Store
 
-__all__ = ["Held", "LogEntry", "LogLine", "Reconciled", "RunnerSync", "Store"]
+__all__ = ["LogEntry", "LogLine", "Reconciled", "Store"]

@@ -30,6 +30,7 @@ from corral.actors.model import Actor, NewActor, Placement
 from corral.actors.wire import start_command, stop_command
 from corral.errors import NotFound
 from corral.ids import ActorId, new_actor_id
+from corral.store.commands import CommandStore
 from corral.store.db import Database, Row, Tx
 
 QUEUE_BATCH = 100  # queued actors looked at per pool in one serving
@@ -52,17 +53,14 @@ class Changes:
         self.runners |= other.runners
 
 
-PushCommands = Callable[[str, Sequence[dict[str, Any]], float], object]
-
-
 def _never_serverless(tx: Tx, pool: str) -> bool:
     return False
 
 
 class ActorStore:
-    def __init__(self, db: Database, push: PushCommands) -> None:
+    def __init__(self, db: Database) -> None:
         self.db = db
-        self._push = push  # stores numbered commands for a runner (the link's queue)
+        self._commands = CommandStore(db)  # numbered commands for a runner (the link's queue)
         # Can a serverless endpoint grow ``pool``? (Set by the serverless pools' store.)
         self.is_serverless: Callable[[Tx, str], bool] = _never_serverless
 
@@ -258,7 +256,9 @@ class ActorStore:
         for effect in step.effects:
             if isinstance(effect, lc.SendStop):
                 if tx.one("SELECT 1 AS x FROM runners WHERE id = ?", (effect.runner_id,)):
-                    self._push(effect.runner_id, [stop_command(actor.id, effect.generation)], now)
+                    self._commands.push(
+                        effect.runner_id, [stop_command(actor.id, effect.generation)], now
+                    )
                     ch.runners.add(effect.runner_id)
             elif isinstance(effect, lc.DropKv):
                 tx.execute("DELETE FROM actor_kv WHERE actor_id = ?", (actor.id,))
@@ -287,7 +287,7 @@ class ActorStore:
         )
         tx.execute("DELETE FROM actor_queue WHERE actor_id = ?", (actor.id,))
         body = start_command(actor.id, life.generation, actor.name, actor.key, actor.input)
-        self._push(runner_id, [body], now)
+        self._commands.push(runner_id, [body], now)
         ch.runners.add(runner_id)
         return True
 

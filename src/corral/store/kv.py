@@ -1,9 +1,9 @@
 """Actors' durable key-value state: one namespace per actor, string keys and values.
 
-An actor reaches it over the runner link (``ToServerKvRequest``); ``apply_op`` validates one
-operation, runs it in one transaction and answers ``{"ok": true, ...}``, or ``{"ok": false,
-"code", "error"}`` for a request it refuses (nothing is written then). Keys sort byte by
-byte on both databases, so ``list`` pages the same way everywhere.
+An actor reaches it over the runner link (``ToServerKvRequest``); ``KvStore.apply``
+validates one operation, runs it in one transaction and answers ``{"ok": true, ...}``, or
+``{"ok": false, "code", "error"}`` for a request it refuses (nothing is written then).
+Keys sort byte by byte on both databases, so ``list`` pages the same way everywhere.
 
     {"op": "get",    "keys": [k, ...]}                      → {"values": [v | null, ...]}
     {"op": "put",    "entries": {k: v, ...}}                → {}
@@ -64,18 +64,22 @@ KvOp = Annotated[Get | Put | Delete | List | Drop, Field(discriminator="op")]
 _OPS: TypeAdapter[KvOp] = TypeAdapter(KvOp)
 
 
-def apply_op(db: Database, actor_id: str, body: dict[str, Any], now: float) -> dict[str, Any]:
-    """Run one KV operation for ``actor_id``; never raises for a bad request."""
-    try:
-        op = _OPS.validate_python(body)
-        _check_sizes(op)
-        return {"ok": True, **_run(db, actor_id, op, now)}
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return _refused("invalid_request", f"{where}: {first['msg']}")
-    except CorralError as exc:
-        return _refused(exc.code, str(exc))
+class KvStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def apply(self, actor_id: str, body: dict[str, Any], now: float) -> dict[str, Any]:
+        """Run one KV operation for ``actor_id``; never raises for a bad request."""
+        try:
+            op = _OPS.validate_python(body)
+            _check_sizes(op)
+            return {"ok": True, **_run(self.db, actor_id, op, now)}
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            return _refused("invalid_request", f"{where}: {first['msg']}")
+        except CorralError as exc:
+            return _refused(exc.code, str(exc))
 
 
 def _refused(code: str, error: str) -> dict[str, Any]:

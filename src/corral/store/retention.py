@@ -6,7 +6,7 @@ database for long):
 * finished runs (completed, failed, cancelled, timed out) whose run ended more than
   ``runs_s`` ago, with their logs;
 * lost or stopped runners silent for more than ``runners_s``, with the commands they never
-  acknowledged (acknowledged ones are deleted at once, see ``LinkStore.acknowledge``);
+  acknowledged (acknowledged ones are deleted at once, see ``CommandStore.acknowledge``);
 * the middle of a finished run's log over ``log_chars`` characters: its first and last
   halves stay, with one marker line saying how many lines went;
 * events (``GET /events``) older than ``events_s``, by id: a resume from before the
@@ -26,10 +26,11 @@ from typing import Any
 from corral.runs import TERMINAL
 from corral.store.db import Database, Row, Tx
 from corral.store.events import EventStore
+from corral.store.rows import sql_list
 
 DAY = 86400.0
 MARKER_LINE_NO = -1  # runner lines count from 0: the marker cannot collide with one
-_FINISHED = ", ".join(f"'{status}'" for status in sorted(TERMINAL))
+_FINISHED = sql_list(TERMINAL)
 
 
 @dataclass(frozen=True)

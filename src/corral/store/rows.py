@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from corral.errors import NotFound
@@ -14,6 +15,15 @@ from corral.sessions import Session
 from corral.store.db import Row, Tx
 
 
+def sql_list(values: Iterable[str]) -> str:
+    """Enum values as a literal SQL list (``'claimed', 'running'``), for ``IN (…)``."""
+    return ", ".join(f"'{value}'" for value in sorted(values))
+
+
+# The statuses in which a runner holds a run (``RunStatus.holds_lease``), for SQL.
+HELD = sql_list(status for status in RunStatus if status.holds_lease)
+
+
 def row_by_id(tx: Tx, table: str, row_id: str, lock: str = "") -> Row:
     """The row of ``table`` with this id, locked with ``lock``; else NotFound of its kind
     (``runs`` → ``run_not_found``)."""
@@ -21,6 +31,33 @@ def row_by_id(tx: Tx, table: str, row_id: str, lock: str = "") -> Row:
     if row is None:
         raise NotFound.of(table.removesuffix("s"), row_id)
     return row
+
+
+def update_row(
+    tx: Tx, table: str, row_id: str, now: float, *, only_if: Row | None = None, **fields: Any
+) -> Row | None:
+    """Set ``fields`` (and ``updated_at``) on the row of ``table`` with this id; with
+    ``only_if``, only while those columns still hold those values. The row as written, or
+    None if it did not match."""
+    values = {**fields, "updated_at": now}
+    guard = {"id": row_id, **(only_if or {})}
+    return tx.one(
+        f"UPDATE {table} SET {', '.join(f'{name} = ?' for name in values)} "
+        f"WHERE {' AND '.join(f'{name} = ?' for name in guard)} RETURNING *",
+        (*values.values(), *guard.values()),
+    )
+
+
+def insert_runs(tx: Tx, rows: Sequence[Row]) -> list[Run]:
+    """Write new runs (rows made by ``new_run_row``); the runs as written."""
+    if not rows:
+        return []
+    columns = list(rows[0])
+    tx.many(
+        f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
+        [list(row.values()) for row in rows],
+    )
+    return [run_from_row({**row, "exit_code": None}) for row in rows]
 
 
 def dumps(value: Any) -> str:

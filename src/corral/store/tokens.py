@@ -6,9 +6,10 @@ import json
 from collections.abc import Sequence
 
 from corral.errors import InvalidRequest
+from corral.ids import new_token_id
 from corral.store.db import Database, Row
 from corral.store.rows import dumps, row_by_id
-from corral.tokens import Role, Token, digest, new_secret, new_token_id
+from corral.tokens import Role, Token, digest, new_secret
 
 
 class TokenStore:

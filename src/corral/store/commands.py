@@ -1,4 +1,4 @@
-"""The WebSocket runner link in the store: numbered commands and the events applied.
+"""Commands to runners in the store (the WebSocket link): numbered, and the events applied.
 
 Commands to a runner (start, cancel, abandon a run) are numbered per runner and stored
 before they are sent, in the same transaction as what they announce (a claim and its
@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from corral.runs import Run
-from corral.store.db import Tx
+from corral.store.claims import claim
+from corral.store.db import Database, Tx
 from corral.store.rows import dumps
-from corral.store.tasks import task_context_tx
-
-if TYPE_CHECKING:
-    from corral.store.store import Store
+from corral.store.tasks import task_context
 
 
 @dataclass(frozen=True)
@@ -35,10 +33,9 @@ class LinkState:
     acked_command_idx: int
 
 
-class LinkStore:
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.db = store.db
+class CommandStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     def state(self, runner_id: str) -> LinkState:
         with self.db.transaction(write=False) as tx:
@@ -57,13 +54,13 @@ class LinkStore:
         finishing: Collection[tuple[str, int]] = (),
     ) -> list[Command]:
         """Fill the runner's free slots with pending runs, each with its start command
-        (``finishing``: see ``Store._claim``)."""
+        (``finishing``: see ``claims.claim``)."""
         with self.db.transaction() as tx:
-            runs = self.store._claim(tx, runner_id, None, now, finishing)
+            runs = claim(tx, self.db, runner_id, None, now, finishing)
             bodies = []
             for run in runs:
                 if run.task_id:
-                    run = replace(run, task=task_context_tx(tx, run.task_id))
+                    run = replace(run, task=task_context(tx, run.task_id))
                 bodies.append(start(run))
             return _append(tx, runner_id, bodies, now)
 

@@ -1,0 +1,151 @@
+"""Reconciliation: taking runs back from runners that are gone, or that no longer hold them.
+
+``reconcile`` declares silent runners lost and ends runs past their timeout; ``sync_held``
+compares what a runner says it holds with what the store gave it; both release runs
+through ``release_runner_runs`` / ``release_run``. Each runs inside the caller's
+transaction except ``reconcile``, which is one of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from corral.ids import RunId, RunnerId
+from corral.runners import Held, RunnerSync
+from corral.runs import RunStatus
+from corral.store.db import Database, Row, Tx
+from corral.store.rows import HELD
+from corral.store.runs import transition
+
+# A run the runner did not mention this long after it was claimed was lost on the way
+# (the claim committed but its answer never reached the runner).
+UNREPORTED_CLAIM_GRACE_S = 15.0
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    lost_runners: list[RunnerId] = field(default_factory=list)
+    requeued: list[RunId] = field(default_factory=list)
+    failed: list[RunId] = field(default_factory=list)
+    timed_out: list[RunId] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.lost_runners or self.requeued or self.failed or self.timed_out)
+
+
+def reconcile(
+    db: Database, now: float, *, lost_after_s: float, timeout_grace_s: float, up_since: float
+) -> Reconciled:
+    """Declare silent runners lost and take their runs back; end runs past their timeout.
+
+    A runner is silent past its own threshold (or ``lost_after_s``). ``up_since``: when
+    this coordinator started; no runner could reach it before, so none is declared lost
+    until a whole threshold has passed since then.
+    Idempotent: running it twice, or from two coordinators, changes nothing more.
+    """
+    result = Reconciled()
+    with db.transaction() as tx:
+        silent = tx.execute(
+            "SELECT id FROM runners WHERE state IN ('active', 'draining') "
+            "AND last_heartbeat_at < ? - COALESCE(lost_after_s, ?) "
+            "AND ? < ? - COALESCE(lost_after_s, ?) ORDER BY id " + db.lock_rows(),
+            (now, lost_after_s, up_since, now, lost_after_s),
+        )
+        for runner in silent:
+            rid = RunnerId(runner["id"])
+            tx.execute("UPDATE runners SET state = 'lost' WHERE id = ?", (rid,))
+            result.lost_runners.append(rid)
+            released = release_runner_runs(tx, rid, now, f"runner {rid} was lost")
+            result.requeued.extend(released[0])
+            result.failed.extend(released[1])
+        overdue = tx.execute(
+            f"SELECT * FROM runs WHERE status IN ({HELD}) "
+            "AND timeout_s IS NOT NULL "
+            "AND COALESCE(started_at, claimed_at) + timeout_s + ? < ? ORDER BY id "
+            + db.lock_rows(),
+            (timeout_grace_s, now),
+        )
+        for row in overdue:
+            transition(
+                tx,
+                row,
+                RunStatus.TIMED_OUT,
+                now,
+                finished_at=now,
+                error=f"run exceeded its timeout of {row['timeout_s']} s "
+                "and its runner did not stop it",
+            )
+            result.timed_out.append(RunId(row["id"]))
+    return result
+
+
+def release_runner_runs(
+    tx: Tx, runner_id: RunnerId, now: float, reason: str
+) -> tuple[list[RunId], list[RunId]]:
+    """Runs held by a runner that is gone: back to pending while attempts remain.
+
+    They are locked first, so a report that is finishing one is waited for (and that run
+    left alone) rather than found changed under us."""
+    requeued: list[RunId] = []
+    failed: list[RunId] = []
+    held = tx.execute(
+        f"SELECT * FROM runs WHERE runner_id = ? AND status IN ({HELD}) ORDER BY id {tx.lock}",
+        (runner_id,),
+    )
+    for row in held:
+        release_run(tx, row, now, reason, requeued, failed)
+    return requeued, failed
+
+
+def release_run(
+    tx: Tx, row: Row, now: float, reason: str, requeued: list[RunId], failed: list[RunId]
+) -> None:
+    lost = transition(tx, row, RunStatus.LOST, now, error=reason)
+    lost_row = {**row, "status": str(RunStatus.LOST)}
+    if lost.cancel_requested:
+        transition(
+            tx, lost_row, RunStatus.CANCELLED, now, finished_at=now, error=f"cancelled ({reason})"
+        )
+        failed.append(lost.id)
+    elif lost.attempts - lost.rate_limited < lost.max_attempts:
+        transition(tx, lost_row, RunStatus.PENDING, now, runner_id=None, available_at=now)
+        requeued.append(lost.id)
+    else:
+        transition(
+            tx,
+            lost_row,
+            RunStatus.FAILED,
+            now,
+            finished_at=now,
+            error=f"{reason}; no attempts left "
+            f"({lost.attempts - lost.rate_limited}/{lost.max_attempts})",
+        )
+        failed.append(lost.id)
+
+
+def sync_held(tx: Tx, runner_id: RunnerId, held: Sequence[Held], now: float) -> RunnerSync:
+    """What the runner says it holds against what the store gave it: runs it holds that are
+    no longer its own are abandoned, ones asked to cancel are cancelled, and ones it no
+    longer mentions (past a grace) are taken back."""
+    sync = RunnerSync()
+    mine = {
+        r["id"]: r
+        for r in tx.execute(
+            f"SELECT * FROM runs WHERE runner_id = ? AND status IN ({HELD}) ORDER BY id {tx.lock}",
+            (runner_id,),
+        )
+    }
+    reported = {h.run_id for h in held}
+    for h in held:
+        row = mine.get(h.run_id)
+        if row is None or row["attempts"] != h.attempt:
+            sync.abandon.append(h.run_id)
+        elif row["cancel_requested"]:
+            sync.cancel.append(h.run_id)
+    requeued: list[RunId] = []
+    for run_id, row in mine.items():
+        if run_id not in reported and (row["claimed_at"] or 0) < now - UNREPORTED_CLAIM_GRACE_S:
+            release_run(tx, row, now, f"runner {runner_id} no longer reports it", requeued, [])
+    return sync

@@ -1,0 +1,159 @@
+"""Runners in the store: registered, kept alive by heartbeats, drained and stopped."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from corral.errors import Forbidden, InvalidRequest, NotFound
+from corral.ids import RunnerId, new_runner_id
+from corral.runners import Held, Runner, RunnerState, RunnerSync
+from corral.store.claims import check_not_lost
+from corral.store.db import Database, Row
+from corral.store.reconcile import release_runner_runs, sync_held
+from corral.store.rows import HELD, dumps, row_by_id, runner_from_row
+
+
+class RunnerStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def register(
+        self,
+        *,
+        name: str,
+        hostname: str,
+        labels: Sequence[str],
+        slots: int,
+        version: str,
+        transport: str,
+        now: float,
+        runner_id: str | None = None,
+        held: Sequence[Held] | None = (),
+        lost_after_s: float | None = None,
+        revive: bool = True,
+        token_id: str | None = None,
+    ) -> tuple[Runner, RunnerSync]:
+        """Register a new runner, or bring back a known one (after a network cut or a
+        coordinator restart) and tell it which of the runs it still holds are its own.
+
+        ``held=None``: the runner's link replays its own state (WebSocket), nothing to sync.
+        ``lost_after_s``: its own silence threshold (else the coordinator's).
+        ``revive=False``: a runner declared lost or stopped comes back as a new runner (the
+        WebSocket link: its runs were taken back, so the commands and events numbered for
+        its old identity are void, and a new id tells the runner to stop and start over).
+        ``token_id``: the token it called with; a runner id belongs to the token that first
+        registered it, and another token naming it is refused (``runner_not_yours``).
+        Checked in this transaction: a reconciler cannot declare it lost in between."""
+        if slots < 1:
+            raise InvalidRequest("a runner needs at least one slot")
+        with self.db.transaction() as tx:
+            known = runner_id and tx.one(
+                f"SELECT id, state, token_id FROM runners WHERE id = ? {self.db.lock_rows()}",
+                (runner_id,),
+            )
+            if known and token_id is not None:
+                _check_owner(known, token_id)
+            if known and not revive and known["state"] in (RunnerState.LOST, RunnerState.STOPPED):
+                known = None
+            values = (
+                name,
+                hostname,
+                dumps(list(labels)),
+                slots,
+                version,
+                transport,
+                now,
+                lost_after_s,
+            )
+            if known:
+                tx.execute(
+                    "UPDATE runners SET name = ?, hostname = ?, labels = ?, slots = ?, "
+                    "version = ?, transport = ?, last_heartbeat_at = ?, lost_after_s = ?, "
+                    "token_id = COALESCE(token_id, ?), "
+                    "state = 'active', drain_at = NULL, stopped_at = NULL WHERE id = ?",
+                    (*values, token_id, runner_id),
+                )
+                rid = RunnerId(str(runner_id))
+            else:
+                rid = new_runner_id()
+                tx.execute(
+                    "INSERT INTO runners (id, name, hostname, labels, slots, version, transport, "
+                    "last_heartbeat_at, lost_after_s, registered_at, token_id, state) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')",
+                    (rid, *values, now, token_id),
+                )
+            sync = RunnerSync() if held is None else sync_held(tx, rid, held, now)
+            return runner_from_row(row_by_id(tx, "runners", rid)), sync
+
+    def heartbeat(self, runner_id: str, held: Sequence[Held] | None, now: float) -> RunnerSync:
+        """A runner is alive and holds ``held``; raises NotFound for an unknown runner and
+        ``runner_lost`` if it was declared lost (it must register again).
+
+        ``held=None``: the runner did not say what it holds (the seed's heartbeat is only
+        ``{runner_id}``). Not saying is not "nothing": its leases are kept alive and none of
+        its runs is touched; only an explicit list is reconciled."""
+        with self.db.transaction() as tx:
+            row = row_by_id(tx, "runners", runner_id, lock=self.db.lock_rows())
+            check_not_lost(row)
+            tx.execute("UPDATE runners SET last_heartbeat_at = ? WHERE id = ?", (now, runner_id))
+            if held is None:
+                return RunnerSync()
+            return sync_held(tx, RunnerId(runner_id), held, now)
+
+    def token_id(self, runner_id: str) -> str | None:
+        """The id of the token the runner registered with (None: registered before tokens,
+        or by an internal caller); ``runner_not_found`` if there is no such runner."""
+        with self.db.transaction(write=False) as tx:
+            row = tx.one("SELECT token_id FROM runners WHERE id = ?", (runner_id,))
+        if row is None:
+            raise NotFound.of("runner", runner_id)
+        token_id: str | None = row["token_id"]
+        return token_id
+
+    def touch(self, runner_ids: Sequence[str], now: float) -> None:
+        """Heartbeats of connected runners (their pings), written in one statement."""
+        if runner_ids:
+            with self.db.transaction() as tx:
+                tx.execute(
+                    "UPDATE runners SET last_heartbeat_at = ? "
+                    f"WHERE id IN ({', '.join('?' for _ in runner_ids)}) "
+                    "AND state IN ('active', 'draining')",
+                    (now, *runner_ids),
+                )
+
+    def set_state(self, runner_id: str, state: RunnerState, now: float) -> Runner:
+        with self.db.transaction() as tx:
+            row_by_id(tx, "runners", runner_id, lock=self.db.lock_rows())
+            tx.execute(
+                "UPDATE runners SET state = ?, "
+                "drain_at = CASE WHEN ? = 'draining' THEN ? ELSE drain_at END, "
+                "stopped_at = CASE WHEN ? = 'stopped' THEN ? ELSE stopped_at END WHERE id = ?",
+                (state, state, now, state, now, runner_id),
+            )
+            if state is RunnerState.STOPPED:
+                release_runner_runs(tx, RunnerId(runner_id), now, "runner stopped")
+            return runner_from_row(row_by_id(tx, "runners", runner_id))
+
+    def get(self, runner_id: str) -> Runner:
+        with self.db.transaction(write=False) as tx:
+            return runner_from_row(row_by_id(tx, "runners", runner_id))
+
+    def list(self) -> list[Runner]:
+        with self.db.transaction(write=False) as tx:
+            rows = tx.execute(
+                "SELECT r.*, (SELECT COUNT(*) FROM runs WHERE runs.runner_id = r.id "
+                f"AND runs.status IN ({HELD})) AS slots_used "
+                "FROM runners r ORDER BY r.registered_at DESC"
+            )
+        return [runner_from_row(r) for r in rows]
+
+
+def _check_owner(runner: Row, token_id: str) -> None:
+    # A runner registered before tokens existed is adopted by the first token to name it.
+    if runner["token_id"] is not None and runner["token_id"] != token_id:
+        # Not the id in the message: it would confirm to a guesser whose it is.
+        raise Forbidden(
+            "that runner id was registered with another token; register without an id "
+            "to get a new one",
+            code="runner_not_yours",
+        )

@@ -1,0 +1,299 @@
+"""Runs in the store: created by clients, claimed and reported on by runners.
+
+Each operation is one transaction. Transitions go through ``runs.check_transition`` so
+the table in ``corral/runs.py`` is the only place that says what may happen. Time is
+passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from corral.errors import InvalidRequest, LeaseLost
+from corral.ids import RunId, RunnerId
+from corral.runs import NewRun, Run, RunReport, RunStatus, check_transition
+from corral.store import claims, sessions
+from corral.store.claims import Claimable, check_lease, leased_row
+from corral.store.db import Database, Row, Tx
+from corral.store.rows import (
+    HELD,
+    dumps,
+    insert_runs,
+    new_run_row,
+    row_by_id,
+    run_from_row,
+    update_row,
+)
+from corral.store.task_runs import apply_step, settle_task_run
+
+# A rate-limited run gives its attempt back this many times, then fails.
+MAX_RATE_LIMIT_REQUEUES = 20
+
+
+class RunStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # ---- clients -------------------------------------------------------------------------
+
+    def create_many(self, specs: Sequence[NewRun], now: float) -> list[Run]:
+        with self.db.transaction() as tx:
+            return insert_runs(tx, [new_run_row(spec, now) for spec in specs])
+
+    def create(self, spec: NewRun, now: float) -> Run:
+        return self.create_many([spec], now)[0]
+
+    def get(self, run_id: str) -> Run:
+        with self.db.transaction(write=False) as tx:
+            return run_from_row(row_by_id(tx, "runs", run_id))
+
+    def count_by_status(self) -> dict[str, int]:
+        """How many runs are in each status."""
+        with self.db.transaction(write=False) as tx:
+            rows = tx.execute("SELECT status, COUNT(*) AS n FROM runs GROUP BY status")
+        return {str(r["status"]): int(r["n"]) for r in rows}
+
+    def request_cancel(self, run_id: str, now: float) -> Run:
+        """Pending runs are cancelled at once; held ones are flagged for their runner to stop."""
+        with self.db.transaction() as tx:
+            row = row_by_id(tx, "runs", run_id, lock=self.db.lock_rows())
+            status = RunStatus(row["status"])
+            if status in (RunStatus.PENDING, RunStatus.LOST):
+                transition(tx, row, RunStatus.CANCELLED, now, error="cancelled", finished_at=now)
+            elif status.holds_lease:
+                tx.execute(
+                    "UPDATE runs SET cancel_requested = 1, updated_at = ? WHERE id = ?",
+                    (now, run_id),
+                )
+            else:
+                check_transition(run_id, status, RunStatus.CANCELLED)  # raises: terminal
+            return run_from_row(row_by_id(tx, "runs", run_id))
+
+    # ---- runners -------------------------------------------------------------------------
+
+    def has_claimable(self, now: float, *, since: float | None = None) -> bool:
+        """Is any pending run ready to be claimed (its backoff over)? With ``since``: one
+        that became so after ``since`` (written, or its backoff ended)."""
+        with self.db.transaction(write=False) as tx:
+            return claims.has_claimable(tx, now, since)
+
+    def claimable(self, now: float, limit: int) -> list[Claimable]:
+        """Pending runs ready to be claimed, in the order claims take them (at most
+        ``limit``): what each requires of a runner. A read: waiting runners look here
+        before they try a claim (a write)."""
+        with self.db.transaction(write=False) as tx:
+            return claims.claimable(tx, now, limit)
+
+    def claim(self, runner_id: RunnerId, max_runs: int, now: float) -> list[Run]:
+        """Atomically give up to ``max_runs`` pending runs to an active runner: the claim
+        and the lease it takes are one transaction (``claims.claim``)."""
+        if max_runs <= 0:
+            return []
+        with self.db.transaction() as tx:
+            return claims.claim(tx, self.db, runner_id, max_runs, now)
+
+    def cancel_requests(self, runner_id: str) -> list[RunId]:
+        """Runs this runner holds that a client asked to cancel."""
+        with self.db.transaction(write=False) as tx:
+            rows = tx.execute(
+                f"SELECT id FROM runs WHERE runner_id = ? AND status IN ({HELD}) "
+                "AND cancel_requested = 1",
+                (runner_id,),
+            )
+        return [RunId(r["id"]) for r in rows]
+
+    def mark_started(self, run_id: str, runner_id: str, attempt: int, now: float) -> Run:
+        with self.db.transaction() as tx:
+            # The usual case in one statement (the lease and the old status are its guard);
+            # anything else (a repeat, a lost lease) takes the checked path below.
+            started = tx.one(
+                "UPDATE runs SET status = 'running', started_at = ?, updated_at = ? "
+                "WHERE id = ? AND runner_id = ? AND attempts = ? AND status = 'claimed' "
+                "RETURNING *",
+                (now, now, run_id, runner_id, attempt),
+            )
+            if started is not None:
+                return run_from_row(started)
+            row = leased_row(tx, run_id, runner_id, attempt)
+            if row["status"] == RunStatus.RUNNING:
+                return run_from_row(row)  # a repeated report (the first answer was lost)
+            return transition(tx, row, RunStatus.RUNNING, now, started_at=now)
+
+    def record_session(
+        self, run_id: str, runner_id: str, attempt: int, session_id: str, now: float
+    ) -> Run:
+        """The agent announced its session id: remember it before the run ends."""
+        with self.db.transaction() as tx:
+            row = leased_row(tx, run_id, runner_id, attempt)
+            tx.execute(
+                "UPDATE runs SET session_id = ?, updated_at = ? WHERE id = ?",
+                (session_id, now, run_id),
+            )
+            row = {**row, "session_id": session_id}
+            sessions.upsert_from_run(tx, row, now)
+            return run_from_row(row)
+
+    def record_result(
+        self, run_id: str, runner_id: str, attempt: int, result: str, now: float
+    ) -> Run:
+        """The result of an attempt, told before the attempt ends (the seed system's runner
+        posts it as a session event; its completion report carries none)."""
+        with self.db.transaction() as tx:
+            row = leased_row(tx, run_id, runner_id, attempt)
+            if not RunStatus(row["status"]).holds_lease:
+                check_transition(run_id, RunStatus(row["status"]), RunStatus.RUNNING)  # raises
+            tx.execute(
+                "UPDATE runs SET result = ?, updated_at = ? WHERE id = ?", (result, now, run_id)
+            )
+            return run_from_row({**row, "result": result, "updated_at": now})
+
+    def finish(
+        self, run_id: str, runner_id: str, attempt: int, report: RunReport, now: float
+    ) -> Run:
+        """Record how an attempt ended; only the runner and attempt holding the lease may."""
+        with self.db.transaction() as tx:
+            row = row_by_id(tx, "runs", run_id, lock=self.db.lock_rows())
+            status = report.status
+            if row["cancel_requested"] and status is RunStatus.FAILED:
+                status = RunStatus.CANCELLED  # the failure is how the requested cancel showed
+            same_lease = row["runner_id"] == runner_id and row["attempts"] == attempt
+            if same_lease and RunStatus(row["status"]).is_terminal and row["status"] == status:
+                return run_from_row(row)  # a repeated report (the first answer was lost)
+            check_lease(row, runner_id, attempt)
+            fields: dict[str, Any] = {
+                "exit_code": report.exit_code,
+                "error": report.error,
+                "result": report.result,
+                # A task run's agent reported its cost with its step: a report without one
+                # (a git step failed after the agent) keeps it.
+                "cost_usd": report.cost_usd if report.cost_usd is not None else row["cost_usd"],
+                "usage": dumps(report.usage) if report.usage is not None else None,
+                "num_turns": report.num_turns,
+            }
+            if report.session_id:
+                fields["session_id"] = report.session_id
+            if report.status is RunStatus.PENDING:
+                return _requeue_after_rate_limit(tx, row, report, fields, now)
+            run = transition(
+                tx,
+                row,
+                status,
+                now,
+                task_outcome=report.task,
+                reported=True,
+                finished_at=now,
+                **fields,
+            )
+            if run.session_id:
+                sessions.finish_from_run(tx, run, now)
+            return run
+
+    def record_task_step(
+        self,
+        run_id: str,
+        runner_id: str,
+        attempt: int,
+        step: str,
+        data: dict[str, Any],
+        now: float,
+    ) -> None:
+        """A task run finished a step of its attempt (worktree, agent, commit, merge)."""
+        with self.db.transaction() as tx:
+            row = leased_row(tx, run_id, runner_id, attempt)
+            if not row["task_id"]:
+                raise InvalidRequest(f"run {run_id} is not a task run")
+            apply_step(tx, tx.lock, row, step, data, now)
+
+    def list(
+        self,
+        *,
+        statuses: Iterable[RunStatus] = (),
+        runner_id: str | None = None,
+        session: str | None = None,
+        before: str | None = None,
+        limit: int = 50,
+    ) -> list[Run]:
+        """Newest first; ``before`` is the id of the last run of the previous page."""
+        where: list[str] = []
+        params: list[Any] = []
+        status_list = [str(s) for s in statuses]
+        if status_list:
+            where.append(f"status IN ({', '.join('?' for _ in status_list)})")
+            params += status_list
+        if runner_id:
+            where.append("runner_id = ?")
+            params.append(runner_id)
+        if session:
+            where.append("(session_id = ? OR session_name = ?)")
+            params += [session, session]
+        with self.db.transaction(write=False) as tx:
+            if before:
+                anchor = row_by_id(tx, "runs", before)
+                where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+                params += [anchor["created_at"], anchor["created_at"], anchor["id"]]
+            clause = f"WHERE {' AND '.join(where)}" if where else ""
+            rows = tx.execute(
+                f"SELECT * FROM runs {clause} ORDER BY created_at DESC, id DESC LIMIT ?",
+                [*params, limit],
+            )
+        return [run_from_row(r) for r in rows]
+
+
+def transition(
+    tx: Tx,
+    row: Row,
+    new: RunStatus,
+    now: float,
+    task_outcome: dict[str, Any] | None = None,
+    reported: bool = False,
+    **fields: Any,
+) -> Run:
+    """Move one run to ``new`` if the transition table allows it; guarded by its old status.
+
+    A task's run that ends, however it ends (reported, lost for good, timed out,
+    cancelled), moves its task on in the same transaction. ``reported``: the runner's final
+    report ends it (its session is brought up to date by the caller); a run ended any other
+    way still adds the cost it recorded before (a task's agent step) to its session."""
+    old = RunStatus(row["status"])
+    check_transition(row["id"], old, new)
+    updated = update_row(
+        tx, "runs", row["id"], now, only_if={"status": str(old)}, **fields, status=str(new)
+    )
+    if updated is None:  # cannot happen under the row lock; refuse rather than guess
+        raise LeaseLost(f"run {row['id']} changed under us")
+    run = run_from_row(updated)
+    if new.is_terminal and not reported and run.session_id and run.cost_usd:
+        sessions.add_cost(tx, run.session_id, run.cost_usd, now)
+    if run.task_id and new.is_terminal:
+        settle_task_run(tx, tx.lock, run, task_outcome, now)
+    return run
+
+
+def _requeue_after_rate_limit(
+    tx: Tx, row: Row, report: RunReport, fields: dict[str, Any], now: float
+) -> Run:
+    if row["rate_limited"] >= MAX_RATE_LIMIT_REQUEUES:
+        return transition(
+            tx,
+            row,
+            RunStatus.FAILED,
+            now,
+            finished_at=now,
+            **{
+                **fields,
+                "error": f"rate limited {row['rate_limited'] + 1} times: "
+                f"{report.error or report.result}",
+            },
+        )
+    return transition(
+        tx,
+        row,
+        RunStatus.PENDING,
+        now,
+        rate_limited=row["rate_limited"] + 1,
+        available_at=now + (report.retry_after_s or 0.0),
+        runner_id=None,
+        error=report.error or report.result,
+        session_id=fields.get("session_id", row["session_id"]),
+    )
