@@ -1,9 +1,14 @@
-"""Runners: the hosts that claim and execute runs, and their lifecycle.
+"""Runners: the hosts that claim and execute runs, and the one table of their states.
 
-active ──(no heartbeat for lost_after)──▶ lost ──(registers again, over HTTP)──▶ active
+    (registers) ──▶ active ──drain──▶ draining ──(leaves, or is stopped)──▶ stopped
+    active ──stop──▶ stopped          lost ──stop──▶ stopped
+    active | draining ──(no heartbeat for lost_after)──▶ lost
+    draining | lost | stopped ──(registers again, over HTTP)──▶ active
+
 A lost runner's heartbeat is refused (runner_lost): it must register again. Over the
 WebSocket link it comes back as a new runner instead (its old id's commands are void).
-active ──drain──▶ draining ──(exits)──▶ stopped
+Draining a runner that is lost or stopped leaves it so: it is gone, there is nothing to
+drain. Any other move not in ``TRANSITIONS`` raises ``IllegalTransition``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 
+from corral.errors import IllegalTransition
 from corral.ids import RunId, RunnerId
 
 
@@ -20,6 +26,36 @@ class RunnerState(enum.StrEnum):
     DRAINING = "draining"
     LOST = "lost"
     STOPPED = "stopped"
+
+
+R = RunnerState
+TRANSITIONS: dict[RunnerState, frozenset[RunnerState]] = {
+    R.ACTIVE: frozenset({R.DRAINING, R.STOPPED, R.LOST}),
+    R.DRAINING: frozenset({R.STOPPED, R.LOST, R.ACTIVE}),
+    R.LOST: frozenset({R.STOPPED, R.ACTIVE}),
+    R.STOPPED: frozenset({R.ACTIVE}),
+}
+del R
+
+# The states in which a runner may still run work: its heartbeats count, and its silence
+# makes it lost (active, draining).
+ALIVE = frozenset(state for state, targets in TRANSITIONS.items() if RunnerState.LOST in targets)
+
+
+def check_runner_transition(runner_id: str, old: RunnerState, new: RunnerState) -> None:
+    if new is not old and new not in TRANSITIONS[old]:
+        raise IllegalTransition(
+            f"runner {runner_id} cannot go from {old} to {new}", status=str(old)
+        )
+
+
+def state_after(runner_id: str, old: RunnerState, asked: RunnerState) -> RunnerState:
+    """The state a runner in ``old`` is left in when asked to be ``asked`` (drained,
+    stopped): ``asked``, or ``old`` for a drain of a runner that is already gone."""
+    if asked is RunnerState.DRAINING and old not in ALIVE:
+        return old
+    check_runner_transition(runner_id, old, asked)
+    return asked
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,50 @@ def check_transition(run_id: str, old: RunStatus, new: RunStatus) -> None:
         )
 
 
+def may_become(new: RunStatus) -> frozenset[RunStatus]:
+    """The statuses ``TRANSITIONS`` lets a run leave for ``new``: the guard of a statement
+    that moves runs in bulk (a claim, a start) without reading them first."""
+    return frozenset(old for old, targets in TRANSITIONS.items() if new in targets)
+
+
+# ---- the decisions the transitions above are taken by ------------------------------------
+
+# A rate-limited run gives its attempt back this many times, then fails.
+MAX_RATE_LIMIT_REQUEUES = 20
+
+
+def attempts_counted(attempts: int, rate_limited: int) -> int:
+    """The attempts that count against ``max_attempts``: those given back after a rate
+    limit do not."""
+    return attempts - rate_limited
+
+
+def status_reported(reported: RunStatus, cancel_requested: bool) -> RunStatus:
+    """How a runner's final report ends the run: a failure after a cancel was asked is how
+    the cancel showed (the runner stopped it), so the run is cancelled."""
+    if cancel_requested and reported is RunStatus.FAILED:
+        return RunStatus.CANCELLED
+    return reported
+
+
+def after_rate_limit(rate_limited: int) -> RunStatus:
+    """A runner gave the attempt back, rate limited, after ``rate_limited`` earlier times:
+    the run waits again, or fails once it has been given back too often."""
+    return RunStatus.FAILED if rate_limited >= MAX_RATE_LIMIT_REQUEUES else RunStatus.PENDING
+
+
+def after_lost(
+    *, cancel_requested: bool, attempts: int, rate_limited: int, max_attempts: int
+) -> RunStatus:
+    """Where a lost run goes (its runner is gone or no longer reports it): cancelled if a
+    cancel was asked, pending while attempts remain, else failed."""
+    if cancel_requested:
+        return RunStatus.CANCELLED
+    if attempts_counted(attempts, rate_limited) < max_attempts:
+        return RunStatus.PENDING
+    return RunStatus.FAILED
+
+
 @dataclass(frozen=True)
 class AgentSpec:
     """The agent profile as it was when the run was created (a snapshot, not a reference)."""

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
+import corral.runs
 from corral.errors import IllegalTransition, InvalidRequest, LeaseLost, NotFound
 from corral.ids import RunId, RunnerId
 from corral.runners import Held, Runner, RunnerState, RunnerSync
 from corral.runs import AgentSpec, NewRun, Run, RunReport, RunStatus, RunType
 from corral.store import LogLine, Reconciled, Store
 from corral.store import reconcile as reconcile_module
-from corral.store import runs as store_runs
 from corral.store.db import migrate
 from corral.store.schema import LATEST_VERSION, MIGRATIONS
 
@@ -446,7 +446,7 @@ def test_a_claimed_run_may_be_requeued(store: Store) -> None:
 
 
 def test_too_many_rate_limits_fail_the_run(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_runs, "MAX_RATE_LIMIT_REQUEUES", 2)
+    monkeypatch.setattr(corral.runs, "MAX_RATE_LIMIT_REQUEUES", 2)
     runner = register(store)
     store.runs.create(command(), NOW)
     now = NOW

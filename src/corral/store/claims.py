@@ -14,10 +14,13 @@ from dataclasses import dataclass
 
 from corral.errors import LeaseLost
 from corral.ids import RunId
-from corral.runners import Runner, RunnerState
-from corral.runs import Run
+from corral.runners import ALIVE, Runner, RunnerState
+from corral.runs import Run, RunStatus, may_become
 from corral.store.db import Database, Row, Tx
-from corral.store.rows import HELD, row_by_id, run_from_row
+from corral.store.rows import HELD, row_by_id, run_from_row, sql_list
+
+# The statuses a claim takes runs from, as the transition table says (pending).
+CLAIMABLE = sql_list(may_become(RunStatus.CLAIMED))
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class Claimable:
 
 
 def has_claimable(tx: Tx, now: float, since: float | None) -> bool:
-    sql = "SELECT 1 AS x FROM runs WHERE status = 'pending' AND available_at <= ?"
+    sql = f"SELECT 1 AS x FROM runs WHERE status IN ({CLAIMABLE}) AND available_at <= ?"
     params: tuple[float, ...] = (now,)
     if since is not None:
         sql += " AND (available_at > ? OR updated_at > ?)"
@@ -46,7 +49,7 @@ def has_claimable(tx: Tx, now: float, since: float | None) -> bool:
 def claimable(tx: Tx, now: float, limit: int) -> list[Claimable]:
     rows = tx.execute(
         "SELECT id, required_runner, labels FROM runs "
-        "WHERE status = 'pending' AND available_at <= ? "
+        f"WHERE status IN ({CLAIMABLE}) AND available_at <= ? "
         "ORDER BY priority DESC, created_at, id LIMIT ?",
         (now, limit),
     )
@@ -90,7 +93,7 @@ def claim(
             return []
     # Labels are matched in SQL: runs this runner cannot take never hide ones it can.
     candidates = tx.execute(
-        "SELECT id FROM runs WHERE status = 'pending' AND available_at <= ? "
+        f"SELECT id FROM runs WHERE status IN ({CLAIMABLE}) AND available_at <= ? "
         "AND (required_runner IS NULL OR required_runner = ?) "
         f"AND {db.json_subset('labels')} "
         "ORDER BY priority DESC, created_at, id LIMIT ? " + db.lock_rows(skip_locked=True),
@@ -100,11 +103,11 @@ def claim(
     if not chosen:
         return []
     rows = tx.execute(
-        "UPDATE runs SET status = 'claimed', runner_id = ?, attempts = attempts + 1, "
+        "UPDATE runs SET status = ?, runner_id = ?, attempts = attempts + 1, "
         "claimed_at = ?, started_at = NULL, cancel_requested = 0, updated_at = ? "
-        f"WHERE id IN ({', '.join('?' for _ in chosen)}) AND status = 'pending' "
+        f"WHERE id IN ({', '.join('?' for _ in chosen)}) AND status IN ({CLAIMABLE}) "
         "RETURNING *",
-        (runner_id, now, now, *chosen),
+        (str(RunStatus.CLAIMED), runner_id, now, now, *chosen),
     )
     runs = [run_from_row(r) for r in rows]
     runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
@@ -113,7 +116,7 @@ def claim(
 
 def check_not_lost(runner: Row) -> None:
     """A runner declared lost (or stopped) holds nothing any more: it must register again."""
-    if runner["state"] in (RunnerState.LOST, RunnerState.STOPPED):
+    if runner["state"] not in ALIVE:
         raise LeaseLost(
             f"runner {runner['id']} is {runner['state']}; register again", code="runner_lost"
         )

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from corral.ids import RunId, RunnerId
-from corral.runners import Held, RunnerSync
-from corral.runs import RunStatus
+from corral.runners import ALIVE, Held, RunnerState, RunnerSync, check_runner_transition
+from corral.runs import RunStatus, after_lost, attempts_counted
 from corral.store.db import Database, Row, Tx
-from corral.store.rows import HELD
+from corral.store.rows import HELD, sql_list
 from corral.store.runs import transition
 
 # A run the runner did not mention this long after it was claimed was lost on the way
@@ -48,14 +48,15 @@ def reconcile(
     result = Reconciled()
     with db.transaction() as tx:
         silent = tx.execute(
-            "SELECT id FROM runners WHERE state IN ('active', 'draining') "
+            f"SELECT id, state FROM runners WHERE state IN ({sql_list(ALIVE)}) "
             "AND last_heartbeat_at < ? - COALESCE(lost_after_s, ?) "
             "AND ? < ? - COALESCE(lost_after_s, ?) ORDER BY id " + db.lock_rows(),
             (now, lost_after_s, up_since, now, lost_after_s),
         )
         for runner in silent:
             rid = RunnerId(runner["id"])
-            tx.execute("UPDATE runners SET state = 'lost' WHERE id = ?", (rid,))
+            check_runner_transition(rid, RunnerState(runner["state"]), RunnerState.LOST)
+            tx.execute("UPDATE runners SET state = ? WHERE id = ?", (str(RunnerState.LOST), rid))
             result.lost_runners.append(rid)
             released = release_runner_runs(tx, rid, now, f"runner {rid} was lost")
             result.requeued.extend(released[0])
@@ -102,27 +103,26 @@ def release_runner_runs(
 def release_run(
     tx: Tx, row: Row, now: float, reason: str, requeued: list[RunId], failed: list[RunId]
 ) -> None:
+    """A held run whose runner is gone: lost, then where ``after_lost`` sends it."""
     lost = transition(tx, row, RunStatus.LOST, now, error=reason)
     lost_row = {**row, "status": str(RunStatus.LOST)}
-    if lost.cancel_requested:
-        transition(
-            tx, lost_row, RunStatus.CANCELLED, now, finished_at=now, error=f"cancelled ({reason})"
-        )
-        failed.append(lost.id)
-    elif lost.attempts - lost.rate_limited < lost.max_attempts:
-        transition(tx, lost_row, RunStatus.PENDING, now, runner_id=None, available_at=now)
+    after = after_lost(
+        cancel_requested=lost.cancel_requested,
+        attempts=lost.attempts,
+        rate_limited=lost.rate_limited,
+        max_attempts=lost.max_attempts,
+    )
+    if after is RunStatus.PENDING:
+        transition(tx, lost_row, after, now, runner_id=None, available_at=now)
         requeued.append(lost.id)
+        return
+    if after is RunStatus.CANCELLED:
+        error = f"cancelled ({reason})"
     else:
-        transition(
-            tx,
-            lost_row,
-            RunStatus.FAILED,
-            now,
-            finished_at=now,
-            error=f"{reason}; no attempts left "
-            f"({lost.attempts - lost.rate_limited}/{lost.max_attempts})",
-        )
-        failed.append(lost.id)
+        counted = attempts_counted(lost.attempts, lost.rate_limited)
+        error = f"{reason}; no attempts left ({counted}/{lost.max_attempts})"
+    transition(tx, lost_row, after, now, finished_at=now, error=error)
+    failed.append(lost.id)
 
 
 def sync_held(tx: Tx, runner_id: RunnerId, held: Sequence[Held], now: float) -> RunnerSync:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from corral.runners import ALIVE, RunnerState
 from corral.runs import TERMINAL
 from corral.store.db import Database, Row, Tx
 from corral.store.events import EventStore
@@ -31,6 +32,7 @@ from corral.store.rows import sql_list
 DAY = 86400.0
 MARKER_LINE_NO = -1  # runner lines count from 0: the marker cannot collide with one
 _FINISHED = sql_list(TERMINAL)
+_GONE = sql_list(set(RunnerState) - ALIVE)  # lost, stopped
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def _runs(db: Database, cutoff: float, batch: int) -> tuple[int, int]:
 def _runners(db: Database, cutoff: float, batch: int) -> tuple[int, int]:
     return _delete_batches(
         db,
-        "SELECT id FROM runners WHERE state IN ('lost', 'stopped') AND last_heartbeat_at < ? "
+        f"SELECT id FROM runners WHERE state IN ({_GONE}) AND last_heartbeat_at < ? "
         "AND id NOT IN (SELECT runner_id FROM runs WHERE runner_id IS NOT NULL) "
         "AND id NOT IN (SELECT runner_id FROM sessions WHERE runner_id IS NOT NULL) "
         "ORDER BY last_heartbeat_at LIMIT ?",

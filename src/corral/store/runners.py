@@ -6,11 +6,19 @@ from collections.abc import Sequence
 
 from corral.errors import Forbidden, InvalidRequest, NotFound
 from corral.ids import RunnerId, new_runner_id
-from corral.runners import Held, Runner, RunnerState, RunnerSync
+from corral.runners import (
+    ALIVE,
+    Held,
+    Runner,
+    RunnerState,
+    RunnerSync,
+    check_runner_transition,
+    state_after,
+)
 from corral.store.claims import check_not_lost
 from corral.store.db import Database, Row
 from corral.store.reconcile import release_runner_runs, sync_held
-from corral.store.rows import HELD, dumps, row_by_id, runner_from_row
+from corral.store.rows import HELD, dumps, row_by_id, runner_from_row, sql_list
 
 
 class RunnerStore:
@@ -53,7 +61,7 @@ class RunnerStore:
             )
             if known and token_id is not None:
                 _check_owner(known, token_id)
-            if known and not revive and known["state"] in (RunnerState.LOST, RunnerState.STOPPED):
+            if known and not revive and known["state"] not in ALIVE:
                 known = None
             values = (
                 name,
@@ -66,12 +74,15 @@ class RunnerStore:
                 lost_after_s,
             )
             if known:
+                check_runner_transition(
+                    known["id"], RunnerState(known["state"]), RunnerState.ACTIVE
+                )
                 tx.execute(
                     "UPDATE runners SET name = ?, hostname = ?, labels = ?, slots = ?, "
                     "version = ?, transport = ?, last_heartbeat_at = ?, lost_after_s = ?, "
                     "token_id = COALESCE(token_id, ?), "
-                    "state = 'active', drain_at = NULL, stopped_at = NULL WHERE id = ?",
-                    (*values, token_id, runner_id),
+                    "state = ?, drain_at = NULL, stopped_at = NULL WHERE id = ?",
+                    (*values, token_id, str(RunnerState.ACTIVE), runner_id),
                 )
                 rid = RunnerId(str(runner_id))
             else:
@@ -79,8 +90,8 @@ class RunnerStore:
                 tx.execute(
                     "INSERT INTO runners (id, name, hostname, labels, slots, version, transport, "
                     "last_heartbeat_at, lost_after_s, registered_at, token_id, state) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')",
-                    (rid, *values, now, token_id),
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (rid, *values, now, token_id, str(RunnerState.ACTIVE)),
                 )
             sync = RunnerSync() if held is None else sync_held(tx, rid, held, now)
             return runner_from_row(row_by_id(tx, "runners", rid)), sync
@@ -117,13 +128,17 @@ class RunnerStore:
                 tx.execute(
                     "UPDATE runners SET last_heartbeat_at = ? "
                     f"WHERE id IN ({', '.join('?' for _ in runner_ids)}) "
-                    "AND state IN ('active', 'draining')",
+                    f"AND state IN ({sql_list(ALIVE)})",
                     (now, *runner_ids),
                 )
 
     def set_state(self, runner_id: str, state: RunnerState, now: float) -> Runner:
+        """Drain or stop a runner (``runners.state_after``: draining one that is gone
+        leaves it as it is); stopping it takes back the runs it holds."""
         with self.db.transaction() as tx:
-            row_by_id(tx, "runners", runner_id, lock=self.db.lock_rows())
+            row = row_by_id(tx, "runners", runner_id, lock=self.db.lock_rows())
+            if state_after(runner_id, RunnerState(row["state"]), state) is not state:
+                return runner_from_row(row)
             tx.execute(
                 "UPDATE runners SET state = ?, "
                 "drain_at = CASE WHEN ? = 'draining' THEN ? ELSE drain_at END, "

@@ -12,7 +12,16 @@ from typing import Any
 
 from corral.errors import InvalidRequest, LeaseLost
 from corral.ids import RunId, RunnerId
-from corral.runs import NewRun, Run, RunReport, RunStatus, check_transition
+from corral.runs import (
+    NewRun,
+    Run,
+    RunReport,
+    RunStatus,
+    after_rate_limit,
+    check_transition,
+    may_become,
+    status_reported,
+)
 from corral.store import claims, sessions
 from corral.store.claims import Claimable, check_lease, leased_row
 from corral.store.db import Database, Row, Tx
@@ -23,12 +32,13 @@ from corral.store.rows import (
     new_run_row,
     row_by_id,
     run_from_row,
+    sql_list,
     update_row,
 )
 from corral.store.task_runs import apply_step, settle_task_run
 
-# A rate-limited run gives its attempt back this many times, then fails.
-MAX_RATE_LIMIT_REQUEUES = 20
+# The statuses a start report moves a run from, as the transition table says (claimed).
+_STARTABLE = sql_list(may_become(RunStatus.RUNNING))
 
 
 class RunStore:
@@ -108,10 +118,10 @@ class RunStore:
             # The usual case in one statement (the lease and the old status are its guard);
             # anything else (a repeat, a lost lease) takes the checked path below.
             started = tx.one(
-                "UPDATE runs SET status = 'running', started_at = ?, updated_at = ? "
-                "WHERE id = ? AND runner_id = ? AND attempts = ? AND status = 'claimed' "
+                "UPDATE runs SET status = ?, started_at = ?, updated_at = ? "
+                f"WHERE id = ? AND runner_id = ? AND attempts = ? AND status IN ({_STARTABLE}) "
                 "RETURNING *",
-                (now, now, run_id, runner_id, attempt),
+                (str(RunStatus.RUNNING), now, now, run_id, runner_id, attempt),
             )
             if started is not None:
                 return run_from_row(started)
@@ -154,9 +164,7 @@ class RunStore:
         """Record how an attempt ended; only the runner and attempt holding the lease may."""
         with self.db.transaction() as tx:
             row = row_by_id(tx, "runs", run_id, lock=self.db.lock_rows())
-            status = report.status
-            if row["cancel_requested"] and status is RunStatus.FAILED:
-                status = RunStatus.CANCELLED  # the failure is how the requested cancel showed
+            status = status_reported(report.status, bool(row["cancel_requested"]))
             same_lease = row["runner_id"] == runner_id and row["attempts"] == attempt
             if same_lease and RunStatus(row["status"]).is_terminal and row["status"] == status:
                 return run_from_row(row)  # a repeated report (the first answer was lost)
@@ -174,7 +182,7 @@ class RunStore:
             if report.session_id:
                 fields["session_id"] = report.session_id
             if report.status is RunStatus.PENDING:
-                return _requeue_after_rate_limit(tx, row, report, fields, now)
+                return _given_back(tx, row, report, fields, now)
             run = transition(
                 tx,
                 row,
@@ -270,10 +278,10 @@ def transition(
     return run
 
 
-def _requeue_after_rate_limit(
-    tx: Tx, row: Row, report: RunReport, fields: dict[str, Any], now: float
-) -> Run:
-    if row["rate_limited"] >= MAX_RATE_LIMIT_REQUEUES:
+def _given_back(tx: Tx, row: Row, report: RunReport, fields: dict[str, Any], now: float) -> Run:
+    """The runner gave the attempt back, rate limited: the run waits for ``retry_after_s``
+    and runs again, or fails once it was given back too often (``after_rate_limit``)."""
+    if after_rate_limit(row["rate_limited"]) is RunStatus.FAILED:
         return transition(
             tx,
             row,

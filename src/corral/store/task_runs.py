@@ -207,11 +207,13 @@ def _complete(tx: Tx, task: Row, now: float, **fields: Any) -> None:
         "WHERE id IN (SELECT task_id FROM task_dependencies WHERE blocked_by = ?)",
         (now, task["id"]),
     )
+    # Blocked → ready, in one statement for all of them: the table must allow it.
+    check_task_transition(f"dependents of {task['key']}", TaskStatus.BLOCKED, TaskStatus.READY)
     tx.execute(
-        "UPDATE tasks SET status = 'ready', available_at = ?, updated_at = ? "  # blocked→ready
+        "UPDATE tasks SET status = ?, available_at = ?, updated_at = ? "
         "WHERE id IN (SELECT task_id FROM task_dependencies WHERE blocked_by = ?) "
-        "AND status = 'blocked' AND remaining_blockers = 0",
-        (now, now, task["id"]),
+        "AND status = ? AND remaining_blockers = 0",
+        (str(TaskStatus.READY), now, now, task["id"], str(TaskStatus.BLOCKED)),
     )
 
 
