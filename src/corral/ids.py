@@ -10,8 +10,8 @@ RunnerId = NewType("RunnerId", str)
 ActorId = NewType("ActorId", str)
 
 
-def _new(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(6)}"
+def _new(prefix: str, nbytes: int = 6) -> str:
+    return f"{prefix}_{secrets.token_hex(nbytes)}"
 
 
 def new_run_id() -> RunId:
@@ -36,3 +36,13 @@ def new_task_id() -> str:
 
 def new_token_id() -> str:
     return _new("tok")
+
+
+def new_coordinator_id() -> str:
+    """A coordinator process's own id (the autoscaler holds pool leases under it)."""
+    return _new("crd")
+
+
+def new_request_id() -> str:
+    """A request through a runner's tunnel."""
+    return _new("req", 8)

@@ -64,7 +64,7 @@ def sequential_ids() -> Iterator[None]:
     """run_000000000001, rnr_000000000002, …: the same ids for the same seed."""
     counter = itertools.count(1)
     original = corral.ids._new
-    corral.ids._new = lambda prefix: f"{prefix}_{next(counter):012d}"
+    corral.ids._new = lambda prefix, nbytes=6: f"{prefix}_{next(counter):012d}"
     try:
         yield
     finally:

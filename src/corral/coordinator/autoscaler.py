@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import httpx
 from httpx_sse import aconnect_sse
 
 from corral.backoff import backoff_delay
+from corral.ids import new_coordinator_id
 from corral.pools import PoolError, Serverless, desired_runners
 from corral.tokens import Role
 
@@ -70,7 +70,7 @@ class Autoscaler:
         self._coordinator = coordinator
         self._pools: dict[str, _PoolState] = {}
         self._bumped = asyncio.Event()
-        self.scaler_id = f"crd_{secrets.token_hex(6)}"
+        self.scaler_id = new_coordinator_id()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def bump(self) -> None:

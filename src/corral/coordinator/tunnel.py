@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from corral.actors.model import Placement
+from corral.ids import new_request_id
 from corral.protocol import messages as wire
 from corral.protocol.limits import TUNNEL_WINDOW_BYTES
 from corral.protocol.tunnel import Receipt, TunnelLedger, cost
@@ -44,10 +44,6 @@ Reply = (
     | wire.ToServerResponseEnd
     | wire.ToServerResponseAbort
 )
-
-
-def new_request_id() -> str:
-    return f"req_{secrets.token_hex(8)}"
 
 
 @dataclass

@@ -28,7 +28,10 @@ class Command:
 
 
 @dataclass(frozen=True)
-class LinkState:
+class Numbering:
+    """Where a runner's numbering stands: its last event applied, its last command
+    acknowledged (0 for a runner the store does not know)."""
+
     last_event_idx: int
     acked_command_idx: int
 
@@ -37,14 +40,14 @@ class CommandStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def state(self, runner_id: str) -> LinkState:
+    def state(self, runner_id: str) -> Numbering:
         with self.db.transaction(write=False) as tx:
             row = tx.one(
                 "SELECT last_event_idx, acked_command_idx FROM runners WHERE id = ?", (runner_id,)
             )
         if row is None:
-            return LinkState(0, 0)
-        return LinkState(row["last_event_idx"], row["acked_command_idx"])
+            return Numbering(0, 0)
+        return Numbering(row["last_event_idx"], row["acked_command_idx"])
 
     def claim_into_commands(
         self,
