@@ -49,7 +49,7 @@ from corral.runner.transport import ReportSink
 
 log = logging.getLogger("corral.runner")
 INPUT_ENV_MAX_BYTES = 64 * 1024  # larger inputs go through a file (argv+env are limited)
-ACCEPT_POLL_S = 0.05
+ACCEPT_POLL_S = 0.005  # how often a starting actor's PORT is tried: the cold wake waits on it
 IDLE_CHECK_S = 1.0
 
 KvCall = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
