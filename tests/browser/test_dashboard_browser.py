@@ -303,3 +303,20 @@ def test_a_session_is_started_and_resumed_from_its_pages(cluster: Cluster, page:
     (session,) = cluster.client.call("GET", "/sessions")["sessions"]
     assert (session["session_name"], session["runs"]) == ("demo", 2)
     assert page.console_errors() == []
+
+
+def test_the_pages_follow_the_event_stream_and_resume_it_after_a_restart(
+    cluster: Cluster, page: Page
+) -> None:
+    state = page.wait_text("#live-state", "live")
+    assert state.text == "live"  # the event stream, not polling
+    page.mark()
+    run_id = command_run(cluster, "echo streamed")
+    page.wait_attr(f'tr[data-run-id="{run_id}"]', "data-status", {"completed"})
+    cluster.restart_coordinator()  # SIGKILL, then the same port and database
+    page.wait(lambda d: d.find_element(By.ID, "live-state").text == "live", "the stream back")
+    after = command_run(cluster, "echo after the restart")
+    page.wait_attr(f'tr[data-run-id="{after}"]', "data-status", {"completed"})
+    assert page.still_same_document()
+    errors = [e["message"] for e in page.console_errors()]
+    assert all(re.search(NETWORK_DOWN, m) for m in errors), errors

@@ -12,15 +12,19 @@
 import { ApiError, headers, query } from "./api.js";
 
 const POLL_MS = 1000;
+const MIN_GAP_MS = 250;
 const BACKOFF_MS = [250, 500, 1000, 2000, 5000];
-const STREAMED_KINDS = "run,session,task,plan,runner";
+// The kinds the stream carries (not "log": see above). A page that shows another kind
+// (actors, pools) is polled for it, stream or not.
+const STREAMED = ["run", "session", "task", "plan", "runner"];
 const CONTROL_EVENTS = new Set(["ready", "caught_up", "dropped"]);
 const watchers = new Set();
 let stateListener = () => {};
 let lastEventId = null;
 
 // `kinds`: event kinds ("run", "runner", "task", "session", …; "run" also matches
-// "run.status" and the like). `refresh`: reads the page's data again; never run twice at once.
+// "run.status" and the like). `refresh`: reads the page's data again; never run twice at
+// once, and changes that come while it runs make one more read.
 export function watch(kinds, refresh) {
   const watcher = { kinds, refresh: single(refresh) };
   watchers.add(watcher);
@@ -41,14 +45,17 @@ function single(refresh) {
       return running;
     }
     running = (async () => {
-      do {
+      for (;;) {
         again = false;
         try {
           await refresh();
         } catch (error) {
           if (!(error instanceof ApiError && error.status === 401)) console.warn("refresh failed:", error);
         }
-      } while (again);
+        if (!again) break;
+        // Changes keep coming (a busy coordinator): read again, but not more often than this.
+        await new Promise((resolve) => setTimeout(resolve, MIN_GAP_MS));
+      }
       running = null;
     })();
     return running;
@@ -65,8 +72,13 @@ function refreshAll(kind) {
 }
 
 export async function start() {
-  if (await hasEventStream()) stream(0);
-  else poll();
+  if (await hasEventStream()) {
+    stream(0);
+    poll((watcher) => watcher.kinds.some((kind) => !STREAMED.includes(kind)));
+  } else {
+    stateListener("live (polling every second)");
+    poll(() => true);
+  }
 }
 
 async function hasEventStream() {
@@ -78,17 +90,17 @@ async function hasEventStream() {
   }
 }
 
-function poll() {
-  stateListener("live (polling every second)");
+function poll(which) {
   setInterval(() => {
-    if (document.visibilityState === "visible") refreshAll();
+    if (document.visibilityState !== "visible") return;
+    for (const watcher of watchers) if (which(watcher)) watcher.refresh();
   }, POLL_MS);
 }
 
 async function stream(failures) {
   stateListener(failures ? "reconnecting…" : "connecting…");
   try {
-    const response = await fetch("/events" + query({ kind: STREAMED_KINDS }), {
+    const response = await fetch("/events" + query({ kind: STREAMED.join(",") }), {
       headers: headers({ Accept: "text/event-stream", ...(lastEventId ? { "Last-Event-ID": lastEventId } : {}) }),
     });
     if (response.status === 410 || response.status === 422) {

@@ -7,6 +7,7 @@ import { watch } from "../live.js";
 const W = 560;
 const H = 180;
 const PAD = { left: 44, right: 8, top: 8, bottom: 28 };
+const READ_EVERY_MS = 10000;
 
 export function render(main) {
   const totals = h("p", { class: "muted", role: "status" });
@@ -25,7 +26,32 @@ export function render(main) {
     );
   };
   replace(main, h("h1", {}, "Charts"), totals, figures);
-  return watch(["run"], refresh);
+  const { call, stop } = atMostEvery(READ_EVERY_MS, refresh);
+  const stopWatching = watch(["run"], call);
+  return () => {
+    stop();
+    stopWatching();
+  };
+}
+
+// The series cost the coordinator a read of thousands of runs: however many runs change,
+// read them at most once every `ms` (the last change still shows, `ms` later at most).
+function atMostEvery(ms, refresh) {
+  let last = 0;
+  let timer = null;
+  const call = async () => {
+    const wait = last + ms - Date.now();
+    if (wait > 0) {
+      timer ??= setTimeout(() => {
+        timer = null;
+        call();
+      }, wait);
+      return;
+    }
+    last = Date.now();
+    await refresh();
+  };
+  return { call, stop: () => clearTimeout(timer) };
 }
 
 function seconds(s) {
