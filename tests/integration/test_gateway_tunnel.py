@@ -44,6 +44,7 @@ ACTOR = ActorId("act_0123456789ab")
 @dataclass
 class ActorApp:
     hits: dict[str, int] = field(default_factory=dict)
+    hanging: threading.Event = field(default_factory=threading.Event)
     disconnected: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
 
@@ -83,6 +84,7 @@ class ActorApp:
 
         @app.get("/hang")
         async def hang(request: Request) -> dict[str, str]:
+            self.hanging.set()
             message = await request.receive()  # the body (none), then the disconnect
             while message["type"] != "http.disconnect":
                 message = await request.receive()
@@ -232,7 +234,7 @@ async def test_bodies_stream_both_ways_in_chunks(world: World) -> None:
 
 async def test_a_client_that_goes_away_aborts_the_actors_request(world: World) -> None:
     request = asyncio.ensure_future(world.client.get(f"/gateway/{ACTOR}/hang"))
-    await wait_until(lambda: world.transport.tunnel.open_requests == 1, what="the request")
+    await wait_until(world.actor.hanging.is_set, what="the actor handling the request")
     request.cancel()  # the client disconnects
     with pytest.raises(asyncio.CancelledError):
         await request

@@ -157,7 +157,9 @@ class TunnelHub:
             return
         runner.ledger.forget(request.request_id)
         runner.requests.pop(request.request_id, None)
-        if not runner.requests and runner.link is None:
+        if not runner.requests and self._link(request.runner_id) is None:
+            # Nothing open and no socket (a serverless runner gone for good, maybe): what
+            # comes of its requests later is an orphan, acknowledged and dropped.
             del self._runners[request.runner_id]
 
     # ---- the runner's sockets (called by socket.py) ----------------------------------------
