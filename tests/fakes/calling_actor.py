@@ -27,6 +27,8 @@ class Handler(BaseHTTPRequestHandler):
             after = actor.sleep
         elif parts[0] == "stop":
             after = actor.stop
+        elif parts[0] == "input":
+            answer["input_bytes"] = len(actor.input().encode())
         elif parts[0] == "kv":
             try:
                 actor.kv.put("k", "x" * (128 * 1024 + 1))

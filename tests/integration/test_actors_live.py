@@ -24,6 +24,7 @@ import pytest
 from api_fixtures import TOKEN, auth_headers, error_code, live_server, with_token
 
 from corral.actors.kinds import ActorKind
+from corral.actors.model import INPUT_MAX_BYTES
 from corral.coordinator.app import create_app
 from corral.coordinator.settings import CoordinatorSettings
 from corral.runner.core import RunnerCore
@@ -227,7 +228,7 @@ async def test_a_draining_runner_sends_its_actor_to_a_second_runner(world: World
 
 
 async def test_bad_input_gets_clear_codes(world: World) -> None:
-    await world.runner()
+    runner = await world.runner()
     post = world.client.post
     assert error_code(await post("/actors", json={"name": "nobody"})) == "unknown_actor_name"
     too_long = await post("/actors", json={"name": "agent", "key": "k" * 1025})
@@ -236,6 +237,16 @@ async def test_bad_input_gets_clear_codes(world: World) -> None:
     assert bad_name.status_code == 422
     bad_policy = await post("/actors", json={"name": "agent", "crash_policy": "explode"})
     assert bad_policy.status_code == 422
+    largest = "i" * INPUT_MAX_BYTES
+    created = await post("/actors", json={"name": "calls", "input": largest})
+    assert created.status_code == 201, created.text[:200]
+    big = created.json()["actor_id"]
+    await world.becomes(big, "running", lambda a: a["state"] == "running")
+    port = runner.actors.port_of(big, 1)
+    assert port is not None
+    assert (await get(port, "/input"))["input_bytes"] == INPUT_MAX_BYTES  # through a file
+    over = await post("/actors", json={"name": "calls", "input": largest + "i"})
+    assert over.status_code == 413 and error_code(over) == "input_too_large"
     missing = await world.client.get("/actors/act_nope")
     assert missing.status_code == 404 and error_code(missing) == "actor_not_found"
     assert error_code(await world.client.post("/actors/act_nope/wake")) == "actor_not_found"

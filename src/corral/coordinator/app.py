@@ -18,6 +18,7 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import __version__
+from corral.actors.model import INPUT_MAX_BYTES
 from corral.agents.profiles import load_profiles
 from corral.clock import Clock, SystemClock
 from corral.coordinator import (
@@ -210,6 +211,9 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(exc.status_code, code, str(exc.detail))
 
 
+ACTOR_CREATE_MAX_BYTES = 2 * INPUT_MAX_BYTES + 64 * 1024
+
+
 class BodyLimit:
     """Refuse request bodies over the limit (declared or streamed) with 413: ``max_bytes``,
     or ``runner_max_bytes`` for the runner protocol (its batches of reports carry logs)."""
@@ -223,8 +227,10 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        runner = str(scope.get("path", "")).startswith("/runner/")
-        max_bytes = self.runner_max_bytes if runner else self.client_max_bytes
+        path = str(scope.get("path", ""))
+        max_bytes = self.runner_max_bytes if path.startswith("/runner/") else self.client_max_bytes
+        if path == "/actors":  # an actor's input may be 4 MiB, and JSON escapes some of it
+            max_bytes = max(max_bytes, ACTOR_CREATE_MAX_BYTES)
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
                 response = _error(413, "payload_too_large", f"request body over {max_bytes} bytes")
