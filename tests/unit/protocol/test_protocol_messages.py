@@ -230,3 +230,34 @@ def test_a_50_event_batch_round_trips() -> None:
     body = {"type": "logs", "run_id": "run_0123456789ab", "attempt": 1, "data": "x" * 200}
     batch = ToServerEvents(tuple(Indexed(i, dict(body, seq=i)) for i in range(1, 51)))
     assert decode(encode(batch), side="server") == batch
+
+
+def _init_frame(**extra: Any) -> dict[str, Any]:
+    return {
+        "v": PROTOCOL_VERSION, "type": "ToServerInit", "name": "r", "version": "1",
+        "protocol_version": PROTOCOL_VERSION, "total_slots": 2, "last_command_idx": 0,
+        "runner_id": None, "labels": [], "metadata": {}, **extra,
+    }  # fmt: skip
+
+
+def test_an_init_without_actor_fields_hosts_no_actors() -> None:
+    init = decode(json.dumps(_init_frame()), side="server")
+    assert isinstance(init, ToServerInit)
+    assert (init.actor_names, init.pool, init.actor_slots) == ((), "default", 0)
+
+
+def test_an_init_advertising_actors_round_trips_and_is_checked() -> None:
+    hosting = ToServerInit(
+        "r", "1", PROTOCOL_VERSION, 2, 0, None, (), {}, ("agent", "echo"), "gpu", 8
+    )
+    assert decode(encode(hosting), side="server") == hosting
+    for bad, code in (
+        ({"actor_names": ["ok", 3]}, MALFORMED_FRAME),
+        ({"actor_slots": -1}, MALFORMED_FRAME),
+        ({"actor_slots": 10**6}, "invalid_init"),
+        ({"pool": ""}, "invalid_init"),
+        ({"actor_names": ["a\nb"]}, "invalid_init"),
+    ):
+        with pytest.raises(ProtocolError) as refused:
+            decode(json.dumps(_init_frame(**bad)), side="server")
+        assert refused.value.code == code, bad
