@@ -320,3 +320,20 @@ def test_the_pages_follow_the_event_stream_and_resume_it_after_a_restart(
     assert page.still_same_document()
     errors = [e["message"] for e in page.console_errors()]
     assert all(re.search(NETWORK_DOWN, m) for m in errors), errors
+
+
+def test_a_reader_token_sees_everything_and_its_refused_actions_say_why(
+    cluster: Cluster, page: Page
+) -> None:
+    reader = cluster.client.call("POST", "/tokens", json={"role": "reader", "name": "viewer"})
+    page.driver.execute_script("sessionStorage.clear()")
+    page.driver.get(address(cluster.url, reader["token"], page="/runners"))
+    (runner,) = cluster.client.runners()
+    row = f'tr[data-runner-id="{runner["runner_id"]}"]'
+    page.wait_attr(row, "data-state", {"active"})
+    page.click('button[aria-label="Drain runner runner-a"]')
+    page.wait_text("#toasts .toast.error", "cannot do this")
+    page.shot("reader-refused")
+    assert cluster.runner_by_id(runner["runner_id"])["state"] == "active"  # nothing changed
+    errors = [e["message"] for e in page.console_errors()]
+    assert errors and all("403" in message for message in errors), errors
