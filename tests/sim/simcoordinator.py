@@ -67,7 +67,7 @@ class Op:
     then: Callable[[Any], None]
 
 
-class ServerLink:
+class SimPump:
     """The model of one ``SocketPump``: its loops' store calls in flight, and its channel."""
 
     token_id = None
@@ -110,7 +110,7 @@ class SimCoordinator:
         self.up = True
         self.up_since = world.now
         self.restart_at: float | None = None
-        self.links: list[ServerLink] = []
+        self.links: list[SimPump] = []
         self.connections = Connections()
         self.next_reconcile = world.now
 
@@ -118,11 +118,11 @@ class SimCoordinator:
 
     def accept(self, socket: Socket) -> None:
         channel = RunnerChannel.open(self.connections.accepted(), self.world.now, self.settings)
-        link = ServerLink(socket, channel)
+        link = SimPump(socket, channel)
         socket.link = link
         self.links.append(link)
 
-    def can_read(self, link: ServerLink) -> bool:
+    def can_read(self, link: SimPump) -> bool:
         return not link.closed and link.read_op is None
 
     def deliver_up(self, socket: Socket) -> None:
@@ -139,7 +139,7 @@ class SimCoordinator:
         self.world.log_frame(f"{link.name} ← {link.socket.runner.label}: ", text)
         self.receive(link, text)
 
-    def receive(self, link: ServerLink, text: str) -> None:
+    def receive(self, link: SimPump, text: str) -> None:
         try:
             message = wire.decode(text, side="server")
         except wire.ProtocolError as exc:
@@ -147,7 +147,7 @@ class SimCoordinator:
             return
         self.handle(link, link.channel.receive(message, self.world.now))
 
-    def close(self, link: ServerLink) -> None:
+    def close(self, link: SimPump) -> None:
         if not link.closed:
             link.closed = True
             link.work.clear()  # the worker task is cancelled
@@ -156,7 +156,7 @@ class SimCoordinator:
 
     # ---- what the channel asks -----------------------------------------------------------
 
-    def handle(self, link: ServerLink, outputs: list[ChannelOutput]) -> None:
+    def handle(self, link: SimPump, outputs: list[ChannelOutput]) -> None:
         world, core = self.world, self.core
         for out in outputs:
             if link.closed:
@@ -221,7 +221,7 @@ class SimCoordinator:
             delay = rng.uniform(0.5, 6.0)  # a slow database: a reconnect may overtake it
         return Op(kind, self.world.now + delay, run, then)
 
-    def complete(self, link: ServerLink, op: Op) -> None:
+    def complete(self, link: SimPump, op: Op) -> None:
         if op is link.read_op:
             link.read_op = None
         elif op is link.work_op:
@@ -238,7 +238,7 @@ class SimCoordinator:
             op.then(result)
         self.forget_if_idle(link)
 
-    def registered(self, link: ServerLink, reg: Registration) -> None:
+    def registered(self, link: SimPump, reg: Registration) -> None:
         world = self.world
         link.channel.runner_id = reg.runner_id
         evicted = self.connections.take_over(reg.runner_id, link)  # type: ignore[arg-type]
@@ -247,20 +247,20 @@ class SimCoordinator:
             self.handle(link, link.channel.evict())
             return
         if evicted is not None:
-            assert isinstance(evicted, ServerLink)
+            assert isinstance(evicted, SimPump)
             world.log(f"{link.name} evicts {evicted.name}")
             self.handle(evicted, evicted.channel.evict())
         link.pushing = True
         self.handle(link, link.channel.registered(reg, world.now))
 
-    def pushed(self, link: ServerLink, result: Pushed | CorralError) -> None:
+    def pushed(self, link: SimPump, result: Pushed | CorralError) -> None:
         if isinstance(result, CorralError):
             self.world.log(f"{link.name} push: {result.code}: closes")
             self.close(link)
             return
         self.handle(link, link.channel.pushed(result))
 
-    def forget_if_idle(self, link: ServerLink) -> None:
+    def forget_if_idle(self, link: SimPump) -> None:
         if not link.closed or link.forgotten or link.ops():
             return
         link.forgotten = True
@@ -299,7 +299,7 @@ class SimCoordinator:
                     lambda result, link=link: self.pushed(link, result),
                 )
 
-    def tick(self, link: ServerLink) -> None:
+    def tick(self, link: SimPump) -> None:
         self.handle(link, link.channel.tick(self.world.now))
 
     def reconcile(self) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from simcoordinator import ServerLink
+    from simcoordinator import SimPump
     from simrunner import RunnerProcess
 
 CLOSE = "<close>"  # the closing handshake, read after the frames sent before it
@@ -31,7 +31,7 @@ CLOSE = "<close>"  # the closing handshake, read after the frames sent before it
 class Socket:
     id: int
     runner: RunnerProcess
-    link: ServerLink | None = None
+    link: SimPump | None = None
     up: deque[str] = field(default_factory=deque)  # runner → coordinator
     down: deque[str] = field(default_factory=deque)  # coordinator → runner
     last_up: str | None = None  # the last frame delivered each way, to duplicate
