@@ -26,7 +26,16 @@ import time
 from pathlib import Path
 
 import httpx
-from dispatch import AUTH, NOOP_RUNNER, Throughput, cluster, database, measure_throughput, pct
+from dispatch import (
+    AUTH,
+    NOOP_RUNNER,
+    Throughput,
+    cluster,
+    cpu_seconds,
+    database,
+    measure_throughput,
+    pct,
+)
 from httpx_sse import aconnect_sse
 
 
@@ -79,6 +88,9 @@ class Subscribers:
         if self.proc.stdout.readline().strip() != "subscribed":
             raise RuntimeError("the subscribers did not connect")
 
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
     def close(self) -> list[float]:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
@@ -95,11 +107,16 @@ def measure_latency(url: str, samples: int) -> None:
             time.sleep(0.02)  # one change at a time: the stream's latency, not a queue's
 
 
-def throughput(db: str, workdir: Path, runs: int, subscribers: int) -> Throughput:
+def throughput(db: str, workdir: Path, runs: int, subscribers: int) -> tuple[Throughput, float]:
+    """Runs/s, and the CPU (% of one core) the subscribers' own process used meanwhile: it
+    shares the machine with the coordinator, its database and the runners."""
     with cluster(db, 4, 8, workdir, "websocket", NOOP_RUNNER) as target:
         attached = Subscribers(target.url, subscribers, workdir) if subscribers else None
         try:
-            return measure_throughput(target, runs)
+            before, start = attached.cpu() if attached else 0.0, time.monotonic()
+            measured = measure_throughput(target, runs)
+            used = (attached.cpu() if attached else 0.0) - before
+            return measured, 100 * used / (time.monotonic() - start)
         finally:
             if attached is not None:
                 attached.close()
@@ -123,16 +140,17 @@ def main() -> None:
                 time.sleep(1)  # the last events reach every subscriber
                 latencies = attached.close()
             with database(kind, workdir) as db:
-                alone = throughput(db, workdir, args.runs, 0)
+                alone, _ = throughput(db, workdir, args.runs, 0)
             with database(kind, workdir) as db:
-                watched = throughput(db, workdir, args.runs, args.subscribers)
+                watched, subscribers_cpu = throughput(db, workdir, args.runs, args.subscribers)
         cost = 100 * (1 - watched.runs_per_s / alone.runs_per_s)
         lines.append(
             f"{kind:8}  latency p50 {pct(latencies, 50):6.2f} ms  p99 {pct(latencies, 99):6.2f} ms"
             f"  ({len(latencies)} samples)  |  control plane {alone.runs_per_s:6.0f} runs/s "
             f"alone, {watched.runs_per_s:6.0f} with {args.subscribers} subscribers "
             f"({cost:+.1f} % cost); coordinator CPU {alone.coordinator_cpu:.0f} % → "
-            f"{watched.coordinator_cpu:.0f} %"
+            f"{watched.coordinator_cpu:.0f} %, subscribers' process {subscribers_cpu:.0f} %, "
+            f"machine {alone.machine_cpu:.0f} % → {watched.machine_cpu:.0f} %"
         )
         print(lines[-1], flush=True)
 

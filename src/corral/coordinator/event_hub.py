@@ -35,6 +35,7 @@ from corral.store.events import EventStore
 
 EVENTS = "events"  # the notifier's topic: the store may have new events
 PAGE = 500
+ROUND_S = 0.01  # the pump reads at most this often (see _run)
 log = logging.getLogger("corral.coordinator")
 T = TypeVar("T")
 
@@ -119,12 +120,20 @@ class EventHub:
             after = page[-1].id
 
     async def _run(self) -> None:
+        last_round = 0.0
         while True:
             async with self._starting:  # against a subscribe() that would find it running
                 if not self.subscriptions:
                     self._cursor = None  # when someone comes, start from the newest again
                     self._pump = None
                     return
+            # Under a stream of changes, rounds come at most every ROUND_S: each round is a
+            # read (and on PostgreSQL a numbering commit) that dispatch would wait behind;
+            # a change after a quiet spell is read at once.
+            since = asyncio.get_running_loop().time() - last_round
+            if since < ROUND_S:
+                await asyncio.sleep(ROUND_S - since)
+            last_round = asyncio.get_running_loop().time()
             woken = self.notifier.event(EVENTS)
             try:
                 if self.events.numbered_later:
