@@ -177,6 +177,10 @@ class NewRun:
     required_runner: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     task_id: str | None = None
+    # A sub-agent's parent (a session id or name, resolved by the store) and how the
+    # parent hears of its end (``corral.subagents.Mode``).
+    parent_session: str | None = None
+    callback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,9 @@ class Run:
     task_id: str | None = None
     # For a task run handed to a runner: the task, its project and the steps already done.
     task: dict[str, Any] | None = None
+    parent_session_id: str | None = None
+    callback: str | None = None
+    depth: int = 0
 
     @property
     def agent_name(self) -> str | None:

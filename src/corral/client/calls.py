@@ -119,6 +119,8 @@ def run_spec(
     max_attempts: int | None = None,
     priority: int | None = None,
     env: dict[str, str] | None = None,
+    parent_session: str | None = None,
+    callback: str | None = None,
 ) -> dict[str, Any]:
     """The body of ``POST /runs``, the fields not given left out (the API's defaults)."""
     return _present(
@@ -135,6 +137,8 @@ def run_spec(
         max_attempts=max_attempts,
         priority=priority,
         env=env,
+        parent_session=parent_session,
+        callback=callback,
     )
 
 

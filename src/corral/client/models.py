@@ -78,6 +78,8 @@ class Run(Model):
     cancel_requested: bool = False
     rate_limited: bool = False
     task_id: str | None = None
+    parent_session_id: str | None = None
+    callback: str | None = None
     created_at: datetime | None = None
     claimed_at: datetime | None = None
     started_at: datetime | None = None

@@ -31,6 +31,8 @@ def build_new_run(
         max_attempts=body.max_attempts,
         priority=body.priority,
         env=dict(body.env),
+        parent_session=body.parent_session,
+        callback=body.callback,
     )
     if kind is RunType.COMMAND:
         if not body.command or not body.command[0]:

@@ -68,6 +68,9 @@ class CreateRun(WireModel):
     max_attempts: int = Field(3, ge=1, le=100)
     priority: int = Field(0, ge=-1000, le=1000)
     env: dict[str, str] = Field(default_factory=dict)
+    # A sub-agent session: its parent (id or name) and how the parent hears of its end.
+    parent_session: str | None = Field(None, max_length=200)
+    callback: Literal["sync", "async_poll", "async_callback"] | None = None
 
 
 class CreateRuns(WireModel):
@@ -261,6 +264,8 @@ def run_json(run: Run) -> dict[str, Any]:
         "cancel_requested": run.cancel_requested,
         "rate_limited": run.rate_limited,
         "task_id": run.task_id,
+        "parent_session_id": run.parent_session_id,
+        "callback": run.callback,
         "created_at": iso(run.created_at),
         "claimed_at": iso(run.claimed_at),
         "started_at": iso(run.started_at),

@@ -371,9 +371,20 @@ class Coordinator:
             )
             self.notifier.notify(*(logs_topic(r) for r in done.failed + done.timed_out))
         await self.actors.tick()
+        await self.deliver_callbacks(now)
         # Tasks whose retry backoff has ended are claimed into runs.
         await self.in_thread(self.store.tasks.schedule_all, now)
         return done
+
+    async def deliver_callbacks(self, now: float) -> None:
+        """Resume the idle parents of async_callback children that ended (once each:
+        ``store/callbacks.py``); drop the callbacks of parents gone or failed."""
+        done = await self.in_thread(self.store.callbacks.deliver, now)
+        if done.resumes:
+            log.info("resumed parents %s", [r.session_id for r in done.resumes])
+            self.notifier.notify(RUNS_AVAILABLE)
+        if done.dropped:
+            log.warning("dropped callbacks of %s: parent gone or failed", done.dropped)
 
     async def collect_forever(self) -> None:
         """Retention: delete what it lets go at start, then every ``gc_interval_s``."""

@@ -120,6 +120,9 @@ def run_from_row(row: Row) -> Run:
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         task_id=row.get("task_id"),
+        parent_session_id=row.get("parent_session_id"),
+        callback=row.get("callback"),
+        depth=int(row.get("depth") or 0),
     )
 
 
@@ -190,4 +193,8 @@ def new_run_row(spec: NewRun, now: float) -> Row:
         "started_at": None,
         "finished_at": None,
         "updated_at": now,
+        # Resolved and checked by the store (``callbacks.check_children``) before written.
+        "parent_session_id": spec.parent_session,
+        "callback": spec.callback,
+        "depth": 0,
     }

@@ -22,7 +22,7 @@ from corral.runs import (
     may_become,
     status_reported,
 )
-from corral.store import claims, sessions
+from corral.store import callbacks, claims, sessions
 from corral.store.claims import Claimable, check_lease, leased_row
 from corral.store.db import Database, Row, Tx
 from corral.store.rows import (
@@ -36,6 +36,7 @@ from corral.store.rows import (
     update_row,
 )
 from corral.store.task_runs import apply_step, settle_task_run
+from corral.subagents import Limits
 
 # The statuses a start report moves a run from, as the transition table says (claimed).
 _STARTABLE = sql_list(may_become(RunStatus.RUNNING))
@@ -44,12 +45,17 @@ _STARTABLE = sql_list(may_become(RunStatus.RUNNING))
 class RunStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.subagent_limits = Limits()  # depth and fan-out of sub-agent sessions
 
     # ---- clients -------------------------------------------------------------------------
 
     def create_many(self, specs: Sequence[NewRun], now: float) -> list[Run]:
+        """Write new runs, all or none: a sub-agent's parent is checked in the same
+        transaction (``callbacks.check_children``)."""
+        rows = [new_run_row(spec, now) for spec in specs]
         with self.db.transaction() as tx:
-            return insert_runs(tx, [new_run_row(spec, now) for spec in specs])
+            callbacks.check_children(tx, self.db, rows, self.subagent_limits)
+            return insert_runs(tx, rows)
 
     def create(self, spec: NewRun, now: float) -> Run:
         return self.create_many([spec], now)[0]
@@ -271,6 +277,8 @@ def transition(
     if updated is None:  # cannot happen under the row lock; refuse rather than guess
         raise LeaseLost(f"run {row['id']} changed under us")
     run = run_from_row(updated)
+    if new.is_terminal:
+        callbacks.record(tx, run, now)  # an async_callback child owes its parent a resume
     if new.is_terminal and not reported and run.session_id and run.cost_usd:
         sessions.add_cost(tx, run.session_id, run.cost_usd, now)
     if run.task_id and new.is_terminal:

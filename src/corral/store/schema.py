@@ -9,7 +9,9 @@ truth of where an actor runs), the pending queue of each pool and what each runn
 7 the event log (its SQL differs by dialect: a function makes it), 8 pools: serverless
 endpoints, the lease of the coordinator scaling each, and their recent errors; 9 several
 coordinators on one database: the leases of work done by one of them at a time, and on
-PostgreSQL the triggers that wake the others (``corral.store.wakeups``).
+PostgreSQL the triggers that wake the others (``corral.store.wakeups``); 10 sub-agent
+sessions: a run's parent session, its callback mode and depth, and the callbacks owed to
+parents (``corral.store.callbacks``).
 """
 
 from __future__ import annotations
@@ -309,6 +311,29 @@ CREATE INDEX pool_errors_by_pool ON pool_errors (pool, id);
 """,
     ),
     (9, lambda dialect: render(_LEASES, dialect) + wakeups.migration(dialect)),
+    (
+        10,
+        """
+ALTER TABLE runs ADD COLUMN parent_session_id TEXT;
+ALTER TABLE runs ADD COLUMN callback TEXT;
+ALTER TABLE runs ADD COLUMN depth INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX runs_by_parent ON runs (parent_session_id) WHERE parent_session_id IS NOT NULL;
+
+-- One row per child that ended owing its parent a callback (the key makes it one), written
+-- in the transaction that ends the child; delivered (the resume run that carried it) or
+-- dropped (why) once, by a guarded update in the transaction that writes the resume.
+CREATE TABLE run_callbacks (
+    child_run_id      TEXT PRIMARY KEY REFERENCES runs (id),
+    parent_session_id TEXT NOT NULL,
+    finished_at       {real} NOT NULL,
+    delivered_run_id  TEXT REFERENCES runs (id),
+    dropped           TEXT,
+    settled_at        {real}
+);
+CREATE INDEX run_callbacks_pending ON run_callbacks (finished_at)
+    WHERE delivered_run_id IS NULL AND dropped IS NULL;
+""",
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -2,7 +2,8 @@
 
 Every sub-store is built the same way, from the database, and names each of its queries
 once: ``store.runs`` (created, claimed, reported), ``store.runners``, ``store.sessions``,
-``store.logs``, ``store.projects``, ``store.tasks``, ``store.commands`` (the WebSocket
+``store.callbacks`` (sub-agents' results owed to their parents), ``store.logs``,
+``store.projects``, ``store.tasks``, ``store.commands`` (the WebSocket
 link's numbered commands), ``store.actors``, ``store.kv`` (actors' state), ``store.pools``
 (serverless pools) and ``store.tokens``. What spans them all (reconciliation, garbage
 collection) is here.
@@ -11,6 +12,7 @@ collection) is here.
 from __future__ import annotations
 
 from corral.store.actors import ActorStore
+from corral.store.callbacks import CallbackStore
 from corral.store.commands import CommandStore
 from corral.store.db import Database, open_database
 from corral.store.kv import KvStore
@@ -32,6 +34,7 @@ class Store:
         self.runs = RunStore(db)
         self.runners = RunnerStore(db)
         self.sessions = SessionStore(db)
+        self.callbacks = CallbackStore(db)
         self.logs = LogStore(db)
         self.projects = ProjectStore(db)
         self.tasks = TaskStore(db)
