@@ -74,6 +74,9 @@ def _runs(db: Database, cutoff: float, batch: int) -> tuple[int, int]:
         "AND COALESCE(finished_at, updated_at) < ? "
         "AND id NOT IN (SELECT last_run_id FROM sessions WHERE last_run_id IS NOT NULL) "
         "AND id NOT IN (SELECT run_id FROM tasks WHERE run_id IS NOT NULL) "
+        # A child whose parent has not heard of its end yet (store/callbacks.py).
+        "AND id NOT IN (SELECT child_run_id FROM run_callbacks "
+        "WHERE delivered_run_id IS NULL AND dropped IS NULL) "
         "ORDER BY created_at LIMIT ?",
         (cutoff, cutoff, batch),
         table="runs",

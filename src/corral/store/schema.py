@@ -322,11 +322,12 @@ CREATE INDEX runs_by_parent ON runs (parent_session_id) WHERE parent_session_id 
 -- One row per child that ended owing its parent a callback (the key makes it one), written
 -- in the transaction that ends the child; delivered (the resume run that carried it) or
 -- dropped (why) once, by a guarded update in the transaction that writes the resume.
+-- No foreign keys: retention may delete the runs of settled callbacks (never pending ones).
 CREATE TABLE run_callbacks (
-    child_run_id      TEXT PRIMARY KEY REFERENCES runs (id),
+    child_run_id      TEXT PRIMARY KEY,
     parent_session_id TEXT NOT NULL,
     finished_at       {real} NOT NULL,
-    delivered_run_id  TEXT REFERENCES runs (id),
+    delivered_run_id  TEXT,
     dropped           TEXT,
     settled_at        {real}
 );
