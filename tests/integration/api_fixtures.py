@@ -208,6 +208,7 @@ class Api:
             "runners": "SELECT * FROM runners ORDER BY id",
             "sessions": "SELECT * FROM sessions ORDER BY id",
             "run_logs": "SELECT * FROM run_logs ORDER BY id",
+            "run_callbacks": "SELECT * FROM run_callbacks ORDER BY child_run_id",
         }
         with self.coordinator.store.db.transaction(write=False) as tx:
             return {name: tx.execute(sql) for name, sql in tables.items()}

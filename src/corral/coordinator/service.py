@@ -51,6 +51,7 @@ from corral.store import LogEntry, Reconciled, Store, leases
 from corral.store.events import EventStore
 from corral.store.leases import RECONCILER
 from corral.store.retention import Collected
+from corral.subagents import Limits
 
 log = logging.getLogger("corral.coordinator")
 CLOCK_SKEW_S = 5.0
@@ -69,6 +70,9 @@ class Coordinator:
     ) -> None:
         self.store = store
         self.settings = settings
+        store.runs.subagent_limits = Limits(
+            max_depth=settings.max_subagent_depth, max_children=settings.max_subagent_children
+        )
         self.clock = clock
         self.profiles = profiles
         self.notifier = Notifier()

@@ -28,6 +28,10 @@ class CoordinatorSettings:
     ws_lost_after_s: float = 15.0
     ws_ack_interval_s: float = 300.0
     max_prompt_bytes: int = 256 * 1024
+    # Sub-agent sessions (corral.subagents): how deep they nest, how many unfinished
+    # children one session may have.
+    max_subagent_depth: int = 3
+    max_subagent_children: int = 8
     # Request bodies: clients' and runners' (a runner's batch of reports carries logs).
     max_body_bytes: int = 4 * 1024 * 1024
     max_runner_body_bytes: int = 8 * 1024 * 1024
