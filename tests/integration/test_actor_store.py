@@ -227,3 +227,17 @@ def test_an_alarm_survives_a_coordinator_restart_and_wakes_the_actor(store_url: 
         )
     finally:
         store.close()
+
+
+def test_a_runner_connecting_takes_queued_actors_and_says_whom_to_wake(store: Store) -> None:
+    from corral.coordinator.link_core import LinkCore
+    from corral.coordinator.notifier import actor_topic
+    from corral.coordinator.settings import CoordinatorSettings
+    from corral.protocol.messages import PROTOCOL_VERSION, ToServerInit
+
+    queued = store.actors.create(NewActor("echo", "k", crash_policy=CrashPolicy.RESTART), T0)[0]
+    init = ToServerInit("r", "1", PROTOCOL_VERSION, 1, 0, None, (), {}, ("echo",), "default", 2)
+    registration = LinkCore(store, CoordinatorSettings()).register(init, T0 + 1)
+    assert [c.body["type"] for c in registration.missed] == ["start_actor"]
+    assert registration.woken == (actor_topic(queued.id),)
+    assert store.actors.get(queued.id).runner_id == registration.runner_id

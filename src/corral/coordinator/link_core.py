@@ -40,7 +40,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from corral.actors.wire import ActorEvent, lifecycle_event
 from corral.coordinator.actors import actor_wakeups, host_and_serve
-from corral.coordinator.notifier import RUNS_AVAILABLE, logs_topic, runner_topic
+from corral.coordinator.notifier import RUNS_AVAILABLE, actor_topic, logs_topic, runner_topic
 from corral.coordinator.schemas import (
     FinishedEvent,
     LogsEvent,
@@ -84,6 +84,7 @@ class Registration(NamedTuple):
     runner_id: RunnerId
     last_event_idx: int  # the runner's events applied so far (0 for a new identity)
     missed: list[Indexed]  # commands the runner has not acknowledged, to send again
+    woken: tuple[str, ...] = ()  # notifier topics: actors placed on it as it connected
 
 
 @dataclass(frozen=True)
@@ -327,7 +328,7 @@ class LinkCore:
             token_id=token_id,
         )
         # Its actor slots take queued actors now: their start commands are among ``missed``.
-        host_and_serve(store, runner.id, init, now)
+        placed = host_and_serve(store, runner.id, init, now)
         # A new identity starts over: the first connect, an id the store does not know, or
         # one it declared lost (its runs went back: commands not yet acknowledged would
         # start runs that are others' now; the runner stops all work on a new id).
@@ -338,7 +339,13 @@ class LinkCore:
         missed = store.commands.unacknowledged(
             runner.id, max(init.last_command_idx, state.acked_command_idx) if same else 0
         )
-        return Registration(runner.id, state.last_event_idx if same else 0, _indexed(missed))
+        return Registration(
+            runner.id,
+            state.last_event_idx if same else 0,
+            _indexed(missed),
+            tuple(actor_topic(a) for a in placed.actors)
+            + tuple(runner_topic(r) for r in placed.runners if r != runner.id),
+        )
 
     def apply(
         self, runner_id: RunnerId, last: int, events: Sequence[RunnerEvent], now: float

@@ -266,6 +266,7 @@ class SocketPump:
         if evicted is not None:
             await evicted.evict()  # the newer socket wins
         await self._handle(self.channel.registered(registration, coordinator.clock.now()))
+        coordinator.notifier.notify(*registration.woken)
         if init.metadata.get("tunnel"):  # it takes the gateway's requests for its actors
             await coordinator.tunnels.resume(registration.runner_id, self)
         self._tasks.append(self._start(self._push_work(), "pushing work"))
