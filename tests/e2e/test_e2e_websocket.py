@@ -373,8 +373,12 @@ def test_coordinator_side_vanishes_silently(cluster: Cluster, tmp_path: Path) ->
         cluster.start_runner("runner-b", slots=1, extra=WS)
         cluster.wait_runner("runner-b")
 
+        # Its reconnects are refused too: one that got back within its lease would keep
+        # the run (its retries quicken as the lease runs out), and nothing would be lost.
+        proxy.refusing = True
         assert proxy.cut_all("server") == 1
         again = cluster.wait_run(run_id, {"running"}, where=lambda r: r["runner_id"] != first_id)
+        proxy.refusing = False
 
         def events() -> list[tuple[str, str, float]]:
             lines = log.read_text().splitlines()

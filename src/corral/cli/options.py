@@ -34,6 +34,21 @@ class CoordinatorURL(click.ParamType[str, Any]):
 URL = CoordinatorURL()
 
 
+class CoordinatorURLs(click.ParamType[str, Any]):
+    """One coordinator URL, or several separated by commas (each checked as ``URL``)."""
+
+    name = "url[,url…]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        urls = [URL.convert(u, param, ctx) for u in str(value).split(",") if u.strip()]
+        if not urls:
+            self.fail("no coordinator URL given", param, ctx)
+        return ",".join(urls)
+
+
+URLS = CoordinatorURLs()
+
+
 def coordinator_url(fn: F) -> F:
     """``--url`` (passed to the command) and ``--token`` (kept for ``connect``)."""
     return option("--url", env="URL", type=URL, default=DEFAULT_URL, help="The coordinator's URL.")(

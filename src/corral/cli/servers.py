@@ -23,7 +23,7 @@ from corral.actors.kinds import load_kinds
 from corral.agents.profiles import load_profiles
 from corral.cli.gc import DURATION, retention_from, retention_options
 from corral.cli.log_format import configure_logging, log_format_option
-from corral.cli.options import URL, comma_list, labels_from, option
+from corral.cli.options import URLS, comma_list, labels_from, option
 from corral.coordinator.app import QuietServer, server_config
 from corral.coordinator.settings import CoordinatorSettings
 from corral.credentials import client_token, coordinator_token
@@ -90,7 +90,7 @@ def coordinator_options(fn: click.decorators.FC) -> click.decorators.FC:
             option(
                 "--runner-lost-threshold",
                 env="RUNNER_LOST_THRESHOLD",
-                default=15.0,
+                default=20.0,
                 type=POSITIVE,
                 help="Seconds without a ping before a WebSocket runner is lost.",
             ),
@@ -354,9 +354,10 @@ class _StoppingServer(uvicorn.Server):
     "--coordinator",
     "url",
     env="URL",
-    type=URL,
+    type=URLS,
     default="http://127.0.0.1:8765",
-    help="The coordinator's URL (--coordinator: the same).",
+    help="The coordinator's URL (--coordinator: the same); several coordinators on one "
+    "PostgreSQL database: their URLs separated by commas, tried in turn.",
 )
 @option(
     "--token",

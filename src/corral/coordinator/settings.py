@@ -23,9 +23,11 @@ class CoordinatorSettings:
     reconcile_interval_s: float = 1.0
     # A runner enforces run timeouts itself; the coordinator steps in this much later.
     timeout_grace_s: float = 30.0
-    # WebSocket runners: ping often, and are lost soon after they stop pinging.
+    # WebSocket runners: ping often, and are lost soon after they stop pinging — but not
+    # so soon that a coordinator's restart (seconds) makes them stop their work: a runner
+    # holds its runs for this less its stop margin after its last answered ping.
     ws_ping_interval_s: float = 3.0
-    ws_lost_after_s: float = 15.0
+    ws_lost_after_s: float = 20.0
     ws_ack_interval_s: float = 300.0
     max_prompt_bytes: int = 256 * 1024
     # Sub-agent sessions (corral.subagents): how deep they nest, how many unfinished

@@ -80,6 +80,10 @@ TunnelReply = (
 )
 
 
+# A retry on another coordinator, or one close to the end of the lease, waits this long.
+RETRY_ELSEWHERE_S = 0.1
+
+
 class ConnectionState(enum.StrEnum):
     IDLE = "idle"
     CONNECTING = "connecting"
@@ -136,8 +140,10 @@ class RunnerConnection:
         actor_names: Iterable[str] = (),
         pool: str = "default",
         actor_slots: int = 0,
+        addresses: int = 1,
     ) -> None:
         self._hello = (name, version, total_slots, tuple(labels), dict(metadata))
+        self._addresses = addresses  # coordinators it may reach: tried in turn (the pump's)
         self._hosting = (tuple(actor_names), pool, actor_slots)
         self._rng = rng
         self._max_backoff_s = max_backoff_s
@@ -463,12 +469,25 @@ class RunnerConnection:
         lease_at = self._lease_at
         if lease_at is not None and self._lost_at is None and not self._work_stopped:
             self._lost_at = lease_at + self.lease_s
-        delay = backoff_delay(
-            self._attempt, base=1.0, cap=self._max_backoff_s, jitter=0.25, rng=self._rng
-        )
+        self._reconnect_at = now + self._reconnect_delay(now)
         self._attempt += 1
-        self._reconnect_at = now + delay
         return [Disconnected()]
+
+    def _reconnect_delay(self, now: float) -> float:
+        """The next attempt goes to the next coordinator (the pump's turn): at once to
+        another while a round of them lasts, after an exponential backoff once every one
+        failed. While we hold work, attempts fit inside the lease: never more than a
+        quarter of what is left of it, so they come faster as its end nears — a
+        coordinator back (or another up) a second before the end still finds us trying."""
+        rounds, turn = divmod(self._attempt + 1, self._addresses)
+        delay = (
+            RETRY_ELSEWHERE_S
+            if turn
+            else backoff_delay(rounds - 1, base=1.0, cap=self._max_backoff_s, rng=self._rng)
+        )
+        if self._lost_at is not None:
+            delay = min(delay, max(RETRY_ELSEWHERE_S, (self._lost_at - now) / 4))
+        return delay
 
     def _fail_kv(self) -> list[RunnerOutput]:
         failed: list[RunnerOutput] = [

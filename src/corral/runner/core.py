@@ -245,5 +245,5 @@ def agent_mcp(settings: RunnerSettings) -> AgentMcp | None:
     beside = Path(sys.executable).parent / "corral"  # the corral of this runner's install
     program = str(beside) if beside.exists() else "corral"
     return AgentMcp(
-        command=(program, "mcp", "--url", settings.coordinator_url), token=settings.agent_token
+        command=(program, "mcp", "--url", settings.coordinator_urls[0]), token=settings.agent_token
     )

@@ -39,12 +39,21 @@ class HttpLink:
         token: str | None = None,
         client: httpx.AsyncClient | None = None,
     ) -> None:
+        """``base_url``: one coordinator, or several separated by commas: after a call that
+        failed on one (``LinkDown``), the next call goes to the next."""
+        self._urls = [url.strip() for url in base_url.split(",") if url.strip()]
+        self._turn = 0
         self._client = client or httpx.AsyncClient(
-            base_url=base_url,
+            base_url=self._urls[0],
             headers=auth_headers(token),
             timeout=httpx.Timeout(30.0, connect=5.0),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
+
+    def _next_coordinator(self) -> None:
+        if len(self._urls) > 1:
+            self._turn += 1
+            self._client.base_url = httpx.URL(self._urls[self._turn % len(self._urls)])
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -67,8 +76,10 @@ class HttpLink:
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
             )
         except httpx.TransportError as exc:
+            self._next_coordinator()
             raise LinkDown(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
         if response.status_code >= 500:
+            self._next_coordinator()
             raise LinkDown(f"{method} {path}: HTTP {response.status_code}")
         if response.status_code >= 400:
             try:

@@ -11,6 +11,8 @@ from corral.runner.output import MAX_LINE_BYTES
 
 @dataclass(frozen=True)
 class RunnerSettings:
+    # One coordinator's URL, or several separated by commas (coordinators sharing one
+    # PostgreSQL database): the runner moves to the next when one fails.
     coordinator_url: str = "http://127.0.0.1:8765"
     token: str | None = field(default=None, repr=False)  # sent as a bearer token, never shown
     name: str = field(default_factory=socket.gethostname)
@@ -37,3 +39,7 @@ class RunnerSettings:
     actor_kinds: dict[str, ActorKind] = field(default_factory=dict)
     pool: str = "default"
     actor_slots: int = 16
+
+    @property
+    def coordinator_urls(self) -> tuple[str, ...]:
+        return tuple(u.strip() for u in self.coordinator_url.split(",") if u.strip())

@@ -63,7 +63,9 @@ class WebSocketTransport:
     ) -> None:
         self.host = host
         self.settings = settings
-        self.url = socket_url(settings.coordinator_url)
+        # Coordinators it may reach, tried in turn: after each failure, the next one.
+        self.urls = [socket_url(url) for url in settings.coordinator_urls]
+        self._turn = 0
         self.conn = RunnerConnection(
             name=settings.name,
             version=__version__,
@@ -78,6 +80,7 @@ class WebSocketTransport:
             actor_names=sorted(settings.actor_kinds),
             pool=settings.pool,
             actor_slots=settings.actor_slots if settings.actor_kinds else 0,
+            addresses=len(self.urls),
         )
         self._ws: ClientConnection | None = None
         self._futures: dict[int, asyncio.Future[None]] = {}
@@ -94,6 +97,11 @@ class WebSocketTransport:
     @property
     def runner_id(self) -> RunnerId | None:
         return self.conn.runner_id
+
+    @property
+    def url(self) -> str:
+        """The coordinator's socket it connects (or is connected) to."""
+        return self.urls[self._turn % len(self.urls)]
 
     @property
     def reports(self) -> WebSocketTransport:
@@ -233,6 +241,7 @@ class WebSocketTransport:
             finally:
                 self._ws = None
                 self._connected.clear()
+            self._turn += 1  # whatever happened to that one, the next attempt goes elsewhere
             await self._carry_out(lost)
             await self._wait_to_reconnect()
 

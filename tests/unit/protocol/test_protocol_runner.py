@@ -4,6 +4,7 @@ time is a number the test advances."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -42,7 +43,7 @@ from corral.protocol.outputs import (
     Send,
     StopAllWork,
 )
-from corral.protocol.runner import ConnectionState, RunnerConnection
+from corral.protocol.runner import RETRY_ELSEWHERE_S, ConnectionState, RunnerConnection
 
 T0 = 1_000.0
 RID = RunnerId("rnr_000000000001")
@@ -630,3 +631,42 @@ def test_shutdown_says_stopping_if_not_said_and_closes_for_good() -> None:
     runner = connected(T0)
     runner.stopping(T0)
     assert runner.shutdown(T0) == [Closed(REASON_RUNNER_SHUTDOWN, reconnect=False)]
+
+
+def test_with_several_coordinators_the_next_is_tried_at_once_then_all_after_a_backoff() -> None:
+    runner = connected(T0, meta={}, default_lost_threshold_s=1e6, addresses=2)
+    runner.socket_closed(T0)
+    delays, now = [], T0
+    for _ in range(6):
+        delays.append(reconnect_delay(runner, now))
+        now += delays[-1]
+        runner.connect(now)
+        runner.connect_failed(now)
+    # The other coordinator at once; when both failed, a backoff, as for one.
+    assert delays == pytest.approx([RETRY_ELSEWHERE_S, 1, RETRY_ELSEWHERE_S, 2, 0.1, 4])
+
+
+def test_reconnect_attempts_fit_inside_the_lease_and_quicken_near_its_end() -> None:
+    # Lease 30 - 5 = 25 s from the Init at T0. A backoff alone would try at +1, +3, +7,
+    # +15 and +31: past the lease, so a coordinator back at +20 would find the runner's
+    # work stopped. Each wait is at most a quarter of what is left of the lease.
+    runner = connected(T0, meta={"runner_lost_threshold": 30}, stop_margin_s=5.0)
+    lease_end = T0 + runner.lease_s
+    runner.socket_closed(T0)
+    attempts, now = [], T0
+    while True:
+        now = runner.next_deadline() or now
+        assert runner.tick(now) == [Reconnect()]  # never the lease's end first
+        attempts.append(now - T0)
+        runner.connect(now)
+        if now >= lease_end - 1:
+            break  # this one gets in: the coordinator is back
+        runner.connect_failed(now)
+    assert attempts[:4] == pytest.approx([1, 3, 7, 11.5])
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert all(b <= a for a, b in itertools.pairwise(gaps[3:]))  # ever closer together
+    assert runner.lease_s - attempts[-1] <= 1  # still trying in the lease's last second
+    assert runner.receive(init(meta={"runner_lost_threshold": 30}), now)[-1] == Connected(
+        RID, fresh=False
+    )
+    assert StopAllWork() not in runner.tick(lease_end + 1)
