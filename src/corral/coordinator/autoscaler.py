@@ -105,6 +105,8 @@ class Autoscaler:
         coordinator = self._coordinator
         store, now = coordinator.store, coordinator.clock.now()
         pools = await coordinator.in_thread(store.pools.serverless)
+        if not pools and not self._pools:
+            return  # nothing to scale: no write (SQLite has one writer at a time)
         lease_until = now + 3 * coordinator.settings.autoscale_interval_s + 5.0
         held = set(
             await coordinator.in_thread(
