@@ -34,6 +34,10 @@ DESKTOP = (1280, 800)
 PHONE = (390, 844)
 WAIT_S = 30.0
 WEBSOCKET = ("--transport", "websocket")  # the runners' link: corral's default
+# What Chromium logs of a call a coordinator that went away cut or refused.
+NETWORK_DOWN = (
+    r"net::ERR_(CONNECTION_REFUSED|CONNECTION_RESET|EMPTY_RESPONSE|INCOMPLETE_CHUNKED_ENCODING)"
+)
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-from browser_support import DESKTOP, PHONE, WEBSOCKET, Page
+from browser_support import DESKTOP, NETWORK_DOWN, PHONE, WEBSOCKET, Page
 from e2e_support import TOKEN, Cluster
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -26,10 +26,6 @@ PAGES = {
     "/charts": "Charts",
 }
 ROOT = Path(__file__).resolve().parents[2]
-# What Chromium logs of a call the dead coordinator cut or refused.
-NETWORK_DOWN = (
-    r"net::ERR_(CONNECTION_REFUSED|CONNECTION_RESET|EMPTY_RESPONSE|INCOMPLETE_CHUNKED_ENCODING)"
-)
 
 
 def command_run(cluster: Cluster, script: str) -> str:
