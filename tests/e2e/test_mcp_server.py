@@ -283,3 +283,57 @@ def test_a_sync_call_reports_progress_while_its_run_goes_on(
         assert said and set(said) == {f"run {run_id} has not ended yet"}
 
     _over(cluster, transport, scenario, "--progress-every", "0.5")
+
+
+@pytest.mark.parametrize("kill_coordinator", [False, True], ids=["live", "kill-9"])
+def test_async_callback_children_resume_their_parent_once_with_both_results(
+    cluster: Cluster, kill_coordinator: bool
+) -> None:
+    """A parent agent starts two async_callback sub-agents through its MCP server. Both
+    end while the parent is busy (a resume of it holds); the parent is then resumed once,
+    with both results — also when the coordinator is killed -9 after the children ended
+    and before the parent's resume exists."""
+    cluster.start_coordinator()
+    agents = cluster.client.typed.create_token("client", name="agents").token
+    cluster.start_runner("runner-a", slots=3, extra=["--agent-token", agents])
+    children_hold = cluster.root / "children-hold"
+    parent_hold = cluster.root / "parent-hold"
+    children_hold.touch()
+    parent_hold.touch()
+    prompt = "plan" + "".join(
+        f" [fake:subagent_async={kid}:{word} {{fake:wait_while={children_hold}}}]"
+        for kid, word in (("kid-a", "alpha"), ("kid-b", "beta"))
+    )
+    lead = cluster.client.create_run(type="start_session", session_name="lead", prompt=prompt)
+    ended = cluster.wait_run(lead["run_id"], timeout=120)
+    assert ended["result"] == f"turn 1: {prompt} | kid-a: pending | kid-b: pending", ended
+    kids = {kid: cluster.client.list_runs(session=kid)["runs"][0] for kid in ("kid-a", "kid-b")}
+    assert {k["parent_session_id"] for k in kids.values()} == {ended["session_id"]}
+
+    busy = cluster.client.create_run(
+        type="resume_session", session_id="lead", prompt=f"wait [fake:wait_while={parent_hold}]"
+    )
+    wait_until(lambda: cluster.client.get_run(busy["run_id"])["status"] == "running", 60)
+    children_hold.unlink()
+    for kid in kids.values():
+        assert cluster.wait_run(kid["run_id"], timeout=60)["status"] == "completed"
+
+    def callbacks() -> list[dict[str, Any]]:
+        runs = cluster.client.list_runs(session="lead")["runs"]
+        return [r for r in runs if (r["prompt"] or "").startswith("Sub-agent sessions")]
+
+    assert callbacks() == []  # held: the parent is busy
+    if kill_coordinator:
+        assert cluster.coordinator is not None
+        cluster.coordinator.kill()  # SIGKILL: the callbacks are stored, the resume is not
+    parent_hold.unlink()
+    if kill_coordinator:
+        cluster.restart_coordinator()
+    assert cluster.wait_run(busy["run_id"], timeout=60)["status"] == "completed"
+    resume = wait_until(lambda: callbacks() or None, 60)
+    assert len(resume) == 1
+    assert cluster.wait_run(resume[0]["run_id"], timeout=60)["status"] == "completed"
+    prompt_back = resume[0]["prompt"]
+    assert "turn 1: alpha [fake:wait_while=" in prompt_back
+    assert "turn 1: beta [fake:wait_while=" in prompt_back
+    assert len(callbacks()) == 1  # after it ran, still one: nothing was delivered twice

@@ -163,9 +163,9 @@ def test_env_merges_run_env_and_strips_claude_code_markers() -> None:
 
 def test_an_agent_token_gives_the_agent_corrals_mcp_server_without_showing_the_token() -> None:
     mcp = AgentMcp(command=("/venv/bin/corral", "mcp", "--url", "http://c:8765"), token="crl_x")
-    spec = ClaudeExecutor(mcp=mcp).prepare(
-        make_run(type=RunType.RESUME_SESSION, session_id=SID), {}
-    )
+    resume = make_run(type=RunType.RESUME_SESSION, session_id=SID)
+    spec_run_id = resume.id
+    spec = ClaudeExecutor(mcp=mcp).prepare(resume, {})
     at = spec.argv.index("--mcp-config")
     assert spec.argv[at + 2 : at + 4] == ("--resume", SID)  # the config is one word
     assert json.loads(spec.argv[at + 1]) == {
@@ -174,12 +174,14 @@ def test_an_agent_token_gives_the_agent_corrals_mcp_server_without_showing_the_t
                 "type": "stdio",
                 "command": "/venv/bin/corral",
                 "args": ["mcp", "--url", "http://c:8765"],
-                "env": {"CORRAL_TOKEN": "${CORRAL_TOKEN}"},
+                # The agent's run: its session is the parent of the sub-agents it starts.
+                "env": {"CORRAL_TOKEN": "${CORRAL_TOKEN}", "CORRAL_RUN_ID": "${CORRAL_RUN_ID}"},
             }
         }
     }
     assert not any("crl_x" in arg for arg in spec.argv)
     assert spec.env["CORRAL_TOKEN"] == "crl_x"
+    assert spec.env["CORRAL_RUN_ID"] == spec_run_id
     assert "crl_x" not in repr(mcp)
     plain = executor().prepare(make_run(), {})
     assert "--mcp-config" not in plain.argv and "CORRAL_TOKEN" not in plain.env

@@ -73,7 +73,8 @@ class AgentMcp:
             "type": "stdio",
             "command": program,
             "args": args,
-            "env": {"CORRAL_TOKEN": "${CORRAL_TOKEN}"},
+            # CORRAL_RUN_ID: the agent's run, whose session is its sub-agents' parent.
+            "env": {"CORRAL_TOKEN": "${CORRAL_TOKEN}", "CORRAL_RUN_ID": "${CORRAL_RUN_ID}"},
         }
         return json.dumps({"mcpServers": {"corral": server}})
 
@@ -133,6 +134,7 @@ class ClaudeExecutor:
         }
         if self.mcp is not None:
             env["CORRAL_TOKEN"] = self.mcp.token
+            env["CORRAL_RUN_ID"] = run.id
         return ProcessSpec(
             argv=tuple(argv),
             cwd=run.project_dir,

@@ -10,6 +10,7 @@ not fit a tool's input schema are refused by the SDK before the tool runs, under
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,8 @@ INSTRUCTIONS = (
     "corral runs agent sessions and commands durably on a fleet of runners. Start a "
     "sub-agent with start_agent_session (execution_mode sync waits for its result; "
     "async_poll answers at once: poll get_agent_session_status, then read "
-    "get_agent_session_result), continue it with resume_agent_session."
+    "get_agent_session_result; async_callback answers at once and resumes your session "
+    "with its result when it ends), continue it with resume_agent_session."
 )
 
 
@@ -75,7 +77,13 @@ def build_server(
     server = CorralMCP(
         "corral", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
     )
-    tools = Tools(url, token, forward_token=forward_token, progress_every_s=progress_every_s)
+    tools = Tools(
+        url,
+        token,
+        forward_token=forward_token,
+        progress_every_s=progress_every_s,
+        agent_run_id=os.environ.get("CORRAL_RUN_ID") or None,
+    )
     described: list[tuple[Callable[..., Any], str]] = [
         (tools.start_agent_session, "Start a new agent session (a sub-agent) with a prompt."),
         (tools.resume_agent_session, "Continue an agent session with a new prompt."),

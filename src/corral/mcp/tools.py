@@ -26,7 +26,7 @@ from corral.client import (
     Session,
     TasksAdded,
 )
-from corral.errors import Conflict, NotFound
+from corral.errors import Conflict, InvalidRequest, NotFound
 
 # The seed system's rule for session names (its MCP server refuses others).
 SessionName = Annotated[
@@ -46,6 +46,24 @@ ExecutionMode = Annotated[
         "run id (follow it with get_agent_session_status / get_agent_session_result)"
     ),
 ]
+SubAgentMode = Annotated[
+    Literal["sync", "async_poll", "async_callback"],
+    Field(
+        description="sync: wait for the agent's result; async_poll: answer at once with the "
+        "run id (follow it with get_agent_session_status / get_agent_session_result); "
+        "async_callback: answer at once, and when the sub-agent ends your session is "
+        "resumed with its result (with every sub-agent's that ended meanwhile)"
+    ),
+]
+ParentSession = Annotated[
+    str | None,
+    Field(
+        description="the session (id or name) the new one is a sub-agent of; by default the "
+        "session of the agent this server was started for (CORRAL_RUN_ID)"
+    ),
+]
+# The agent announces its session as it starts; its first tool call may come sooner.
+PARENT_SESSION_WAIT_S = 30.0
 PROGRESS_EVERY_S = 10.0  # while a sync call waits for its run
 OUTPUT_TAIL_LINES = 50  # of a command's output, in run_command's answer
 
@@ -122,8 +140,12 @@ class Tools:
         *,
         forward_token: bool,
         progress_every_s: float = PROGRESS_EVERY_S,
+        agent_run_id: str | None = None,
     ) -> None:
         self.url = url
+        # The run of the agent this server was started for (by its runner): its session
+        # is the parent of the sessions it starts.
+        self.agent_run_id = agent_run_id
         self.progress_every_s = progress_every_s
         self.token = token
         self.forward_token = forward_token
@@ -151,7 +173,8 @@ class Tools:
         prompt: Prompt,
         agent_name: str | None = None,
         project_dir: str | None = None,
-        execution_mode: ExecutionMode = "sync",
+        execution_mode: SubAgentMode = "sync",
+        parent_session: ParentSession = None,
     ) -> AgentRun:
         corral = self.client(ctx)
         if (await corral.list_runs(session=session_name, limit=1)).runs:
@@ -159,10 +182,32 @@ class Tools:
                 f"session {session_name!r} exists: continue it with resume_agent_session",
                 code="session_exists",
             )
+        parent = parent_session or await self._agent_session(corral)
+        if execution_mode == "async_callback" and parent is None:
+            raise InvalidRequest(
+                "async_callback needs a parent session to resume: name it (parent_session)"
+            )
         created = await corral.start_session(
-            prompt, session_name=session_name, agent_name=agent_name, project_dir=project_dir
+            prompt,
+            session_name=session_name,
+            agent_name=agent_name,
+            project_dir=project_dir,
+            parent_session=parent,
+            callback=execution_mode if parent else None,
         )
         return await self._answer(ctx, corral, session_name, created, execution_mode)
+
+    async def _agent_session(self, corral: AsyncClient) -> str | None:
+        """The session of the agent this server serves, once it has announced it."""
+        if self.agent_run_id is None:
+            return None
+        with anyio.move_on_after(PARENT_SESSION_WAIT_S):
+            while True:
+                run = await corral.get_run(self.agent_run_id)
+                if run.session_id or run.finished:
+                    return run.session_id
+                await anyio.sleep(0.2)
+        return None
 
     async def resume_agent_session(
         self,
@@ -290,8 +335,8 @@ class Tools:
     async def _answer(
         self, ctx: Context, corral: AsyncClient, name: str, created: RunCreated, mode: str
     ) -> AgentRun:
-        """``async_poll``: the run as created; ``sync``: as it ended."""
-        if mode == "async_poll":
+        """``async_poll``, ``async_callback``: the run as created; ``sync``: as it ended."""
+        if mode in ("async_poll", "async_callback"):
             return AgentRun(session_name=name, run_id=created.run_id, status=created.status)
         return AgentRun.of(name, await self._wait(ctx, corral, created.run_id))
 
