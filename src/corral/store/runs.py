@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import corral.store.callbacks as callbacks
+import corral.store.claims as claims
+import corral.store.sessions as sessions
 from corral.errors import InvalidRequest, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.runs import (
@@ -22,7 +25,6 @@ from corral.runs import (
     may_become,
     status_reported,
 )
-from corral.store import callbacks, claims, sessions
 from corral.store.claims import Claimable, check_lease, leased_row
 from corral.store.db import Database, Row, Tx
 from corral.store.rows import (

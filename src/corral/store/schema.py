@@ -19,7 +19,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from corral.store import event_triggers, wakeups
+import corral.store.event_triggers as event_triggers
+import corral.store.wakeups as wakeups
 
 _LEASES = """
 CREATE TABLE coordinator_leases (

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import corral.store.task_runs as task_runs
 from corral.errors import Conflict, InvalidRequest, NotFound
 from corral.ids import new_task_id
 from corral.runs import AgentSpec, Run
-from corral.store import task_runs
 from corral.store.db import Database, Row, Tx
 from corral.store.projects import project_from_row
 from corral.store.rows import dumps, row_by_id, update_row
