@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -285,17 +286,17 @@ def test_a_sync_call_reports_progress_while_its_run_goes_on(
     _over(cluster, transport, scenario, "--progress-every", "0.5")
 
 
-@pytest.mark.parametrize("kill_coordinator", [False, True], ids=["live", "kill-9"])
+@pytest.mark.parametrize("kill", ["nothing", "coordinator", "runner"])
 def test_async_callback_children_resume_their_parent_once_with_both_results(
-    cluster: Cluster, kill_coordinator: bool
+    cluster: Cluster, kill: str
 ) -> None:
     """A parent agent starts two async_callback sub-agents through its MCP server. Both
     end while the parent is busy (a resume of it holds); the parent is then resumed once,
-    with both results — also when the coordinator is killed -9 after the children ended
-    and before the parent's resume exists."""
+    with both results — also when the coordinator, or the runner holding the parent's
+    session, is killed -9 after the children ended and before the parent's resume exists."""
     cluster.start_coordinator()
     agents = cluster.client.typed.create_token("client", name="agents").token
-    cluster.start_runner("runner-a", slots=3, extra=["--agent-token", agents])
+    runner = cluster.start_runner("runner-a", slots=3, extra=["--agent-token", agents])
     children_hold = cluster.root / "children-hold"
     parent_hold = cluster.root / "parent-hold"
     children_hold.touch()
@@ -323,12 +324,18 @@ def test_async_callback_children_resume_their_parent_once_with_both_results(
         return [r for r in runs if (r["prompt"] or "").startswith("Sub-agent sessions")]
 
     assert callbacks() == []  # held: the parent is busy
-    if kill_coordinator:
+    # SIGKILL: the callbacks are stored, the parent's resume is not.
+    if kill == "coordinator":
         assert cluster.coordinator is not None
-        cluster.coordinator.kill()  # SIGKILL: the callbacks are stored, the resume is not
+        cluster.coordinator.kill()
+    elif kill == "runner":
+        runner.send(signal.SIGKILL)
+        assert runner.wait(10) == -signal.SIGKILL
     parent_hold.unlink()
-    if kill_coordinator:
+    if kill == "coordinator":
         cluster.restart_coordinator()
+    elif kill == "runner":  # the busy resume is lost, then runs again on runner-a
+        cluster.start_runner("runner-a", slots=3, extra=["--agent-token", agents])
     assert cluster.wait_run(busy["run_id"], timeout=60)["status"] == "completed"
     resume = wait_until(lambda: callbacks() or None, 60)
     assert len(resume) == 1
