@@ -23,10 +23,11 @@ let stateListener = () => {};
 let lastEventId = null;
 
 // `kinds`: event kinds ("run", "runner", "task", "session", …; "run" also matches
-// "run.status" and the like). `refresh`: reads the page's data again; never run twice at
-// once, and changes that come while it runs make one more read.
-export function watch(kinds, refresh) {
-  const watcher = { kinds, refresh: single(refresh) };
+// "run.status" and the like); `about(event)`, if given, narrows them (one run's events).
+// `refresh`: reads the page's data again; never run twice at once, and changes that come
+// while it runs make one more read.
+export function watch(kinds, refresh, about = () => true) {
+  const watcher = { kinds, about, refresh: single(refresh) };
   watchers.add(watcher);
   watcher.refresh();
   return () => watchers.delete(watcher);
@@ -63,9 +64,10 @@ function single(refresh) {
   return go;
 }
 
-function refreshAll(kind) {
+// Every page, or (given an event) the pages that show its kind and care about it.
+function refreshAll(event) {
   for (const watcher of watchers) {
-    if (kind === undefined || watcher.kinds.some((k) => kind === k || kind.startsWith(k + ".") || kind.startsWith(k + "_"))) {
+    if (event === undefined || (watcher.kinds.some((k) => event.kind === k || event.kind.startsWith(k + ".")) && watcher.about(event))) {
       watcher.refresh();
     }
   }
@@ -113,7 +115,7 @@ async function stream(failures) {
     refreshAll(); // what changed while there was no stream
     for await (const event of serverSentEvents(response.body)) {
       if (event.id) lastEventId = event.id;
-      if (!CONTROL_EVENTS.has(event.kind)) refreshAll(event.kind);
+      if (!CONTROL_EVENTS.has(event.kind)) refreshAll(event);
     }
   } catch (error) {
     console.warn("event stream:", error.message);

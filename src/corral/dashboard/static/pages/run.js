@@ -50,7 +50,7 @@ export function render(main, { id }) {
       draw(run);
     },
   });
-  const stopWatching = watch(["run"], refresh);
+  const stopWatching = watch(["run"], refresh, (event) => event.payload?.run_id === id);
   return () => {
     stopLogs();
     stopWatching();
