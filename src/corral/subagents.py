@@ -17,8 +17,9 @@ store's part: the resume run and the marks of the callbacks it delivers are writ
 transaction, so a coordinator killed between a child's end and its parent's resume plans
 the same delivery again, and one that had written it finds nothing left to deliver.
 
-A parent whose session is gone (deleted, never recorded) cannot be resumed: its pending
-callbacks are dropped with the code ``parent_gone``, never left to wait forever.
+A parent whose session is gone (deleted, never recorded) or failed cannot be resumed: its
+pending callbacks are dropped with the code ``parent_gone``, never left to wait forever.
+Nor can one whose children spent its budget (the budget covers them): ``budget_exceeded``.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ class ParentState:
     session_id: str
     exists: bool
     busy: bool  # a run of the session has not finished: deliver after it
+    # It and its descendants have spent its budget: it may not run again.
+    over_budget: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,11 @@ def plan_deliveries(
         state = parents.get(parent_id)
         if state is None or not state.exists:
             dropped += [Dropped(c.run_id, parent_id, "parent_gone") for c in children]
-        elif not state.busy:
+        elif state.busy:
+            continue
+        elif state.over_budget:
+            dropped += [Dropped(c.run_id, parent_id, "budget_exceeded") for c in children]
+        else:
             deliveries.append(Delivery(parent_id, tuple(children[: limits.max_batch])))
     return deliveries, dropped
 

@@ -173,3 +173,14 @@ def test_a_parent_whose_children_spent_its_budget_may_start_no_more(store: Store
     for n in range(3):
         child(store, "parent", f"kid-{n}")  # 0.25 each: the tree has cost 1.00
     assert refused(store, [spec("parent")]) == "budget_exceeded"
+
+
+def test_children_that_outlived_their_parents_budget_are_dropped_as_budget_exceeded(
+    store: Store,
+) -> None:
+    parent_run = session_run(store, "parent", end=None)  # busy: the children end first
+    kids = [child(store, "parent", f"kid-{n}") for n in range(3)]  # 0.25 each
+    end_run(store, parent_run, RunStatus.COMPLETED, cost_usd=0.25)  # the tree: 1.00 of 1.00
+    done = store.callbacks.deliver(NOW + 2)
+    assert (done.resumes, sorted(done.dropped)) == ([], sorted(k.id for k in kids))
+    assert store.callbacks.delivered_by(kids[0].id) == (None, "budget_exceeded")

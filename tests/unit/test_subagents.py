@@ -112,3 +112,14 @@ def test_the_callback_message_names_each_child_and_its_result_or_error() -> None
         "## child-f (failed; run f)",
         "(no result: exit 3)",
     ]
+
+
+def test_a_parent_whose_children_spent_its_budget_is_not_resumed() -> None:
+    pending = [PendingCallback("p", _child("c1", 1.0))]
+    parents = {"p": ParentState("p", exists=True, busy=False, over_budget=True)}
+    assert plan_deliveries(pending, parents, LIMITS) == (
+        [],
+        [Dropped("c1", "p", "budget_exceeded")],
+    )
+    busy = {"p": ParentState("p", exists=True, busy=True, over_budget=True)}
+    assert plan_deliveries(pending, busy, LIMITS) == ([], [])  # decided once it is idle

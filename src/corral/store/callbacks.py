@@ -206,7 +206,14 @@ def _parent_state(tx: Tx, session_id: str) -> ParentState:
     # A failed parent (its last run did not complete) is not resumed with its children's
     # results: they are dropped like a gone parent's, never left waiting.
     usable = session is not None and session["runner_id"] and not session["is_error"]
-    return ParentState(session_id, exists=bool(usable) or busy is not None, busy=busy is not None)
+    parent = _parent(tx, session_id)
+    spent = parent.budget_usd is not None and parent.cost_with_children_usd >= parent.budget_usd
+    return ParentState(
+        session_id,
+        exists=bool(usable) or busy is not None,
+        busy=busy is not None,
+        over_budget=spent,
+    )
 
 
 def _resume_row(tx: Tx, session_id: str, prompt: str, now: float) -> Row:
