@@ -3,10 +3,12 @@
     (registers) ──▶ active ──drain──▶ draining ──(leaves, or is stopped)──▶ stopped
     active ──stop──▶ stopped          lost ──stop──▶ stopped
     active | draining ──(no heartbeat for lost_after)──▶ lost
-    draining | lost | stopped ──(registers again, over HTTP)──▶ active
+    draining ──(registers again)──▶ active
+    lost | stopped ──(registers again, over HTTP)──▶ active
 
 A lost runner's heartbeat is refused (runner_lost): it must register again. Over the
-WebSocket link it comes back as a new runner instead (its old id's commands are void).
+WebSocket link a lost or stopped one comes back as a new runner instead (its old id's
+commands are void).
 Draining a runner that is lost or stopped leaves it so: it is gone, there is nothing to
 drain. Any other move not in ``TRANSITIONS`` raises ``IllegalTransition``.
 """
