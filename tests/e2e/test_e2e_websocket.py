@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import pytest
 from e2e_support import (
     TERMINAL,
     TOKEN,
@@ -119,6 +120,7 @@ def test_fault_proxy_forwards_delays_and_cuts(cluster: Cluster) -> None:
 # ---- exactly once through random cuts -------------------------------------------------------
 
 
+@pytest.mark.timeout(300)
 def test_exactly_once_through_random_connection_cuts(cluster: Cluster, tmp_path: Path) -> None:
     runs_total = 1000
     coordinator = start_coordinator(cluster)
