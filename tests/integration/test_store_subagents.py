@@ -5,6 +5,7 @@ ended, whoever delivers and however often."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -184,3 +185,43 @@ def test_children_that_outlived_their_parents_budget_are_dropped_as_budget_excee
     done = store.callbacks.deliver(NOW + 2)
     assert (done.resumes, sorted(done.dropped)) == ([], sorted(k.id for k in kids))
     assert store.callbacks.delivered_by(kids[0].id) == (None, "budget_exceeded")
+
+
+@pytest.mark.parametrize("dialect", [pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_deliverers_racing_on_postgres_resume_each_parent_once(
+    store: Store, store_url: str
+) -> None:
+    """Four threads, each with its own Store (its own connections), deliver at once: each
+    callback is delivered once, each parent resumed once with both its children."""
+    parents = [f"parent-{n}" for n in range(8)]
+    kids: dict[str, list[str]] = {}
+    for parent in parents:
+        session_run(store, parent)
+        kids[parent] = [child(store, parent, f"{parent}-kid-{k}").id for k in range(2)]
+    deliverers = [Store.open(store_url) for _ in range(4)]
+    barrier = threading.Barrier(len(deliverers))
+    lost_races: list[BaseException] = []
+
+    def deliver(deliverer: Store) -> None:
+        barrier.wait()
+        while deliverer.callbacks.pending():
+            try:
+                deliverer.callbacks.deliver(NOW + 2)
+            except Exception as exc:  # the other won (callback_settled, or a deadlock victim)
+                lost_races.append(exc)
+
+    threads = [threading.Thread(target=deliver, args=(d,)) for d in deliverers]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        for deliverer in deliverers:
+            deliverer.close()
+    assert not any(thread.is_alive() for thread in threads)
+    for parent in parents:
+        resumes = [r for r in store.runs.list(session=parent) if r.type == "resume_session"]
+        assert len(resumes) == 1, (parent, resumes, lost_races)
+        for kid in kids[parent]:
+            assert store.callbacks.delivered_by(kid) == (resumes[0].id, None)

@@ -42,7 +42,7 @@ from corral.coordinator.schemas import (
 )
 from corral.coordinator.settings import CoordinatorSettings
 from corral.coordinator.tunnel import TunnelHub
-from corral.errors import CorralError, Forbidden, LeaseLost
+from corral.errors import Conflict, CorralError, Forbidden, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import CLOSE_POLICY_VIOLATION
 from corral.runners import Held, Runner, RunnerState, RunnerSync
@@ -383,7 +383,11 @@ class Coordinator:
     async def deliver_callbacks(self, now: float) -> None:
         """Resume the idle parents of async_callback children that ended (once each:
         ``store/callbacks.py``); drop the callbacks of parents gone or failed."""
-        done = await self.in_thread(self.store.callbacks.deliver, now)
+        try:
+            done = await self.in_thread(self.store.callbacks.deliver, now)
+        except Conflict as exc:  # another coordinator delivered them first: nothing left
+            log.info("callbacks: %s", exc)
+            return
         if done.resumes:
             log.info("resumed parents %s", [r.session_id for r in done.resumes])
             self.notifier.notify(RUNS_AVAILABLE)
