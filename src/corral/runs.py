@@ -224,6 +224,10 @@ class Run:
     parent_session_id: str | None = None
     callback: str | None = None
     depth: int = 0
+    # An async_callback child that ended: pending, delivered (by the parent's resume
+    # ``callback_run_id``) or why it was dropped (parent_gone, budget_exceeded).
+    callback_state: str | None = None
+    callback_run_id: str | None = None
 
     @property
     def agent_name(self) -> str | None:

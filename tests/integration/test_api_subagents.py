@@ -66,3 +66,8 @@ async def test_limits_are_refused_and_a_callback_child_resumes_its_parent_once(
         resumes = [r for r in listed if r["type"] == "resume_session"]
         assert len(resumes) == 1
         assert "result of kid" in resumes[0]["prompt"]
+        delivered = await api.run(kid)
+        assert (delivered["callback_state"], delivered["callback_run_id"]) == (
+            "delivered",
+            resumes[0]["run_id"],
+        )

@@ -85,6 +85,8 @@ def test_two_children_that_ended_resume_their_parent_once_with_both_results(
     assert "result of kid-1" in resume.prompt and "result of kid-2" in resume.prompt
     assert store.callbacks.delivered_by(first.id) == (resume.id, None)
     assert store.callbacks.delivered_by(second.id) == (resume.id, None)
+    read = store.runs.get(first.id)
+    assert (read.callback_state, read.callback_run_id) == ("delivered", resume.id)
     # Delivered: nothing more, from this store or another on the same database.
     assert store.callbacks.deliver(NOW + 3).resumes == []
     assert store.callbacks.pending() == []
@@ -103,6 +105,7 @@ def test_a_busy_parent_gets_its_children_in_one_resume_after_its_run_ends(
     parent_run = session_run(store, "parent", end=None)  # still running
     kids = [child(store, "parent", f"kid-{n}") for n in range(3)]
     assert store.callbacks.deliver(NOW + 2).resumes == []  # held while the parent is busy
+    assert {r.callback_state for r in store.runs.list() if r.parent_session_id} == {"pending"}
     assert sorted(store.callbacks.pending()) == sorted(k.id for k in kids)
 
     end_run(store, parent_run, RunStatus.COMPLETED, result="parent done")
@@ -122,6 +125,7 @@ def test_the_callbacks_of_a_failed_parent_are_dropped_as_parent_gone(store: Stor
     done = store.callbacks.deliver(NOW + 2)
     assert (done.resumes, done.dropped) == ([], [kid.id])
     assert store.callbacks.delivered_by(kid.id) == (None, "parent_gone")
+    assert store.runs.get(kid.id).callback_state == "parent_gone"
     assert store.callbacks.deliver(NOW + 3).dropped == []
 
 

@@ -80,6 +80,8 @@ class Run(Model):
     task_id: str | None = None
     parent_session_id: str | None = None
     callback: str | None = None
+    callback_state: str | None = None
+    callback_run_id: str | None = None
     created_at: datetime | None = None
     claimed_at: datetime | None = None
     started_at: datetime | None = None

@@ -266,6 +266,8 @@ def run_json(run: Run) -> dict[str, Any]:
         "task_id": run.task_id,
         "parent_session_id": run.parent_session_id,
         "callback": run.callback,
+        "callback_state": run.callback_state,
+        "callback_run_id": run.callback_run_id,
         "created_at": iso(run.created_at),
         "claimed_at": iso(run.claimed_at),
         "started_at": iso(run.started_at),

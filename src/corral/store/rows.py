@@ -123,7 +123,19 @@ def run_from_row(row: Row) -> Run:
         parent_session_id=row.get("parent_session_id"),
         callback=row.get("callback"),
         depth=int(row.get("depth") or 0),
+        callback_state=_callback_state(row),
+        callback_run_id=row.get("callback_run_id"),
     )
+
+
+def _callback_state(row: Row) -> str | None:
+    """What became of the callback a run owed its parent (rows read with it only)."""
+    if not row.get("callback_recorded"):
+        return None
+    if row.get("callback_run_id"):
+        return "delivered"
+    dropped: str | None = row.get("callback_dropped")
+    return dropped or "pending"
 
 
 def runner_from_row(row: Row) -> Runner:

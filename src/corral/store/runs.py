@@ -13,7 +13,7 @@ from typing import Any
 import corral.store.callbacks as callbacks
 import corral.store.claims as claims
 import corral.store.sessions as sessions
-from corral.errors import InvalidRequest, LeaseLost
+from corral.errors import InvalidRequest, LeaseLost, NotFound
 from corral.ids import RunId, RunnerId
 from corral.runs import (
     NewRun,
@@ -42,6 +42,12 @@ from corral.subagents import Limits
 
 # The statuses a start report moves a run from, as the transition table says (claimed).
 _STARTABLE = sql_list(may_become(RunStatus.RUNNING))
+# Runs as clients read them: an async_callback child with its callback's fate.
+_WITH_CALLBACK = (
+    "runs.*, c.delivered_run_id AS callback_run_id, c.dropped AS callback_dropped, "
+    "c.child_run_id IS NOT NULL AS callback_recorded "
+    "FROM runs LEFT JOIN run_callbacks c ON c.child_run_id = runs.id"
+)
 
 
 class RunStore:
@@ -63,8 +69,12 @@ class RunStore:
         return self.create_many([spec], now)[0]
 
     def get(self, run_id: str) -> Run:
+        """The run, with what became of the callback it owed its parent, if any."""
         with self.db.transaction(write=False) as tx:
-            return run_from_row(row_by_id(tx, "runs", run_id))
+            row = tx.one(f"SELECT {_WITH_CALLBACK} WHERE runs.id = ?", (run_id,))
+        if row is None:
+            raise NotFound.of("run", run_id)
+        return run_from_row(row)
 
     def count_by_status(self) -> dict[str, int]:
         """How many runs are in each status."""
@@ -250,7 +260,7 @@ class RunStore:
                 params += [anchor["created_at"], anchor["created_at"], anchor["id"]]
             clause = f"WHERE {' AND '.join(where)}" if where else ""
             rows = tx.execute(
-                f"SELECT * FROM runs {clause} ORDER BY created_at DESC, id DESC LIMIT ?",
+                f"SELECT {_WITH_CALLBACK} {clause} ORDER BY created_at DESC, id DESC LIMIT ?",
                 [*params, limit],
             )
         return [run_from_row(r) for r in rows]
