@@ -13,6 +13,7 @@ import pytest
 from corral.errors import CorralError
 from corral.runs import AgentSpec, NewRun, Run, RunReport, RunStatus, RunType
 from corral.store import Store
+from corral.store.retention import Retention
 from corral.subagents import Limits
 
 NOW = 1_700_000_000.0
@@ -229,3 +230,14 @@ def test_deliverers_racing_on_postgres_resume_each_parent_once(
         assert len(resumes) == 1, (parent, resumes, lost_races)
         for kid in kids[parent]:
             assert store.callbacks.delivered_by(kid) == (resumes[0].id, None)
+
+
+def test_retention_keeps_a_child_until_its_parent_has_heard_of_it(store: Store) -> None:
+    session_run(store, "parent", end=None)  # busy: the callback stays owed
+    kid = child(store, "parent", "kid")
+    # A session's last run is kept anyway: let a later run of kid's session be its last.
+    later = session_run(store, "kid", session_name="kid-again")
+    everything = Retention(runs_s=0, runners_s=None, log_chars=None, events_s=None)
+    assert store.collect_garbage(everything, NOW + 10).runs == 0
+    assert store.runs.get(kid.id).callback_state == "pending"  # kept, and still owed
+    assert store.runs.get(later.id).session_id == "kid"
