@@ -22,6 +22,13 @@ DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DIALECTS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests run on asyncio only: corral is built on it (trio is here only because
+    selenium, for the browser tests, brings it)."""
+    return "asyncio"
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> str:
     """The PostgreSQL server tests use (``CORRAL_TEST_PG``, or the local default)."""

@@ -9,12 +9,6 @@ import pytest
 from api_fixtures import BACKENDS, backend_url
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    """Async tests run on asyncio only (the app is served on it)."""
-    return "asyncio"
-
-
 @pytest.fixture(params=BACKENDS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh coordinator database on each backend (ids ``sqlite`` and ``postgres``)."""

@@ -20,11 +20,6 @@ from corral.coordinator.notifier import (
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the notifier is built on asyncio events
-
-
 async def test_a_waiter_holding_the_event_is_woken_by_notify() -> None:
     notifier = Notifier()
     event = notifier.event(RUNS_AVAILABLE)

@@ -14,11 +14,6 @@ from corral.runner.websocket import WebSocketTransport
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_a_start_the_runner_cannot_read_fails_the_run_instead_of_the_link() -> None:
     runner = RunnerCore(RunnerSettings(transport="websocket", slots=2))
     transport = runner.transport
