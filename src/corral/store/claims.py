@@ -17,10 +17,11 @@ from corral.ids import RunId
 from corral.runners import ALIVE, Runner, RunnerState
 from corral.runs import Run, RunStatus, may_become
 from corral.store.db import Database, Row, Tx
-from corral.store.rows import HELD, row_by_id, run_from_row, sql_list
+from corral.store.rows import HELD, row_by_id, run_from_row, sql_in
 
-# The statuses a claim takes runs from, as the transition table says (pending).
-CLAIMABLE = sql_list(may_become(RunStatus.CLAIMED))
+# The statuses a claim takes runs from, as the transition table says (pending), written as
+# the index runs_claimable's condition so that the claim reads that index.
+CLAIMABLE = sql_in("status", may_become(RunStatus.CLAIMED))
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Claimable:
 
 
 def has_claimable(tx: Tx, now: float, since: float | None) -> bool:
-    sql = f"SELECT 1 AS x FROM runs WHERE status IN ({CLAIMABLE}) AND available_at <= ?"
+    sql = f"SELECT 1 AS x FROM runs WHERE {CLAIMABLE} AND available_at <= ?"
     params: tuple[float, ...] = (now,)
     if since is not None:
         sql += " AND (available_at > ? OR updated_at > ?)"
@@ -49,7 +50,7 @@ def has_claimable(tx: Tx, now: float, since: float | None) -> bool:
 def claimable(tx: Tx, now: float, limit: int) -> list[Claimable]:
     rows = tx.execute(
         "SELECT id, required_runner, labels FROM runs "
-        f"WHERE status IN ({CLAIMABLE}) AND available_at <= ? "
+        f"WHERE {CLAIMABLE} AND available_at <= ? "
         "ORDER BY priority DESC, created_at, id LIMIT ?",
         (now, limit),
     )
@@ -93,7 +94,7 @@ def claim(
             return []
     # Labels are matched in SQL: runs this runner cannot take never hide ones it can.
     candidates = tx.execute(
-        f"SELECT id FROM runs WHERE status IN ({CLAIMABLE}) AND available_at <= ? "
+        f"SELECT id FROM runs WHERE {CLAIMABLE} AND available_at <= ? "
         "AND (required_runner IS NULL OR required_runner = ?) "
         f"AND {db.json_subset('labels')} "
         "ORDER BY priority DESC, created_at, id LIMIT ? " + db.lock_rows(skip_locked=True),
@@ -105,7 +106,7 @@ def claim(
     rows = tx.execute(
         "UPDATE runs SET status = ?, runner_id = ?, attempts = attempts + 1, "
         "claimed_at = ?, started_at = NULL, cancel_requested = 0, updated_at = ? "
-        f"WHERE id IN ({', '.join('?' for _ in chosen)}) AND status IN ({CLAIMABLE}) "
+        f"WHERE id IN ({', '.join('?' for _ in chosen)}) AND {CLAIMABLE} "
         "RETURNING *",
         (str(RunStatus.CLAIMED), runner_id, now, now, *chosen),
     )

@@ -20,6 +20,16 @@ def sql_list(values: Iterable[str]) -> str:
     return ", ".join(f"'{value}'" for value in sorted(values))
 
 
+def sql_in(column: str, values: Iterable[str]) -> str:
+    """``column`` among enum values, written as the partial indexes in ``schema.py`` are:
+    ``status = 'pending'`` for one value (SQLite uses an index ``WHERE status = 'pending'``
+    only for that very term, never for ``status IN ('pending')``), ``IN (…)`` for more."""
+    listed = sorted(values)
+    if len(listed) == 1:
+        return f"{column} = '{listed[0]}'"
+    return f"{column} IN ({sql_list(listed)})"
+
+
 # The statuses in which a runner holds a run (``RunStatus.holds_lease``), for SQL.
 HELD = sql_list(status for status in RunStatus if status.holds_lease)
 
