@@ -847,3 +847,25 @@ def test_postgres_concurrent_completions_wake_every_dependent(store: Store, stor
     assert len(runs) == blockers + len(claimed)
     assert all(n == 1 for n in per_task.values())
     assert all(store.runs.get(str(t.run_id)).task_id == t.id for t in claimed)
+
+
+def test_a_claimed_task_run_carries_its_context_on_either_transport(store: Store) -> None:
+    """The claim reads the task's context in its own transaction, for the long-poll claim
+    and the socket's claim into start commands alike (one place, issue 11 §4)."""
+    pid = project(store).id
+    store.tasks.add(pid, [spec("a"), spec("b")], {}, NOW)
+    store.tasks.start(pid, 2, NOW)
+    (polled,) = store.runs.claim(register(store, "poller"), 1, NOW + 1)
+    started: list[Run] = []
+
+    def start(run: Run) -> dict[str, Any]:
+        started.append(run)
+        return {"type": "start_run", "run_id": run.id}
+
+    store.commands.claim_into_commands(register(store, "socket"), NOW + 1, start)
+    for run in (polled, *started):
+        assert run.task is not None
+        assert run.task["id"] == run.task_id
+        assert (run.task["repo_path"], run.task["target_branch"]) == ("/repo", "main")
+        assert run.task["steps"] == {}
+    assert {polled.task["key"], started[0].task["key"]} == {"a", "b"}  # type: ignore[index]

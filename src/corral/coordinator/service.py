@@ -12,7 +12,6 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
@@ -242,7 +241,7 @@ class Coordinator:
                     claimed_at = run.claimed_at or run.created_at
                     self.metrics.claimed("poll", run.created_at, claimed_at, run.attempts)
                 if runs:
-                    return [await self._with_task(run) for run in runs]
+                    return runs
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0 or not await wait_for(event, remaining, gone):
                 return []
@@ -256,13 +255,6 @@ class Coordinator:
                 f"runner {runner_id} is {runner.state}; register again", code="runner_lost"
             )
         return runner
-
-    async def _with_task(self, run: Run) -> Run:
-        """A task run goes out with its task, project and the steps already done."""
-        if run.task_id is None:
-            return run
-        context = await self.in_thread(self.store.tasks.context, run.task_id)
-        return replace(run, task=context)
 
     async def control(
         self, runner_id: RunnerId, timeout_s: float, gone: asyncio.Future[None] | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from corral.errors import LeaseLost
 from corral.ids import RunId
@@ -18,6 +18,7 @@ from corral.runners import ALIVE, Runner, RunnerState
 from corral.runs import Run, RunStatus, may_become
 from corral.store.db import Database, Row, Tx
 from corral.store.rows import HELD, row_by_id, run_from_row, sql_in
+from corral.store.tasks import task_context
 
 # The statuses a claim takes runs from, as the transition table says (pending), written as
 # the index runs_claimable's condition so that the claim reads that index.
@@ -110,7 +111,12 @@ def claim(
         "RETURNING *",
         (str(RunStatus.CLAIMED), runner_id, now, now, *chosen),
     )
-    runs = [run_from_row(r) for r in rows]
+    # A task run goes out with its task, project and the steps already done: read here, in
+    # the claim's transaction, for every transport.
+    runs = [
+        replace(run, task=task_context(tx, run.task_id)) if run.task_id else run
+        for run in map(run_from_row, rows)
+    ]
     runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
     return runs
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from corral.runs import Run
 from corral.store.claims import claim
 from corral.store.db import Database, Tx
 from corral.store.rows import dumps
-from corral.store.tasks import task_context
 
 
 @dataclass(frozen=True)
@@ -60,12 +59,7 @@ class CommandStore:
         (``finishing``: see ``claims.claim``)."""
         with self.db.transaction() as tx:
             runs = claim(tx, self.db, runner_id, None, now, finishing)
-            bodies = []
-            for run in runs:
-                if run.task_id:
-                    run = replace(run, task=task_context(tx, run.task_id))
-                bodies.append(start(run))
-            return _append(tx, runner_id, bodies, now)
+            return _append(tx, runner_id, [start(run) for run in runs], now)
 
     def push(self, runner_id: str, bodies: Sequence[dict[str, Any]], now: float) -> list[Command]:
         with self.db.transaction() as tx:

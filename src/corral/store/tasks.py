@@ -96,10 +96,6 @@ class TaskStore:
             deps = _dependency_keys(tx, project_id)
         return task_from_row(row, deps.get(key, ()))
 
-    def context(self, task_id: str) -> dict[str, Any]:
-        with self.db.transaction(write=False) as tx:
-            return task_context(tx, task_id)
-
     # ---- control -------------------------------------------------------------------------
 
     def start(self, project_id: str, workers: int, now: float) -> list[Run]:
