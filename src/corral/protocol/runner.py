@@ -398,6 +398,9 @@ class RunnerConnection:
             self._tunnel.clear()
             self._lost_at = None
             self._work_stopped = True
+            # The quick attempts that fitted in the lease are not a backoff's rounds: with
+            # no lease to keep, the backoff starts over (1 s, 2 s …), not at its cap.
+            self._attempt = 0
         if self._reconnect_at is not None and now >= self._reconnect_at:
             out.append(Reconnect())
             self._reconnect_at = None

@@ -670,3 +670,28 @@ def test_reconnect_attempts_fit_inside_the_lease_and_quicken_near_its_end() -> N
         RID, fresh=False
     )
     assert StopAllWork() not in runner.tick(lease_end + 1)
+
+
+def test_once_the_lease_ran_out_the_backoff_starts_over() -> None:
+    # The quick attempts inside the lease (a dozen) are not a backoff's rounds: once the
+    # work has stopped, the next waits are 1 s, 2 s … again, not the 30 s cap, so a
+    # coordinator back a moment after the lease ended finds the runner at once.
+    runner = connected(T0, meta={"runner_lost_threshold": 30}, stop_margin_s=5.0)
+    runner.socket_closed(T0)
+    now, stopped, quick = T0, False, 0
+    while not stopped:
+        now = runner.next_deadline() or now
+        out = runner.tick(now)
+        stopped = StopAllWork() in out
+        if Reconnect() in out:
+            runner.connect(now)
+            runner.connect_failed(now)
+            quick += 1
+    assert quick >= 8
+    waits = []
+    for _ in range(3):
+        waits.append(reconnect_delay(runner, now))
+        now += waits[-1]
+        runner.connect(now)
+        runner.connect_failed(now)
+    assert waits[1:] == pytest.approx([1, 2])
