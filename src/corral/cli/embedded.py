@@ -117,7 +117,11 @@ class Embedded:
             replace(runner, coordinator_url=self.url, token=self.token) if runner else None
         )
         self.runner: RunnerCore | None = None
-        self._server = QuietServer(server_config(self.settings, host="127.0.0.1", port=port))
+        # Only a coordinator with its local runner (``tasks run``) lives long enough to
+        # claim the database; a command's own (status, pause …) may run beside it.
+        self._server = QuietServer(
+            server_config(self.settings, host="127.0.0.1", port=port, sole=runner is not None)
+        )
         self._ready = threading.Event()
         self._done = threading.Event()
         self._error: BaseException | None = None

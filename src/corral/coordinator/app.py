@@ -141,15 +141,22 @@ def create_app(
 
 
 def server_config(
-    settings: CoordinatorSettings, *, host: str, port: int, own_logging: bool = True
+    settings: CoordinatorSettings,
+    *,
+    host: str,
+    port: int,
+    own_logging: bool = True,
+    sole: bool = True,
 ) -> uvicorn.Config:
     """How corral serves its app, wherever it runs (``serve``, ``up``, ``tasks run``).
     ``own_logging=False``: uvicorn's loggers write through the root logger's handler (the
     process chose a format, ``--log-format``) rather than uvicorn's own. Refuses
-    (``database_in_use``) a SQLite database another coordinator serves."""
-    sole = SoleCoordinator.claim(settings.db_url, f"http://{host}:{port}")
+    (``database_in_use``) a SQLite database another coordinator serves; ``sole=False``
+    (a short-lived one: ``corral tasks status``, ``pause`` … beside a ``tasks run``) does
+    not claim it."""
+    claimed = SoleCoordinator.claim(settings.db_url, f"http://{host}:{port}") if sole else None
     return uvicorn.Config(
-        create_app(settings, sole=sole),
+        create_app(settings, sole=claimed),
         host=host,
         port=port,
         log_level="warning",
