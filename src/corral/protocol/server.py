@@ -37,21 +37,6 @@ from corral.protocol.outputs import (
     Tunnelled,
 )
 
-# The coordinator's pump imports this side's outputs from here, next to the session.
-__all__ = [
-    "TRANSITIONS",
-    "Alive",
-    "Apply",
-    "Close",
-    "CommandsAcked",
-    "Register",
-    "Send",
-    "ServerOutput",
-    "ServerSession",
-    "SessionState",
-    "Stopping",
-]
-
 
 class SessionState(enum.StrEnum):
     AWAITING_INIT = "awaiting_init"
