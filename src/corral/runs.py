@@ -97,9 +97,13 @@ def status_reported(reported: RunStatus, cancel_requested: bool) -> RunStatus:
     return reported
 
 
-def after_rate_limit(rate_limited: int) -> RunStatus:
+def after_rate_limit(rate_limited: int, *, cancel_requested: bool = False) -> RunStatus:
     """A runner gave the attempt back, rate limited, after ``rate_limited`` earlier times:
-    the run waits again, or fails once it has been given back too often."""
+    cancelled if a cancel was asked (the cancel wins: requeued, the run would be claimed
+    again and the claim starts a new attempt with no cancel asked), else the run waits
+    again, or fails once it has been given back too often."""
+    if cancel_requested:
+        return RunStatus.CANCELLED
     return RunStatus.FAILED if rate_limited >= MAX_RATE_LIMIT_REQUEUES else RunStatus.PENDING
 
 

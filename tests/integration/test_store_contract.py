@@ -471,6 +471,24 @@ def test_a_failure_after_cancel_is_recorded_as_cancelled(store: Store) -> None:
     assert store.runs.get(run.id) == done
 
 
+@pytest.mark.parametrize("started", [False, True])
+def test_a_run_given_back_after_a_cancel_ends_cancelled(store: Store, started: bool) -> None:
+    """A rate-limited runner gives back the attempt of a run a client asked to cancel: the
+    cancel wins. Requeued, the next claim would clear the cancel and run it again."""
+    runner = register(store)
+    store.runs.create(command(), NOW)
+    run = claim_one(store, runner)
+    if started:
+        run = start(store, run)
+    store.runs.request_cancel(run.id, NOW + 1)
+    back = finish(store, run, RunStatus.PENDING, now=NOW + 2, retry_after_s=0.0, error="429")
+    assert back.status is RunStatus.CANCELLED
+    assert back.finished_at == NOW + 2
+    assert back.error is not None and back.error.startswith("cancelled")
+    assert store.runs.claim(runner.id, 5, NOW + 3) == []
+    assert store.runs.get(run.id) == back
+
+
 def test_a_completion_after_cancel_stays_completed(store: Store) -> None:
     runner = register(store)
     run = running(store, runner)

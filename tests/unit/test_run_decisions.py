@@ -79,6 +79,15 @@ def test_when_a_rate_limited_run_stops_being_given_back(rate_limited: int, goes_
     assert status in TRANSITIONS[S.RUNNING]
 
 
+@pytest.mark.parametrize("rate_limited", [0, MAX_RATE_LIMIT_REQUEUES])
+def test_a_run_given_back_after_a_cancel_was_asked_is_cancelled(rate_limited: int) -> None:
+    """Requeued, it would be claimed again, and the claim starts an attempt with no cancel
+    asked: the run would run again instead of ending cancelled."""
+    status = after_rate_limit(rate_limited, cancel_requested=True)
+    assert status is S.CANCELLED
+    assert status in TRANSITIONS[S.RUNNING] and status in TRANSITIONS[S.CLAIMED]
+
+
 def test_the_requeue_cap_is_read_when_deciding(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("corral.runs.MAX_RATE_LIMIT_REQUEUES", 2)
     assert [after_rate_limit(n) for n in range(4)] == [S.PENDING, S.PENDING, S.FAILED, S.FAILED]

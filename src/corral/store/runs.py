@@ -300,8 +300,15 @@ def transition(
 
 def _given_back(tx: Tx, row: Row, report: RunReport, fields: dict[str, Any], now: float) -> Run:
     """The runner gave the attempt back, rate limited: the run waits for ``retry_after_s``
-    and runs again, or fails once it was given back too often (``after_rate_limit``)."""
-    if after_rate_limit(row["rate_limited"]) is RunStatus.FAILED:
+    and runs again, or fails once it was given back too often, or ends cancelled if a
+    cancel was asked (``after_rate_limit``)."""
+    after = after_rate_limit(row["rate_limited"], cancel_requested=bool(row["cancel_requested"]))
+    if after is RunStatus.CANCELLED:
+        error = f"cancelled (its runner gave the attempt back: {report.error or report.result})"
+        return transition(
+            tx, row, RunStatus.CANCELLED, now, finished_at=now, **{**fields, "error": error}
+        )
+    if after is RunStatus.FAILED:
         return transition(
             tx,
             row,
