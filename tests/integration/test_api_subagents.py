@@ -5,8 +5,10 @@ nothing stored changes; an async_callback child that ends resumes its parent onc
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 import pytest
 from api_fixtures import Api, error_code, running_api
 
@@ -71,3 +73,49 @@ async def test_limits_are_refused_and_a_callback_child_resumes_its_parent_once(
             "delivered",
             resumes[0]["run_id"],
         )
+
+
+async def test_a_callback_is_delivered_at_the_childs_end_not_at_the_reconcilers_next_pass(
+    db_url: str,
+) -> None:
+    """The reconciler passes once, at start, and then not for an hour: the parent's resume
+    comes from the child's end report itself — and, for a busy parent, from the end of
+    the parent's own run."""
+    settings = CoordinatorSettings(db_url=db_url, poll_timeout_s=1.0, reconcile_interval_s=3600)
+    async with running_api(settings, reconcile=True) as api:
+        runner = await api.register("runner-a")
+        await ended_session(api, runner, "lead", session_name="lead")
+
+        async def resumes() -> list[dict[str, Any]]:
+            listed = await api.client.get("/runs", params={"session": "lead"})
+            return [r for r in listed.json()["runs"] if r["type"] == "resume_session"]
+
+        child = {"type": "start_session", "prompt": "sub", "parent_session": "lead"}
+        kid = await ended_session(api, runner, "kid", **child, callback="async_callback")
+        seen: list[dict[str, Any]] = []
+
+        async def resumed(count: int) -> bool:
+            seen[:] = await resumes()
+            return len(seen) == count
+
+        await _eventually(lambda: resumed(1), what="the parent's resume after the child's end")
+        assert (await api.run(kid))["callback_run_id"] == seen[0]["run_id"]
+
+        # The parent is busy (its resume holds): a second child's callback waits for it.
+        busy = await api.claim_one(runner)
+        await api.started(busy["run_id"], runner)
+        kid_2 = await ended_session(api, runner, "kid-2", **child, callback="async_callback")
+        assert (await api.run(kid_2))["callback_state"] == "pending"
+        assert len(await resumes()) == 1
+        done = await api.complete(busy["run_id"], runner, 1, exit_code=0, session_id="lead")
+        assert done.status_code == 200, done.text
+        await _eventually(lambda: resumed(2), what="the resume after the parent's run ended")
+        assert (await api.run(kid_2))["callback_run_id"] in {r["run_id"] for r in seen}
+
+
+async def _eventually(check: Callable[[], Awaitable[bool]], *, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not await check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await anyio.sleep(0.01)

@@ -40,7 +40,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from corral.actors.wire import ActorEvent, lifecycle_event
 from corral.coordinator.actors import actor_wakeups, host_and_serve
-from corral.coordinator.notifier import RUNS_AVAILABLE, actor_topic, logs_topic, runner_topic
+from corral.coordinator.notifier import (
+    CALLBACKS_DUE,
+    RUNS_AVAILABLE,
+    actor_topic,
+    logs_topic,
+    runner_topic,
+)
 from corral.coordinator.schemas import (
     FinishedEvent,
     LogsEvent,
@@ -72,6 +78,7 @@ from corral.runners import RunnerState
 from corral.runs import Run, RunStatus
 from corral.store import LogLine, Store
 from corral.store.commands import Command
+from corral.subagents import Mode
 
 log = logging.getLogger("corral.coordinator")
 Outcome = tuple[CorralError | None, Run | None]  # an event refused, or the run it finished
@@ -539,11 +546,14 @@ def wakeups(
 ) -> list[str]:
     """Who to wake after a runner's ``events`` were applied, whichever way they came (the
     socket, ``POST /runner/events``, the per-run endpoints): followers of their logs,
-    pollers if a final report made work for them (``makes_work``), and whoever waits on
-    the actors they moved (``actor_wakeups``)."""
+    pollers if a final report made work for them (``makes_work``), the callback deliverer
+    if one may be due (``may_owe_callback``), and whoever waits on the actors they moved
+    (``actor_wakeups``)."""
     topics = [logs_topic(e.run_id) for e in events if isinstance(e, LogsEvent | FinishedEvent)]
     if any(run is not None and makes_work(run) for _, run in outcomes):
         topics.append(RUNS_AVAILABLE)
+    if any(run is not None and may_owe_callback(run) for _, run in outcomes):
+        topics.append(CALLBACKS_DUE)
     return topics + actor_wakeups(runner_id, events)
 
 
@@ -551,6 +561,15 @@ def makes_work(finished: Run) -> bool:
     """A final report that ended as ``finished`` may have made a run claimable: its run went
     back to pending, or it was a task run (settling its task schedules more tasks)."""
     return finished.status is RunStatus.PENDING or finished.task_id is not None
+
+
+def may_owe_callback(finished: Run) -> bool:
+    """A final report that ended as ``finished`` may make a sub-agent callback due: an
+    async_callback child ended (its callback was recorded), or a run of a session ended —
+    a parent whose children's callbacks waited while it was busy is idle now."""
+    return finished.status.is_terminal and (
+        finished.callback == Mode.ASYNC_CALLBACK or finished.session_id is not None
+    )
 
 
 def _start_body(run: Run) -> dict[str, Any]:

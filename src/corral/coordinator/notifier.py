@@ -11,6 +11,8 @@ import weakref
 from typing import Any
 
 RUNS_AVAILABLE = "runs"
+# A run ended that may make a sub-agent callback due: the coordinator's deliverer looks.
+CALLBACKS_DUE = "callbacks"
 
 
 def runner_topic(runner_id: str) -> str:

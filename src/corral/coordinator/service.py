@@ -24,9 +24,10 @@ from corral.coordinator.autoscaler import Autoscaler
 from corral.coordinator.claims import ClaimBoard
 from corral.coordinator.connections import Connections
 from corral.coordinator.event_hub import EVENTS, EventHub
-from corral.coordinator.link_core import Outcome, apply_reports, wakeups
+from corral.coordinator.link_core import Outcome, apply_reports, may_owe_callback, wakeups
 from corral.coordinator.metrics import Metrics
 from corral.coordinator.notifier import (
+    CALLBACKS_DUE,
     RUNS_AVAILABLE,
     Notifier,
     logs_topic,
@@ -56,6 +57,8 @@ log = logging.getLogger("corral.coordinator")
 CLOCK_SKEW_S = 5.0
 # The reconciler's lease: renewed each pass, taken over this long after its holder died.
 LEASE_S = 5.0
+# A delivery that raced another coordinator's is rolled back, and looked at again this often.
+_DELIVERY_TRIES = 3
 T = TypeVar("T")
 
 
@@ -95,6 +98,7 @@ class Coordinator:
         self.started_at = clock.now()  # runners' silence counts from here (reconcile_once)
         self._claimable_seen_at = 0.0  # the reconciler's last look for claimable runs
         self.node = secrets.token_hex(8)  # its name as a lease holder (store/leases.py)
+        self._delivering = asyncio.Lock()  # one callback delivery at a time in this process
 
     async def in_thread(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """``fn(*args, **kwargs)`` (a blocking store call) on a worker thread, off the loop,
@@ -130,6 +134,8 @@ class Coordinator:
         if run.runner_id:
             self.notifier.notify(runner_topic(run.runner_id))
         self.notifier.notify(logs_topic(run.id))
+        if may_owe_callback(run):  # a pending child cancelled: it ended at once
+            self.notifier.notify(CALLBACKS_DUE)
         return run
 
     async def follow_logs(self, run_id: str, after_id: int) -> AsyncIterator[LogEntry | Run]:
@@ -375,16 +381,34 @@ class Coordinator:
     async def deliver_callbacks(self, now: float) -> None:
         """Resume the idle parents of async_callback children that ended (once each:
         ``store/callbacks.py``); drop the callbacks of parents gone or failed."""
-        try:
-            done = await self.in_thread(self.store.callbacks.deliver, now)
-        except Conflict as exc:  # another coordinator delivered them first: nothing left
-            log.info("callbacks: %s", exc)
-            return
-        if done.resumes:
-            log.info("resumed parents %s", [r.session_id for r in done.resumes])
-            self.notifier.notify(RUNS_AVAILABLE)
-        if done.dropped:
-            log.warning("dropped callbacks of %s: parent gone or failed", done.dropped)
+        async with self._delivering:  # the deliverer and the reconciler take turns
+            for _ in range(_DELIVERY_TRIES):
+                try:
+                    done = await self.in_thread(self.store.callbacks.deliver, now)
+                except Conflict as exc:
+                    # Another coordinator settled some of them first and this whole delivery
+                    # rolled back: look again, at what it left.
+                    log.info("callbacks: %s", exc)
+                    continue
+                if done.resumes:
+                    log.info("resumed parents %s", [r.session_id for r in done.resumes])
+                    self.notifier.notify(RUNS_AVAILABLE)
+                if done.dropped:
+                    log.warning("dropped callbacks of %s: parent gone or failed", done.dropped)
+                return
+
+    async def deliver_callbacks_forever(self) -> None:
+        """Deliver callbacks as soon as a run's end may have made one due: the report that
+        ended it wakes ``CALLBACKS_DUE`` (``link_core.wakeups``) after its transaction,
+        which recorded the callback, committed. The reconciler's pass delivers them too:
+        what a coordinator killed before it delivered left pending is found there."""
+        while True:
+            due = self.notifier.event(CALLBACKS_DUE)  # held across the look: no end is missed
+            try:
+                await self.deliver_callbacks(self.clock.now())
+            except Exception:  # a database hiccup: the reconciler's pass delivers them
+                log.exception("delivering callbacks failed")
+            await due.wait()
 
     async def collect_forever(self) -> None:
         """Retention: delete what it lets go at start, then every ``gc_interval_s``."""

@@ -50,6 +50,12 @@ SELECT COALESCE(SUM(s.cost_usd), 0) AS cost FROM sessions s WHERE s.id IN (SELEC
 """
 
 
+_ANY_PENDING = (
+    "SELECT 1 AS pending FROM run_callbacks WHERE delivered_run_id IS NULL AND dropped IS NULL "
+    "LIMIT 1"
+)
+
+
 def check_children(tx: Tx, db: Database, rows: Sequence[Row], limits: Limits) -> None:
     """Resolve and check the parent of each new run that names one, in place: its
     ``parent_session_id`` becomes the parent's id and ``depth`` its depth. Raises the
@@ -159,6 +165,11 @@ class CallbackStore:
     def deliver(self, now: float, limits: Limits | None = None, batch: int = 500) -> Delivered:
         """Start a resume of each idle parent with the results of its children that ended,
         and drop the callbacks of parents that are gone or failed. One transaction."""
+        # Most looks find nothing (any session's run that ends wakes the deliverer): ask
+        # the pending rows' index first, without taking SQLite's write lock.
+        with self.db.transaction(write=False) as tx:
+            if tx.one(_ANY_PENDING) is None:
+                return Delivered()
         with self.db.transaction() as tx:
             rows = tx.execute(
                 "SELECT c.parent_session_id, c.finished_at AS ended_at, r.* "
