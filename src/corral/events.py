@@ -1,7 +1,7 @@
 """Events: what changed in the store, in the order it committed, for ``GET /events``.
 
-Every state change of a run, session, task, plan (a task plan's project) or runner, and
-every log line, becomes one event, written by the database in the transaction of the
+Every state change of a run, session, task, plan (a task plan's project), runner, actor or
+pool, and every log line, becomes one event, written by the database in the transaction of the
 change (triggers: ``corral.store.events``) — no event without its change, no change
 without its event, whoever wrote it (a coordinator, ``corral gc``, another process).
 
@@ -11,7 +11,7 @@ An event as the stream sends it (``GET /events``, server-sent events)::
     event: run
     data: {"id": 1042, "kind": "run", "at": 1764142351.5, "run_id": "run_…",
     data:  "session_id": null, "session_name": null, "plan_id": null, "runner_id": "rnr_…",
-    data:  "data": {"status": "claimed", "attempts": 1, …}}
+    data:  "actor_id": null, "pool": null, "data": {"status": "claimed", "attempts": 1, …}}
 
 (one ``data:`` line, broken here to fit). ``id`` grows by one or more with each event;
 ``at`` is the change's time (seconds since the epoch). ``data`` by kind:
@@ -21,15 +21,23 @@ An event as the stream sends it (``GET /events``, server-sent events)::
     log      attempt, line_no, stream, text, ts (each line a runner sent)
     session  name, runs, cost_usd, is_error, last_run_id   (created, each run it ended)
     task     key, title, status, attempts, run_id, commit_sha, merge_sha, last_error,
-             cost_usd                           (created, each status or attempt)
+             cost_usd, steps (the names of the attempt's steps done, in order)
+                                                (created, each status, attempt or step)
     plan     repo_path, target_branch, paused, pause_reason, cost_usd, budget_usd,
              workers                            (created, paused/resumed, cost, workers)
     runner   name, state, transport, slots      (registered, each state)
+    actor    name, key, state, generation, will_wake, going_away, destroying, restarts,
+             placed (1 placed on ``runner_id``, 0 not)   (created, each state, generation
+             or intent, each placement on a runner and each release of one)
+    pool     serverless (its settings, or null), wanted_slots, desired_runners
+                               (its settings put; its autoscaler's demand changed: the
+                               slots its actors want, the runners that makes)
+             error_kind, error (an error of its autoscaler recorded)
 
 Filters (query parameters of ``GET /events``, all optional, combined with AND): ``kind``
 (comma-separated kinds), ``run_id``, ``session`` (a session's id or name), ``plan`` (a
-plan's project id), ``runner``. A run's events carry its session, plan and runner; a log
-line's carry its run's.
+plan's project id), ``runner``, ``actor`` (an actor id), ``pool``. A run's events carry its
+session, plan and runner; a log line's carry its run's; an actor's its pool and runner.
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ class EventKind(enum.StrEnum):
     TASK = "task"
     PLAN = "plan"
     RUNNER = "runner"
+    ACTOR = "actor"
+    POOL = "pool"
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,8 @@ class Event:
     plan_id: str | None
     runner_id: str | None
     data: Mapping[str, Any]
+    actor_id: str | None = None
+    pool: str | None = None
 
     @functools.cached_property
     def encoded(self) -> bytes:
@@ -81,6 +93,8 @@ class Event:
             "session_name": self.session_name,
             "plan_id": self.plan_id,
             "runner_id": self.runner_id,
+            "actor_id": self.actor_id,
+            "pool": self.pool,
             "data": dict(self.data),
         }
 
@@ -94,6 +108,8 @@ class EventFilter:
     session: str | None = None  # a session id or name
     plan: str | None = None
     runner: str | None = None
+    actor: str | None = None
+    pool: str | None = None
 
     @classmethod
     def parse(
@@ -103,6 +119,8 @@ class EventFilter:
         session: str | None = None,
         plan: str | None = None,
         runner: str | None = None,
+        actor: str | None = None,
+        pool: str | None = None,
     ) -> EventFilter:
         """From the query parameters; an unknown kind is refused (``invalid_request``)."""
         kinds = set()
@@ -115,7 +133,15 @@ class EventFilter:
             except ValueError:
                 known = ", ".join(k.value for k in EventKind)
                 raise InvalidRequest(f"kind {name!r} is not an event kind ({known})") from None
-        return cls(frozenset(kinds), run_id or None, session or None, plan or None, runner or None)
+        return cls(
+            frozenset(kinds),
+            run_id or None,
+            session or None,
+            plan or None,
+            runner or None,
+            actor or None,
+            pool or None,
+        )
 
     def matches(self, event: Event) -> bool:
         """The same test as ``sql`` makes in the store, for events fanned out live."""
@@ -125,6 +151,8 @@ class EventFilter:
             and (self.session is None or self.session in (event.session_id, event.session_name))
             and (self.plan is None or event.plan_id == self.plan)
             and (self.runner is None or event.runner_id == self.runner)
+            and (self.actor is None or event.actor_id == self.actor)
+            and (self.pool is None or event.pool == self.pool)
         )
 
     def sql(self) -> tuple[str, list[Any]]:
@@ -133,7 +161,12 @@ class EventFilter:
         if self.kinds:
             clauses.append(f"e.kind IN ({', '.join('?' for _ in self.kinds)})")
             params += sorted(k.value for k in self.kinds)
-        for column, value in (("run_id", self.run_id), ("plan_id", self.plan)):
+        for column, value in (
+            ("run_id", self.run_id),
+            ("plan_id", self.plan),
+            ("actor_id", self.actor),
+            ("pool", self.pool),
+        ):
             if value is not None:
                 clauses.append(f"e.{column} = ?")
                 params.append(value)

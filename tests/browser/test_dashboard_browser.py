@@ -263,8 +263,14 @@ def test_the_actors_page_wakes_puts_to_sleep_and_destroys_an_actor(
     page.wait_text('tr[data-pool="default"]', "1 running")
     page.shot("actors-running")
 
-    page.click('button[aria-label="Put actor agent k1 to sleep"]')
+    # Changes made elsewhere arrive as actor and pool events: the page shows them.
+    cluster.client.call("POST", f"/actors/{actor['actor_id']}/sleep")
     page.wait_attr(row, "data-state", {"sleeping"})
+    body = {"serverless": {"url": "http://127.0.0.1:9", "min_runners": 0, "max_runners": 2}}
+    cluster.client.call("PUT", "/pools/gpu", json=body)
+    page.wait_attr('tr[data-pool="gpu"]', "data-desired", {"0"})
+    page.wait_text('tr[data-pool="gpu"]', "http://127.0.0.1:9")
+    page.shot("actors-sleeping-and-pools")
     page.click('button[aria-label="Wake actor agent k1"]')
     page.wait_attr(row, "data-state", {"running"})
     page.click('button[aria-label="Destroy actor agent k1"]')

@@ -1,6 +1,8 @@
 """The event log in the store, on SQLite and PostgreSQL: each change writes its event in
 its own transaction (a change undone leaves none), ids only grow, filters, retention and
-resume checks; on PostgreSQL, concurrent writers never make a reader skip an event."""
+resume checks; a task's steps, actors (state, generation, placement) and pools (settings,
+demand, errors) are events too; on PostgreSQL, concurrent writers never make a reader skip
+an event."""
 
 from __future__ import annotations
 
@@ -9,12 +11,17 @@ from typing import Any
 
 import pytest
 
+from corral.actors import lifecycle as lc
+from corral.actors.lifecycle import CrashPolicy
+from corral.actors.model import NewActor
 from corral.errors import Gone, IllegalTransition, InvalidRequest
 from corral.events import Event, EventFilter, EventKind
+from corral.pools import PoolError, Serverless
 from corral.runners import Runner, RunnerState
 from corral.runs import NewRun, RunReport, RunStatus, RunType
 from corral.store import LogLine, Store
 from corral.store.events import EventStore
+from corral.tasks.model import TaskSpec
 
 NOW = 1_700_000_000.0
 
@@ -159,6 +166,83 @@ def test_retention_deletes_old_events_and_refuses_a_resume_from_them(store: Stor
     store.runs.create(command(), NOW + 101)
     (newest,) = read_all(events, after=found[-1].id)
     assert newest.id > found[-1].id
+
+
+def test_each_step_of_a_task_attempt_is_an_event_naming_the_steps_done(store: Store) -> None:
+    events = EventStore(store.db)
+    plan = store.projects.ensure("/repo", "main", NOW)
+    store.tasks.add(plan.id, [TaskSpec(key="a", title="a", prompt="do a")], {}, NOW)
+    runner = register(store)
+    store.tasks.start(plan.id, 1, NOW)
+    (run,) = store.runs.claim(runner.id, 1, NOW + 1)
+    store.runs.mark_started(run.id, runner.id, run.attempts, NOW + 1)
+    before = read_all(events)[-1].id
+    for i, step in enumerate(("worktree", "agent", "committed")):
+        store.runs.record_task_step(run.id, runner.id, run.attempts, step, {"n": i}, NOW + 2 + i)
+
+    found = read_all(events, after=before, where=EventFilter.parse(kind="task", plan=plan.id))
+    assert [e.data["steps"] for e in found] == [
+        ["worktree"],
+        ["worktree", "agent"],
+        ["worktree", "agent", "committed"],
+    ]
+    assert [e.at for e in found] == [NOW + 2, NOW + 3, NOW + 4]
+    assert found[-1].data["status"] == "in_progress" and found[-1].run_id == run.id
+
+
+def test_an_actors_states_generations_and_placements_are_its_events(store: Store) -> None:
+    events = EventStore(store.db)
+    first = register(store, "first")
+    store.actors.host(first.id, "default", ("echo",), 1)
+    actor = store.actors.create(NewActor("echo", "k", crash_policy=CrashPolicy.RESTART), NOW)[0]
+    store.actors.runner_event(first.id, actor.id, lc.Running(first.id, 1), NOW + 1)
+    second = register(store, "second")
+    store.actors.host(second.id, "default", ("echo",), 1)
+    store.runners.set_state(first.id, RunnerState.STOPPED, NOW + 2)  # lost: placed again
+    store.actors.tick(NOW + 2)
+
+    mine = read_all(events, where=EventFilter.parse(actor=actor.id))
+    assert {e.kind for e in mine} == {EventKind.ACTOR}
+    seen = [(e.data["state"], e.data["generation"], e.runner_id, e.data["placed"]) for e in mine]
+    assert seen == [
+        ("pending", 0, None, 0),  # created, queued: no runner hosts it yet
+        ("starting", 1, None, 0),  # placed: its row is saved first …
+        ("starting", 1, first.id, 1),  # … then its placement on the first runner
+        ("running", 1, first.id, 1),
+        ("pending", 1, first.id, 1),  # its runner was lost: to be placed again …
+        ("pending", 1, first.id, 0),  # … released from the first runner (the one it left)
+        ("starting", 2, None, 0),
+        ("starting", 2, second.id, 1),  # placed on the second, a new generation
+    ]
+    assert all(e.pool == "default" and e.data["name"] == "echo" for e in mine)
+    assert [e.at for e in mine] == sorted(e.at for e in mine)
+    on_second = read_all(events, where=EventFilter.parse(kind="actor", runner=second.id))
+    assert [e.data["generation"] for e in on_second] == [2]
+    assert read_all(events, where=EventFilter.parse(pool="other")) == []
+
+
+def test_a_pools_settings_demand_and_errors_are_its_events(store: Store) -> None:
+    events = EventStore(store.db)
+    config = Serverless(url="http://127.0.0.1:9", max_runners=3)
+    store.pools.put("sl", config, NOW)
+    assert store.pools.record_demand("sl", 2, 2, NOW + 1)
+    assert not store.pools.record_demand("sl", 2, 2, NOW + 2)  # unchanged: no write, no event
+    store.pools.record_error("sl", PoolError.HTTP_ERROR, "GET /start: HTTP 500", NOW + 3)
+    store.pools.lease(["sl"], "scaler-1", NOW + 30, NOW + 4)  # who scales it: no event
+    store.pools.put("sl", None, NOW + 5)
+
+    found = read_all(events, where=EventFilter.parse(pool="sl"))
+    assert {(e.kind, e.pool) for e in found} == {(EventKind.POOL, "sl")}
+    assert [dict(e.data) for e in found] == [
+        {"serverless": found[0].data["serverless"], "wanted_slots": None, "desired_runners": None},
+        {"serverless": found[0].data["serverless"], "wanted_slots": 2, "desired_runners": 2},
+        {"error_kind": "http_error", "error": "GET /start: HTTP 500"},
+        {"serverless": None, "wanted_slots": 2, "desired_runners": 2},
+    ]
+    assert found[0].data["serverless"]["url"] == "http://127.0.0.1:9"
+    assert [e.at for e in found] == [NOW, NOW + 1, NOW + 3, NOW + 5]
+    pool = store.pools.get("sl")
+    assert (pool.wanted_slots, pool.desired_runners) == (2, 2)
 
 
 @pytest.mark.parametrize("dialect", ["postgres"], indirect=True)

@@ -16,6 +16,7 @@ import pytest
 from api_fixtures import HEADERS, Api, live_server, with_token
 from httpx_sse import ServerSentEvent, aconnect_sse
 
+from corral.actors.model import NewActor
 from corral.coordinator.app import create_app
 from corral.coordinator.settings import CoordinatorSettings
 
@@ -161,6 +162,29 @@ async def test_a_slow_stream_is_dropped_with_its_position_and_resumes(db_url: st
         assert "corral_event_subscribers 0.0" in metrics
 
 
+async def test_actors_and_pools_changes_arrive_filtered_by_actor_or_pool(db_url: str) -> None:
+    async with served(CoordinatorSettings(db_url=db_url)) as api:
+        store = api.app.state.coordinator.store
+        async with stream(api, kind="actor,pool") as events:
+            put = await api.client.put("/pools/sl", json={"serverless": {"url": "http://x"}})
+            assert put.status_code == 200
+            # Written by another hand than the coordinator's: found by the stream all the same.
+            actor, _, _ = await anyio.to_thread.run_sync(
+                store.actors.create, NewActor("echo", "k", pool="sl"), 1.0
+            )
+            got = await events.events(2)
+        assert [(e["kind"], e["actor_id"], e["pool"]) for e in got] == [
+            ("pool", None, "sl"),
+            ("actor", actor.id, "sl"),
+        ]
+        assert got[0]["data"]["serverless"]["url"] == "http://x"
+        assert got[1]["data"]["state"] == "pending" and got[1]["data"]["placed"] == 0
+        async with stream(api, actor=actor.id, after=0) as mine:
+            (only,) = await mine.events(1)
+            assert only["id"] == got[1]["id"]
+            assert (await mine.next()).event == "caught_up"
+
+
 async def test_an_open_stream_is_a_subscriber_in_the_metrics(db_url: str) -> None:
     async with served(CoordinatorSettings(db_url=db_url)) as api, stream(api):
         metrics = (await api.client.get("/metrics")).text
@@ -175,6 +199,7 @@ async def test_an_open_stream_is_a_subscriber_in_the_metrics(db_url: str) -> Non
         ({"runner": "rnr_000000000000"}, 404, "runner_not_found"),
         ({"plan": "prj_000000000000"}, 404, "project_not_found"),
         ({"session": "nobody"}, 404, "session_not_found"),
+        ({"actor": "act_000000000000"}, 404, "actor_not_found"),
         ({"after": 10_000}, 422, "unknown_event_id"),
         ({"after": -1}, 422, "invalid_request"),
         ({"last_event_id": "12abc"}, 422, "invalid_request"),

@@ -1,7 +1,9 @@
-"""Serverless pools over real sockets: the API (PUT and GET /pools/{name}, bad input), the
+"""Serverless pools over real sockets: the API (PUT and GET /pools/{name}, GET /pools, bad
+input), the
 coordinator's autoscaler opening GET /start on a real endpoint that runs a runner for the
 life of the stream, scaling up with the actors a pool wants and down to nothing, and the
-errors a pool shows (refused, a bad first event, a stream that ends early)."""
+errors a pool shows (refused, a bad first event, a stream that ends early); the demand the
+autoscaler acts on is kept and is a pool event."""
 
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from corral.actors.model import NewActor
 from corral.coordinator.app import create_app
 from corral.coordinator.settings import CoordinatorSettings
+from corral.events import EventFilter
 from corral.runner.serverless import ServerlessEndpoint
 from corral.runner.settings import RunnerSettings
 from corral.store import Store
+from corral.store.events import EventStore
 
 pytestmark = pytest.mark.anyio
 STEP_S = 20.0
@@ -50,6 +54,10 @@ async def test_a_pool_is_put_and_shown_with_its_demand(api: Api) -> None:
     assert (pool["wanted_slots"], pool["desired_runners"], pool["errors"]) == (0, 2, [])
     plain = await api.client.put("/pools/sl", json={"serverless": None})
     assert plain.json()["serverless"] is None and plain.json()["desired_runners"] is None
+    assert (await api.client.put("/pools/a-first", json={})).status_code == 200
+    listed = (await api.client.get("/pools")).json()["pools"]
+    assert [(p["name"], p["serverless"]) for p in listed] == [("a-first", None), ("sl", None)]
+    assert listed[1] == (await api.client.get("/pools/sl")).json()
 
 
 @pytest.mark.parametrize(
@@ -144,6 +152,14 @@ async def test_the_autoscaler_runs_what_the_actors_want_and_scales_down(
 
         await wait_async(stopped, "the runner stopped")
         assert (await http.get("/pools/sl")).json()["errors"] == []
+    # What the autoscaler wanted, each change once, as the pool's events.
+    events = EventStore(store.db)
+    demands = [
+        (e.data["wanted_slots"], e.data["desired_runners"])
+        for e in events.read(0, EventFilter.parse(kind="pool", pool="sl"), limit=100)
+        if e.data.get("serverless") is not None
+    ]
+    assert demands == [(None, None), (0, 0), (1, 1)]
 
 
 def broken_endpoint() -> FastAPI:

@@ -83,7 +83,21 @@ def describe(event: dict[str, Any]) -> str:
     if kind is EventKind.SESSION:
         return f"{when} session {event['session_id']} ({data['name']}) runs {data['runs']}"
     if kind is EventKind.TASK:
-        return f"{when} task    {event['plan_id']}/{data['key']} {data['status']}"
+        steps = data.get("steps") or []
+        step = f" ({steps[-1]} done)" if steps and data["status"] == "in_progress" else ""
+        return f"{when} task    {event['plan_id']}/{data['key']} {data['status']}{step}"
+    if kind is EventKind.ACTOR:
+        where = f" on {event['runner_id']}" if data["placed"] else ""
+        return (
+            f"{when} actor   {event['actor_id']} ({data['name']}) {data['state']} "
+            f"gen {data['generation']}{where}"
+        )
+    if kind is EventKind.POOL:
+        if "error" in data:
+            return f"{when} pool    {event['pool']} error {data['error_kind']}: {data['error']}"
+        desired = data["desired_runners"]
+        wants = f" wants {desired} runners" if desired is not None else ""
+        return f"{when} pool    {event['pool']}{wants}"
     return f"{when} plan    {event['plan_id']} {'paused' if data['paused'] else 'active'}"
 
 
@@ -95,6 +109,8 @@ def describe(event: dict[str, Any]) -> str:
 @click.option("--session", default=None, help="Only this session's (id or name).")
 @click.option("--plan", default=None, help="Only this task plan's (its project id).")
 @click.option("--runner", default=None, help="Only this runner's.")
+@click.option("--actor", default=None, help="Only this actor's (its id).")
+@click.option("--pool", default=None, help="Only this pool's (its actors' and its own).")
 @click.option(
     "--after",
     type=click.IntRange(min=0),
@@ -110,11 +126,22 @@ def events(
     session: str | None,
     plan: str | None,
     runner: str | None,
+    actor: str | None,
+    pool: str | None,
     after: int | None,
     as_json: bool,
 ) -> None:
-    """Print the coordinator's events: runs, log lines, sessions, tasks, plans, runners."""
-    filters = {"kind": kind, "run_id": run_id, "session": session, "plan": plan, "runner": runner}
+    """Print the coordinator's events: runs, log lines, sessions, tasks, plans, runners,
+    actors and pools."""
+    filters = {
+        "kind": kind,
+        "run_id": run_id,
+        "session": session,
+        "plan": plan,
+        "runner": runner,
+        "actor": actor,
+        "pool": pool,
+    }
     start = after if after is not None or follow else 0
     with connect(url) as client:
         try:

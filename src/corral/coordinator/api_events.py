@@ -11,7 +11,8 @@ sends by itself) or ``?after=``: it gets every event after it, once, even across
 restart of the coordinator. Without either, the stream starts at the newest event.
 
 Refused before streaming: an unknown kind (422 ``invalid_request``), a ``run_id``,
-``session``, ``plan`` or ``runner`` that does not exist (404), a resume id no event had
+``session``, ``plan``, ``runner`` or ``actor`` that does not exist (404; a ``pool`` is
+any name: pools exist by being named), a resume id no event had
 (422 ``unknown_event_id``) or one whose successors retention deleted (410
 ``events_expired``). A stream that falls more than ``event_queue_size`` events behind
 gets ``dropped`` (``{"reason": "slow_consumer", "last_event_id": …}``) and ends.
@@ -56,12 +57,14 @@ async def events(
     session: Annotated[str | None, Query(description="a session's id or name")] = None,
     plan: Annotated[str | None, Query(description="a task plan's project id")] = None,
     runner: Annotated[str | None, Query(description="a runner id")] = None,
+    actor: Annotated[str | None, Query(description="an actor id")] = None,
+    pool: Annotated[str | None, Query(description="a pool's name")] = None,
     after: Annotated[Int64 | None, Query(ge=0, description="resume after this id")] = None,
     last_event_id: Annotated[str | None, Header(description="resume after this id")] = None,
 ) -> StreamingResponse:
     """The store's changes and log lines as they commit (server-sent events)."""
     coordinator: Coordinator = request.app.state.coordinator
-    where = EventFilter.parse(kind, run_id, session, plan, runner)
+    where = EventFilter.parse(kind, run_id, session, plan, runner, actor, pool)
     await _check_named(coordinator, where)
     resume = _resume_id(last_event_id, after)
     hub = coordinator.events
@@ -127,6 +130,8 @@ async def _check_named(coordinator: Coordinator, where: EventFilter) -> None:
         await coordinator.in_thread(store.runs.get, where.run_id)
     if where.runner is not None:
         await coordinator.in_thread(store.runners.get, where.runner)
+    if where.actor is not None:
+        await coordinator.in_thread(store.actors.get, where.actor)
     if where.plan is not None:
         await coordinator.in_thread(store.projects.get, where.plan)
     if where.session is not None and not await coordinator.in_thread(

@@ -1,4 +1,5 @@
-"""REST routes for pools: make one serverless (``PUT``), see it, its demand and its errors."""
+"""REST routes for pools: make one serverless (``PUT``), see it, its demand and its errors;
+list them. Their changes are ``pool`` events (``GET /events?kind=pool``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from corral.coordinator.auth import Access, require
 from corral.coordinator.schemas import iso
 from corral.coordinator.service import Coordinator
 from corral.pools import MAX_LIFESPAN_S, MAX_RUNNERS, Serverless, desired_runners
+from corral.store.pools import Pool
 from corral.wire import WireModel
 
 router = APIRouter(prefix="/pools", tags=["pools"])
@@ -47,8 +49,12 @@ def _coordinator(request: Request) -> Coordinator:
 
 
 async def _pool_json(coordinator: Coordinator, name: str) -> dict[str, Any]:
-    store = coordinator.store
-    pool = await coordinator.in_thread(store.pools.get, name)
+    pool = await coordinator.in_thread(coordinator.store.pools.get, name)
+    return await _described(coordinator, pool)
+
+
+async def _described(coordinator: Coordinator, pool: Pool) -> dict[str, Any]:
+    store, name = coordinator.store, pool.name
     slots = await coordinator.in_thread(store.actors.wanted_slots, name)
     errors = await coordinator.in_thread(store.pools.errors, name)
     config = pool.serverless
@@ -88,6 +94,15 @@ async def put_pool(name: PoolName, body: PutPool, request: Request) -> dict[str,
     await coordinator.in_thread(coordinator.store.pools.put, name, config, coordinator.clock.now())
     coordinator.autoscaler.bump()
     return await _pool_json(coordinator, name)
+
+
+@router.get("", dependencies=[require(Access.READ)])
+async def list_pools(request: Request) -> dict[str, Any]:
+    """Every pool with settings of its own (``PUT``), by name, each as ``GET`` shows it.
+    (A pool that only names where actors run has none: the actors show it.)"""
+    coordinator = _coordinator(request)
+    pools = await coordinator.in_thread(coordinator.store.pools.list_all)
+    return {"pools": [await _described(coordinator, pool) for pool in pools]}
 
 
 @router.get("/{name}", dependencies=[require(Access.READ)])

@@ -117,7 +117,13 @@ class Autoscaler:
             if pool.name not in held or pool.serverless is None:
                 continue
             slots = await coordinator.in_thread(store.actors.wanted_slots, pool.name)
-            self._scale(pool.name, pool.serverless, desired_runners(slots, pool.serverless))
+            desired = desired_runners(slots, pool.serverless)
+            if (pool.wanted_slots, pool.desired_runners) != (slots, desired):
+                # Kept (a pool event) only when it changed: no write on a quiet tick.
+                await coordinator.in_thread(
+                    store.pools.record_demand, pool.name, slots, desired, coordinator.clock.now()
+                )
+            self._scale(pool.name, pool.serverless, desired)
         for other in set(self._pools) - held:
             self._scale(other, None, 0)  # no longer serverless, or scaled by another now
 

@@ -1,9 +1,15 @@
 """The event log's table and the triggers that write it: one per table whose changes are
-events, generated for each dialect from ``SOURCES`` (see ``corral.store.events``)."""
+events, generated for each dialect from ``Source`` lists (see ``corral.store.events``).
+
+A migration is never rewritten once released: migration 7 is made from ``SOURCES`` as it
+was, and migration 11 from ``ACTOR_SOURCES`` (actors, their placements, pools and pool
+errors, which came later) and ``TASK_STEPS`` (the tasks' triggers again, now also for a
+step done). Each source lists the key columns it fills, so the rows older triggers write
+leave the columns added later (``actor_id``, ``pool``) NULL."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from corral.events import EventKind
 
@@ -17,10 +23,13 @@ class Source:
     kind: EventKind
     at: str
     keys: dict[str, str | None]  # run_id, session_id, session_name, plan_id, runner_id, ref
-    data: tuple[str, ...]  # columns of NEW, by name
+    # (and, from migration 11, actor_id and pool)
+    data: tuple[str, ...]  # columns of NEW by name, or ``name=SQL`` (``{snippets}`` filled)
     watched: tuple[str, ...]  # an UPDATE changing none of these is no event
     from_run: bool = False  # keys are read from the run row ``r`` the line belongs to
     when_inserted: str | None = None  # a condition on NEW for an INSERT to be an event
+    joined: str | None = None  # ``FROM …`` a row the values read (besides NEW or OLD)
+    on_delete: bool = False  # a DELETE is an event too (its values read OLD, not NEW)
 
 
 _PLAN_OF_TASK = "(SELECT project_id FROM tasks WHERE id = {task})"
@@ -150,6 +159,98 @@ SOURCES = (
 )
 COLUMNS = ("kind", "at", "run_id", "session_id", "session_name", "plan_id", "runner_id", "ref")
 
+# Migration 11: a task's event also when a step of its attempt is done (``steps``: the
+# names of the steps done so far, in order), and actors and pools.
+_TASKS = SOURCES[3]
+TASK_STEPS = replace(
+    _TASKS,
+    data=(*_TASKS.data, "steps={steps_done}"),
+    watched=(*_TASKS.watched, "steps"),
+)
+_NO_RUN_KEYS: dict[str, str | None] = {
+    "run_id": None,
+    "session_id": None,
+    "session_name": None,
+    "plan_id": None,
+}
+# 1 while the actor has a placement, 0 once released (the same integer on both databases).
+_PLACED = "placed=(SELECT COUNT(*) FROM actor_placements p WHERE p.actor_id = {id})"
+_ACTOR_DATA = (
+    "name=a.name",
+    "key=a.key",
+    "state=a.state",
+    "generation=a.generation",
+    "will_wake=a.will_wake",
+    "going_away=a.going_away",
+    "destroying=a.destroying",
+    "restarts=a.restarts",
+)
+ACTOR_SOURCES = (
+    Source(
+        "actors",
+        EventKind.ACTOR,
+        at="NEW.updated_at",
+        keys={
+            **_NO_RUN_KEYS,
+            "runner_id": "(SELECT runner_id FROM actor_placements WHERE actor_id = NEW.id)",
+            "ref": None,
+            "actor_id": "NEW.id",
+            "pool": "NEW.pool",
+        },
+        data=(*(d.replace("=a.", "=NEW.") for d in _ACTOR_DATA), _PLACED.replace("{id}", "NEW.id")),
+        watched=("state", "generation", "will_wake", "going_away", "destroying", "restarts"),
+    ),
+    # Where an actor runs is its placement row: placed on a runner (INSERT), released
+    # (DELETE). The actor's row was saved first in the same transaction: its time is
+    # the change's.
+    Source(
+        "actor_placements",
+        EventKind.ACTOR,
+        at="a.updated_at",
+        keys={
+            **_NO_RUN_KEYS,
+            "runner_id": "NEW.runner_id",
+            "ref": None,
+            "actor_id": "NEW.actor_id",
+            "pool": "a.pool",
+        },
+        data=(*_ACTOR_DATA, _PLACED.replace("{id}", "NEW.actor_id")),
+        watched=(),
+        joined="FROM actors a WHERE a.id = NEW.actor_id",
+        on_delete=True,
+    ),
+    Source(
+        "pools",
+        EventKind.POOL,
+        at="NEW.updated_at",
+        keys={**_NO_RUN_KEYS, "runner_id": None, "ref": None, "actor_id": None, "pool": "NEW.name"},
+        data=("serverless={serverless}", "wanted_slots", "desired_runners"),
+        watched=("serverless", "wanted_slots", "desired_runners"),
+    ),
+    Source(
+        "pool_errors",
+        EventKind.POOL,
+        at="NEW.at",
+        keys={**_NO_RUN_KEYS, "runner_id": None, "ref": None, "actor_id": None, "pool": "NEW.pool"},
+        data=("error_kind=NEW.kind", "error=NEW.message"),
+        watched=(),
+    ),
+)
+# Per dialect: SQL the sources' texts name in braces.
+_SNIPPETS = {
+    "sqlite": {
+        "greatest": "MAX",
+        "steps_done": "json((SELECT json_group_array(key) FROM json_each(NEW.steps)))",
+        "serverless": "json(NEW.serverless)",
+    },
+    "postgres": {
+        "greatest": "GREATEST",
+        "steps_done": "(SELECT COALESCE(json_agg(k), '[]'::json) "
+        "FROM json_object_keys(NEW.steps::json) k)",
+        "serverless": "NEW.serverless::json",
+    },
+}
+
 _TABLES = {
     "sqlite": """
 CREATE TABLE events (
@@ -195,41 +296,83 @@ def migration(dialect: str) -> str:
     return table + _COMMON + "\n".join(triggers) + "\n"
 
 
+def actor_migration(dialect: str) -> str:
+    """Migration 11: the events' actor and pool columns, the pools' demand (what their
+    autoscaler last wanted, written when it changes: a pool event), the tasks' triggers
+    again (a step done is an event) and the triggers of actors and pools."""
+    lines = [
+        "ALTER TABLE events ADD COLUMN actor_id TEXT;",
+        "ALTER TABLE events ADD COLUMN pool TEXT;",
+        "ALTER TABLE pools ADD COLUMN wanted_slots INTEGER;",
+        "ALTER TABLE pools ADD COLUMN desired_runners INTEGER;",
+    ]
+    if dialect == "sqlite":
+        lines += ["DROP TRIGGER events_tasks_insert;", "DROP TRIGGER events_tasks_update;"]
+    else:
+        lines += [
+            "DROP TRIGGER events_tasks_insert ON tasks;",
+            "DROP TRIGGER events_tasks_update ON tasks;",
+            "DROP FUNCTION events_tasks();",
+        ]
+    for source in (TASK_STEPS, *ACTOR_SOURCES):
+        lines += _triggers(source, dialect)
+    return "\n".join(lines) + "\n"
+
+
 def _triggers(source: Source, dialect: str) -> list[str]:
-    greatest = "MAX" if dialect == "sqlite" else "GREATEST"
-    values = [f"'{source.kind.value}'", source.at.format(greatest=greatest)]
-    values += [source.keys[c] or "NULL" for c in COLUMNS[2:]]
-    pairs = ", ".join(f"'{c}', NEW.{c}" for c in source.data)
+    snippets = _SNIPPETS[dialect]
+    found: list[str] = []
+    events = ["insert", "delete"] if source.on_delete else ["insert"]
+    for event in events:
+        row = "OLD" if event == "delete" else "NEW"
+        insert = _insert(source, dialect, row)
+        when = source.when_inserted if event == "insert" else None
+        found += _trigger(source, dialect, event, insert.format(**snippets), when)
+    if source.watched:
+        changed = " OR ".join(
+            f"OLD.{c} IS {'NOT' if dialect == 'sqlite' else 'DISTINCT FROM'} NEW.{c}"
+            for c in source.watched
+        )
+        insert = _insert(source, dialect, "NEW").format(**snippets)
+        found += _trigger(source, dialect, "update", insert, changed)
+    return found
+
+
+def _insert(source: Source, dialect: str, row: str) -> str:
+    """The INSERT into events a trigger makes; ``row``: NEW, or OLD for a DELETE."""
+    keys = list(source.keys)
+    values = [f"'{source.kind.value}'", source.at]
+    values += [source.keys[c] or "NULL" for c in keys]
+    pairs = []
+    for item in source.data:
+        name, _, expression = item.partition("=")
+        pairs.append(f"'{name}', {expression or f'NEW.{name}'}")
+    joined = ", ".join(pairs)
     values.append(
-        f"json_object({pairs})" if dialect == "sqlite" else f"json_build_object({pairs})::text"
+        f"json_object({joined})" if dialect == "sqlite" else f"json_build_object({joined})::text"
     )
-    insert = f"INSERT INTO events ({', '.join(COLUMNS)}, data) SELECT {', '.join(values)}"
+    insert = f"INSERT INTO events (kind, at, {', '.join(keys)}, data) SELECT {', '.join(values)}"
     if source.from_run:
         insert += " FROM runs r WHERE r.id = NEW.run_id"
+    if source.joined:
+        insert += f" {source.joined}"
+    return insert.replace("NEW.", f"{row}.") if row != "NEW" else insert
+
+
+def _trigger(source: Source, dialect: str, event: str, insert: str, when: str | None) -> list[str]:
     name = f"events_{source.table}"
-    inserted = source.when_inserted
+    trigger = f"{name}_{event}"
+    timing = f"AFTER {event.upper()} ON {source.table} FOR EACH ROW"
     if dialect == "sqlite":
-        changed = " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in source.watched)
-        found = [
-            f"CREATE TRIGGER {name}_insert AFTER INSERT ON {source.table} FOR EACH ROW"
-            f"{f' WHEN {inserted}' if inserted else ''} BEGIN {insert}; END;"
-        ]
-        if changed:
-            found.append(
-                f"CREATE TRIGGER {name}_update AFTER UPDATE ON {source.table} FOR EACH ROW "
-                f"WHEN {changed} BEGIN {insert}; END;"
-            )
-        return found
-    changed = " OR ".join(f"OLD.{c} IS DISTINCT FROM NEW.{c}" for c in source.watched)
-    found = [
-        f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
-        f"$$ BEGIN {insert}; RETURN NULL; END $$;",
-        f"CREATE TRIGGER {name}_insert AFTER INSERT ON {source.table} FOR EACH ROW"
-        f"{f' WHEN ({inserted})' if inserted else ''} EXECUTE FUNCTION {name}();",
-    ]
-    if changed:
+        condition = f" WHEN {when}" if when else ""
+        return [f"CREATE TRIGGER {trigger} {timing}{condition} BEGIN {insert}; END;"]
+    function = trigger if source.on_delete else name  # one function serves NEW's triggers
+    found = []
+    if source.on_delete or event != "update":
         found.append(
-            f"CREATE TRIGGER {name}_update AFTER UPDATE ON {source.table} FOR EACH ROW "
-            f"WHEN ({changed}) EXECUTE FUNCTION {name}();"
+            f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN {insert}; RETURN NULL; END $$;"
         )
+    condition = f" WHEN ({when})" if when else ""
+    found.append(f"CREATE TRIGGER {trigger} {timing}{condition} EXECUTE FUNCTION {function}();")
     return found

@@ -1,7 +1,7 @@
 """The event log: reading it back in order, numbering it, and letting old events go.
 
 Events are written by the database itself: a trigger on each table whose changes are
-events (``event_triggers.SOURCES``) inserts one row into ``events`` in the transaction of
+events (``event_triggers``) inserts one row into ``events`` in the transaction of
 the change, whichever code made it. What a row carries is in ``corral.events``.
 
 Ids in commit order
@@ -72,7 +72,7 @@ class EventStore:
         with self.db.transaction(write=False) as tx:
             rows = tx.execute(
                 "SELECT e.id, e.kind, e.at, e.run_id, e.session_id, e.session_name, "
-                "e.plan_id, e.runner_id, e.data, l.text FROM events e "
+                "e.plan_id, e.runner_id, e.actor_id, e.pool, e.data, l.text FROM events e "
                 "LEFT JOIN run_logs l ON e.ref = l.id AND e.kind = 'log' "
                 f"WHERE e.id > ?{condition} ORDER BY e.id LIMIT ?",
                 (after, *params, limit),
@@ -160,5 +160,7 @@ def _event(row: Row) -> Event:
         session_name=row["session_name"],
         plan_id=row["plan_id"],
         runner_id=row["runner_id"],
+        actor_id=row["actor_id"],
+        pool=row["pool"],
         data=data,
     )

@@ -27,6 +27,8 @@ class Pool:
     serverless: Serverless | None
     created_at: float
     updated_at: float
+    wanted_slots: int | None = None  # as its autoscaler last saw them (None: never yet)
+    desired_runners: int | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,12 @@ class PoolStore:
         with self.db.transaction(write=False) as tx:
             return self._pool(tx, name)
 
+    def list_all(self) -> list[Pool]:
+        """Every pool with settings of its own (``PUT /pools/{name}``), by name."""
+        with self.db.transaction(write=False) as tx:
+            rows = tx.execute("SELECT * FROM pools ORDER BY name")
+        return [_pool_from_row(r) for r in rows]
+
     def serverless(self) -> list[Pool]:
         with self.db.transaction(write=False) as tx:
             rows = tx.execute("SELECT * FROM pools WHERE serverless IS NOT NULL ORDER BY name")
@@ -78,6 +86,18 @@ class PoolStore:
                 if row is not None:
                     held.append(name)
         return held
+
+    def record_demand(self, pool: str, wanted_slots: int, desired_runners: int, now: float) -> bool:
+        """What the pool's autoscaler now wants, kept when it changed (then a pool event,
+        written by the database); whether it changed."""
+        with self.db.transaction() as tx:
+            row = tx.one(
+                "UPDATE pools SET wanted_slots = ?, desired_runners = ?, updated_at = ? "
+                "WHERE name = ? AND (wanted_slots IS NULL OR wanted_slots <> ? "
+                "OR desired_runners IS NULL OR desired_runners <> ?) RETURNING name",
+                (wanted_slots, desired_runners, now, pool, wanted_slots, desired_runners),
+            )
+        return row is not None
 
     def record_error(self, pool: str, kind: PoolError, message: str, now: float) -> None:
         with self.db.transaction() as tx:
@@ -113,4 +133,6 @@ def _pool_from_row(row: Row) -> Pool:
         serverless=None if config is None else Serverless(**loads(config)),
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        wanted_slots=row["wanted_slots"],
+        desired_runners=row["desired_runners"],
     )

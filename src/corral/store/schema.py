@@ -11,7 +11,8 @@ endpoints, the lease of the coordinator scaling each, and their recent errors; 9
 coordinators on one database: the leases of work done by one of them at a time, and on
 PostgreSQL the triggers that wake the others (``corral.store.wakeups``); 10 sub-agent
 sessions: a run's parent session, its callback mode and depth, and the callbacks owed to
-parents (``corral.store.callbacks``).
+parents (``corral.store.callbacks``); 11 events of actors, pools and a task's steps, and
+each pool's demand as its autoscaler last saw it (``corral.store.event_triggers``).
 """
 
 from __future__ import annotations
@@ -336,6 +337,7 @@ CREATE INDEX run_callbacks_pending ON run_callbacks (finished_at)
     WHERE delivered_run_id IS NULL AND dropped IS NULL;
 """,
     ),
+    (11, event_triggers.actor_migration),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

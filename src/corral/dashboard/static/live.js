@@ -14,9 +14,9 @@ import { ApiError, headers, query } from "./api.js";
 const POLL_MS = 1000;
 const MIN_GAP_MS = 250;
 const BACKOFF_MS = [250, 500, 1000, 2000, 5000];
-// The kinds the stream carries (not "log": see above). A page that shows another kind
-// (actors, pools) is polled for it, stream or not.
-const STREAMED = ["run", "session", "task", "plan", "runner"];
+// The kinds the stream carries (not "log": see above). A page that shows another kind is
+// polled for it, stream or not.
+const STREAMED = ["run", "session", "task", "plan", "runner", "actor", "pool"];
 const CONTROL_EVENTS = new Set(["ready", "caught_up", "dropped"]);
 const watchers = new Set();
 let stateListener = () => {};

@@ -1,5 +1,7 @@
-// Actors: each with its pool, state and runner; wake, sleep, destroy. Below, their pools:
-// how many of each pool's actors are in each state.
+// Actors: each with its pool, state and runner; wake, sleep, destroy. Below, the pools: how
+// many of each pool's actors are in each state, and for a serverless pool its endpoint,
+// the slots its actors want, the runners its autoscaler wants and has, its last error.
+// Both update from the event stream's actor and pool events.
 
 import { actionButton, changes, field, h, replace, table, when } from "../dom.js";
 import { call, get, post, query } from "../api.js";
@@ -15,10 +17,10 @@ export function render(main) {
   const changed = changes();
   const refresh = async () => {
     const wanted = state.value || STATES.filter((s) => s !== "destroyed").join(",");
-    const { actors } = await get("/actors" + query({ state: wanted, limit: 200 }));
-    if (!changed([state.value, actors])) return;
+    const [{ actors }, { pools: known }] = await Promise.all([get("/actors" + query({ state: wanted, limit: 200 })), get("/pools")]);
+    if (!changed([state.value, actors, known])) return;
     replace(rows, table("Actors", ["Actor", "Key", "Pool", "State", "Runner", "Generation", "Created", "Actions"], actors.map((actor) => row(actor, refresh))));
-    replace(pools, table("Pools", ["Pool", "Actors"], byPool(actors)));
+    replace(pools, table("Pools", ["Pool", "Actors", "Endpoint", "Wanted slots", "Runners (live / desired)", "Last error"], byPool(actors, known)));
   };
   state.addEventListener("change", refresh);
   replace(
@@ -29,7 +31,7 @@ export function render(main) {
     h("h2", {}, "Pools"),
     pools,
   );
-  return watch(["actor", "pool", "runner"], refresh);
+  return watch(["actor", "pool"], refresh);
 }
 
 function row(actor, refresh) {
@@ -60,14 +62,29 @@ function row(actor, refresh) {
   );
 }
 
-function byPool(actors) {
-  const found = new Map();
+// Every pool that has settings of its own (GET /pools) or actors listed here.
+function byPool(actors, known) {
+  const counts = new Map(known.map((pool) => [pool.name, {}]));
   for (const actor of actors) {
-    const counts = found.get(actor.pool) || {};
-    counts[actor.state] = (counts[actor.state] || 0) + 1;
-    found.set(actor.pool, counts);
+    const found = counts.get(actor.pool) || {};
+    found[actor.state] = (found[actor.state] || 0) + 1;
+    counts.set(actor.pool, found);
   }
-  return [...found].map(([pool, counts]) =>
-    h("tr", { "data-pool": pool }, h("td", {}, pool), h("td", {}, Object.entries(counts).map(([s, n]) => `${n} ${s}`).join(", "))),
-  );
+  const settings = new Map(known.map((pool) => [pool.name, pool]));
+  return [...counts.keys()].sort().map((name) => {
+    const pool = settings.get(name);
+    const serverless = pool && pool.serverless;
+    const live = pool ? pool.runners.filter((r) => !r.closing).length : 0;
+    const error = pool && pool.errors.length ? pool.errors[0] : null;
+    return h(
+      "tr",
+      { "data-pool": name, "data-desired": serverless ? pool.desired_runners : "" },
+      h("td", {}, name),
+      h("td", {}, Object.entries(counts.get(name)).map(([s, n]) => `${n} ${s}`).join(", ") || "none"),
+      h("td", {}, serverless ? h("code", {}, serverless.url) : "—"),
+      h("td", { class: "num" }, serverless ? pool.wanted_slots : "—"),
+      h("td", { class: "num" }, serverless ? `${live} / ${pool.desired_runners}` : "—"),
+      h("td", {}, error ? [h("span", { class: "badge s-failed" }, error.kind), " ", error.message, " ", when(error.at)] : "—"),
+    );
+  });
 }
