@@ -10,6 +10,10 @@ same three):
     async_callback  the call answers at once; when the child ends, the parent session is
                     resumed with a message carrying the child's result
 
+A child is a session (a start or a resume of one) or a command: a command starts no
+session, so it has no children and no depth limit holds it; its parent hears of its exit
+code and the last lines of its output.
+
 Callbacks are delivered once, and batched: every child of a parent that ended while the
 parent was busy (its own run not finished) comes back in one resume, started when the
 parent is idle again. Delivery is planned here (``plan_deliveries``); exactly once is the
@@ -25,10 +29,14 @@ Nor can one whose children spent its budget (the budget covers them): ``budget_e
 from __future__ import annotations
 
 import enum
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from corral.errors import Conflict, InvalidRequest
+
+# Of a command child's output, the last lines its parent is resumed with.
+CALLBACK_OUTPUT_LINES = 20
 
 
 class Mode(enum.StrEnum):
@@ -58,11 +66,13 @@ class Parent:
     cost_with_children_usd: float = 0.0
 
 
-def check_spawn(parent: Parent, limits: Limits) -> int:
+def check_spawn(parent: Parent, limits: Limits, *, nests: bool = True) -> int:
     """The child's depth, or the refusal (its stable code) of a child ``parent`` may not
-    start: too deep, too many unfinished children, or the parent's budget spent."""
+    start: too deep, too many unfinished children, or the parent's budget spent. A child
+    that ``nests`` not (a command: it starts no session, so has no children) is as deep as
+    any: only the fan-out and the budget hold it back."""
     depth = parent.depth + 1
-    if depth > limits.max_depth:
+    if nests and depth > limits.max_depth:
         raise InvalidRequest(
             f"session {parent.session_id} is at depth {parent.depth}: a child would be "
             f"deeper than {limits.max_depth}",
@@ -96,6 +106,10 @@ class ChildResult:
     error: str | None
     cost_usd: float | None
     finished_at: float
+    # A command child: its argv, exit code and the last lines of its output.
+    command: tuple[str, ...] | None = None
+    exit_code: int | None = None
+    output: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,12 +172,28 @@ def plan_deliveries(
 
 
 def callback_prompt(children: Iterable[ChildResult]) -> str:
-    """The message a parent is resumed with: each child's name, how it ended, its result."""
-    parts = ["Sub-agent sessions you started have ended:"]
+    """The message a parent is resumed with: each child's name, how it ended, its result
+    (a command's: its exit code and the last lines of its output)."""
+    children = list(children)
+    commands = any(c.command is not None for c in children)
+    parts = [f"Sub-agent sessions{' and commands' if commands else ''} you started have ended:"]
     for child in children:
-        name = child.session_name or child.session_id or child.run_id
-        cost = f", ${child.cost_usd:.4f}" if child.cost_usd is not None else ""
-        heading = f"## {name} ({child.status}{cost}; run {child.run_id})"
-        body = child.result if child.result is not None else f"(no result: {child.error or '?'})"
-        parts.append(f"{heading}\n{body}")
+        parts.append(_command_part(child) if child.command is not None else _session_part(child))
     return "\n\n".join(parts)
+
+
+def _session_part(child: ChildResult) -> str:
+    name = child.session_name or child.session_id or child.run_id
+    cost = f", ${child.cost_usd:.4f}" if child.cost_usd is not None else ""
+    heading = f"## {name} ({child.status}{cost}; run {child.run_id})"
+    body = child.result if child.result is not None else f"(no result: {child.error or '?'})"
+    return f"{heading}\n{body}"
+
+
+def _command_part(child: ChildResult) -> str:
+    assert child.command is not None
+    code = f", exit code {child.exit_code}" if child.exit_code is not None else ""
+    heading = f"## command `{shlex.join(child.command)}` ({child.status}{code}; run {child.run_id})"
+    if child.output:
+        return f"{heading}\n" + "\n".join(child.output)
+    return f"{heading}\n(no output{f': {child.error}' if child.error else ''})"

@@ -212,6 +212,41 @@ def test_bad_input_is_a_tool_error_with_its_code_and_stores_nothing(
             "no plan": await _refused(
                 session, "plan_status", repo_path="/nowhere", target_branch="main"
             ),
+            # Sub-agent arguments of resume_agent_session and run_command.
+            "resume, unknown mode": await _refused(
+                session,
+                "resume_agent_session",
+                session_name="lead",
+                prompt="hi",
+                execution_mode="later",
+            ),
+            "resume, callback to nobody": await _refused(
+                session,
+                "resume_agent_session",
+                session_name="lead",
+                prompt="hi",
+                execution_mode="async_callback",
+            ),
+            "resume, unknown parent": await _refused(
+                session,
+                "resume_agent_session",
+                session_name="lead",
+                prompt="hi",
+                parent_session="nobody",
+            ),
+            "command, parent not a string": await _refused(
+                session, "run_command", command=["true"], parent_session=5
+            ),
+            "command, callback to nobody": await _refused(
+                session, "run_command", command=["true"], execution_mode="async_callback"
+            ),
+            "command, unknown parent": await _refused(
+                session,
+                "run_command",
+                command=["true"],
+                parent_session="nobody",
+                execution_mode="async_callback",
+            ),
         }
         assert refusals == {
             "missing prompt": "invalid_request",
@@ -225,6 +260,12 @@ def test_bad_input_is_a_tool_error_with_its_code_and_stores_nothing(
             "unknown run": "run_not_found",
             "unknown state": "invalid_request",
             "no plan": "project_not_found",
+            "resume, unknown mode": "invalid_request",
+            "resume, callback to nobody": "invalid_request",
+            "resume, unknown parent": "parent_not_found",
+            "command, parent not a string": "invalid_request",
+            "command, callback to nobody": "invalid_request",
+            "command, unknown parent": "parent_not_found",
         }
 
     _over(cluster, transport, scenario)
@@ -344,3 +385,59 @@ def test_async_callback_children_resume_their_parent_once_with_both_results(
     assert "turn 1: alpha [fake:wait_while=" in prompt_back
     assert "turn 1: beta [fake:wait_while=" in prompt_back
     assert len(callbacks()) == 1  # after it ran, still one: nothing was delivered twice
+
+
+def test_a_resumed_session_and_a_command_call_their_parent_back(cluster: Cluster) -> None:
+    """resume_agent_session and run_command with async_callback answer at once; when each
+    ends, the parent session is resumed with its result (the command's: its exit code and
+    output) — each child's delivered once."""
+    cluster.start_coordinator()
+    cluster.start_runner("runner-a", slots=2)
+    children: list[str] = []
+
+    async def scenario(session: ClientSession) -> None:
+        await _ok(session, "start_agent_session", session_name="lead", prompt="plan")
+        kid = await _ok(
+            session,
+            "start_agent_session",
+            session_name="kid",
+            prompt="look",
+            parent_session="lead",
+        )
+        assert kid["result"] == "turn 1: look"  # sync: a child that called back nobody
+        again = await _ok(
+            session,
+            "resume_agent_session",
+            session_name="kid",
+            prompt="again",
+            execution_mode="async_callback",
+            parent_session="lead",
+        )
+        command = await _ok(
+            session,
+            "run_command",
+            command=["sh", "-c", "echo out; exit 3"],
+            execution_mode="async_callback",
+            parent_session="lead",
+        )
+        assert (again["status"], command["status"]) == ("pending", "pending")
+        children.extend([again["run_id"], command["run_id"]])
+
+    _over(cluster, "stdio", scenario)
+    lead_id = cluster.client.list_runs(session="lead")["runs"][0]["session_id"]
+
+    def delivered() -> bool:
+        runs = [cluster.client.get_run(c) for c in children]
+        return all(r["callback_state"] == "delivered" for r in runs)
+
+    wait_until(delivered, 60, what="both callbacks delivered")
+    assert {cluster.client.get_run(c)["parent_session_id"] for c in children} == {lead_id}
+    resumes = {
+        r["run_id"]: r["prompt"]
+        for r in cluster.client.list_runs(session="lead")["runs"]
+        if r["type"] == "resume_session"
+    }
+    assert {cluster.client.get_run(c)["callback_run_id"] for c in children} <= set(resumes)
+    told = "\n".join(resumes.values())
+    assert told.count("turn 2: again") == 1
+    assert told.count("(failed, exit code 3; run ") == 1 and "\nout" in told

@@ -119,3 +119,33 @@ async def _eventually(check: Callable[[], Awaitable[bool]], *, what: str) -> Non
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         await anyio.sleep(0.01)
+
+
+async def test_a_command_child_resumes_its_parent_with_its_exit_code_and_output(
+    settings: CoordinatorSettings,
+) -> None:
+    async with running_api(settings) as api:
+        runner = await api.register("runner-a")
+        await ended_session(api, runner, "lead", session_name="lead")
+        child = {"type": "start_session", "prompt": "sub", "parent_session": "lead"}
+        await ended_session(api, runner, "kid", **child)
+        # kid is at the depth limit (1): it may start no session, but it may run a command.
+        body = {"type": "command", "command": ["make", "test"], "parent_session": "kid"}
+        assert await refused(api, {**child, "parent_session": "kid"}) == (422, "depth_exceeded")
+        command = await api.create(**body, callback="async_callback")
+        assert (await api.claim_one(runner))["run_id"] == command
+        await api.started(command, runner)
+        await api.log(command, runner, 1, *(f"line {n}" for n in range(30)))
+        failed = await api.fail(command, runner, 1, exit_code=3, error="exit code 3")
+        assert failed.status_code == 200, failed.text
+
+        await api.coordinator.deliver_callbacks(time.time())
+        listed = (await api.client.get("/runs", params={"session": "kid"})).json()["runs"]
+        (resume,) = [r for r in listed if r["type"] == "resume_session"]
+        assert resume["prompt"].splitlines() == [
+            "Sub-agent sessions and commands you started have ended:",
+            "",
+            f"## command `make test` (failed, exit code 3; run {command})",
+            *(f"line {n}" for n in range(10, 30)),  # the last 20
+        ]
+        assert (await api.run(command))["callback_run_id"] == resume["run_id"]

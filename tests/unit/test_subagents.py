@@ -123,3 +123,43 @@ def test_a_parent_whose_children_spent_its_budget_is_not_resumed() -> None:
     )
     busy = {"p": ParentState("p", exists=True, busy=True, over_budget=True)}
     assert plan_deliveries(pending, busy, LIMITS) == ([], [])  # decided once it is idle
+
+
+def test_a_command_child_is_held_back_by_fan_out_and_budget_but_not_by_depth() -> None:
+    deepest = Parent("p", depth=2, active_children=0)
+    assert check_spawn(deepest, LIMITS, nests=False) == 3
+    with pytest.raises(InvalidRequest):
+        check_spawn(deepest, LIMITS)
+    with pytest.raises(Conflict) as caught:
+        check_spawn(Parent("p", depth=2, active_children=2), LIMITS, nests=False)
+    assert caught.value.code == "fan_out_exceeded"
+
+
+def test_a_command_child_comes_back_with_its_exit_code_and_last_output_lines() -> None:
+    command = _child(
+        "c",
+        2.0,
+        session_name=None,
+        session_id=None,
+        status="failed",
+        result=None,
+        error="exit code 3",
+        cost_usd=None,
+        command=("sh", "-c", "make test"),
+        exit_code=3,
+        output=("1 failed", "done"),
+    )
+    silent = _child("s", 3.0, command=("true",), exit_code=0, output=(), status="completed")
+    assert callback_prompt([_child("a", 1.0), command, silent]).splitlines() == [
+        "Sub-agent sessions and commands you started have ended:",
+        "",
+        "## child-a (completed, $0.5000; run a)",
+        "result of a",
+        "",
+        "## command `sh -c 'make test'` (failed, exit code 3; run c)",
+        "1 failed",
+        "done",
+        "",
+        "## command `true` (completed, exit code 0; run s)",
+        "(no output)",
+    ]

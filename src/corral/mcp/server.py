@@ -28,7 +28,9 @@ INSTRUCTIONS = (
     "sub-agent with start_agent_session (execution_mode sync waits for its result; "
     "async_poll answers at once: poll get_agent_session_status, then read "
     "get_agent_session_result; async_callback answers at once and resumes your session "
-    "with its result when it ends), continue it with resume_agent_session."
+    "with its result when it ends), continue it with resume_agent_session (the same "
+    "modes). run_command takes them too: async_callback resumes your session with the "
+    "command's exit code and last lines of output."
 )
 
 
@@ -95,7 +97,11 @@ def build_server(
         (tools.list_agent_sessions, "Agent sessions, the most recently used first."),
         (tools.list_agents, "The agent profiles a session may name (agent_name)."),
         (tools.cancel_run, "Cancel a run (a running one is stopped)."),
-        (tools.run_command, "Run a command (an argv) on a runner; sync returns its output."),
+        (
+            tools.run_command,
+            "Run a command (an argv) on a runner; sync returns its output, async_callback "
+            "resumes your session with it.",
+        ),
         (tools.add_tasks, "Add tasks to the task graph of a repository and branch."),
         (tools.plan_status, "The tasks of a repository's plan and their states."),
         (tools.list_actors, "Actors (long-lived processes on runners), newest first."),

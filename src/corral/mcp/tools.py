@@ -39,13 +39,6 @@ SessionName = Annotated[
     ),
 ]
 Prompt = Annotated[str, Field(min_length=1, description="what the agent is asked to do")]
-ExecutionMode = Annotated[
-    Literal["sync", "async_poll"],
-    Field(
-        description="sync: wait for the agent's result; async_poll: answer at once with the "
-        "run id (follow it with get_agent_session_status / get_agent_session_result)"
-    ),
-]
 SubAgentMode = Annotated[
     Literal["sync", "async_poll", "async_callback"],
     Field(
@@ -60,6 +53,14 @@ ParentSession = Annotated[
     Field(
         description="the session (id or name) the new one is a sub-agent of; by default the "
         "session of the agent this server was started for (CORRAL_RUN_ID)"
+    ),
+]
+CommandParentSession = Annotated[
+    str | None,
+    Field(
+        description="the session (id or name) the command is run for: with async_callback "
+        "it is resumed with the command's exit code and last lines of output; by default, "
+        "for async_callback only, the session of the agent this server was started for"
     ),
 ]
 # The agent announces its session as it starts; its first tool call may come sooner.
@@ -182,11 +183,7 @@ class Tools:
                 f"session {session_name!r} exists: continue it with resume_agent_session",
                 code="session_exists",
             )
-        parent = parent_session or await self._agent_session(corral)
-        if execution_mode == "async_callback" and parent is None:
-            raise InvalidRequest(
-                "async_callback needs a parent session to resume: name it (parent_session)"
-            )
+        parent = await self._parent(corral, parent_session, execution_mode)
         created = await corral.start_session(
             prompt,
             session_name=session_name,
@@ -196,6 +193,18 @@ class Tools:
             callback=execution_mode if parent else None,
         )
         return await self._answer(ctx, corral, session_name, created, execution_mode)
+
+    async def _parent(
+        self, corral: AsyncClient, named: str | None, mode: str, *, default: bool = True
+    ) -> str | None:
+        """The parent session of a new run: the one ``named``, else (if ``default``) the
+        calling agent's own; async_callback needs one (it is whom the callback resumes)."""
+        parent = named or (await self._agent_session(corral) if default else None)
+        if mode == "async_callback" and parent is None:
+            raise InvalidRequest(
+                "async_callback needs a parent session to resume: name it (parent_session)"
+            )
+        return parent
 
     async def _agent_session(self, corral: AsyncClient) -> str | None:
         """The session of the agent this server serves, once it has announced it."""
@@ -214,10 +223,17 @@ class Tools:
         ctx: Context,
         session_name: SessionName,
         prompt: Prompt,
-        execution_mode: ExecutionMode = "sync",
+        execution_mode: SubAgentMode = "sync",
+        parent_session: ParentSession = None,
     ) -> AgentRun:
         corral = self.client(ctx)
-        created = await corral.resume_session(session_name, prompt)
+        parent = await self._parent(corral, parent_session, execution_mode)
+        created = await corral.resume_session(
+            session_name,
+            prompt,
+            parent_session=parent,
+            callback=execution_mode if parent else None,
+        )
         return await self._answer(ctx, corral, session_name, created, execution_mode)
 
     async def get_agent_session_status(
@@ -292,11 +308,22 @@ class Tools:
             list[str], Field(description="only a runner with these labels runs it")
         ] = [],  # noqa: B006  (read only: the SDK needs a plain default for the schema)
         timeout_s: Annotated[float | None, Field(gt=0)] = None,
-        execution_mode: ExecutionMode = "sync",
+        execution_mode: SubAgentMode = "sync",
+        parent_session: CommandParentSession = None,
     ) -> CommandRun:
         corral = self.client(ctx)
-        created = await corral.run_command(command, labels=labels, timeout_s=timeout_s)
-        if execution_mode == "async_poll":
+        # A command starts no session, so it need not count as the agent's child unless
+        # its end is to resume the agent.
+        default = execution_mode == "async_callback"
+        parent = await self._parent(corral, parent_session, execution_mode, default=default)
+        created = await corral.run_command(
+            command,
+            labels=labels,
+            timeout_s=timeout_s,
+            parent_session=parent,
+            callback=execution_mode if parent else None,
+        )
+        if execution_mode != "sync":
             return CommandRun(run_id=created.run_id, status=created.status)
         run = await self._wait(ctx, corral, created.run_id)
         lines = await _tail(corral, run.run_id)

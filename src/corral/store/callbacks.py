@@ -26,6 +26,7 @@ from corral.runs import AgentSpec, NewRun, Run, RunStatus, RunType
 from corral.store.db import Database, Row, Tx
 from corral.store.rows import insert_runs, loads, new_run_row, sql_list
 from corral.subagents import (
+    CALLBACK_OUTPUT_LINES,
     ChildResult,
     Limits,
     Mode,
@@ -67,8 +68,6 @@ def check_children(tx: Tx, db: Database, rows: Sequence[Row], limits: Limits) ->
             if row["callback"] == Mode.ASYNC_CALLBACK:
                 raise InvalidRequest("an async_callback run needs a 'parent_session'")
             continue
-        if row["type"] == RunType.COMMAND:
-            raise InvalidRequest("a command run cannot have a 'parent_session'")
         session = tx.one(f"SELECT * FROM sessions WHERE id = ? {db.lock_rows()}", (key,)) or tx.one(
             "SELECT * FROM sessions WHERE name = ? ORDER BY updated_at DESC LIMIT 1 "
             + db.lock_rows(),
@@ -86,7 +85,7 @@ def check_children(tx: Tx, db: Database, rows: Sequence[Row], limits: Limits) ->
             budget_usd=parent.budget_usd,
             cost_with_children_usd=parent.cost_with_children_usd,
         )
-        row["depth"] = check_spawn(parent, limits)
+        row["depth"] = check_spawn(parent, limits, nests=row["type"] != RunType.COMMAND)
         started[parent_id] = started.get(parent_id, 0) + 1
 
 
@@ -180,7 +179,7 @@ class CallbackStore:
             )
             if not rows:
                 return Delivered()
-            pending = [PendingCallback(r["parent_session_id"], _child(r)) for r in rows]
+            pending = [PendingCallback(r["parent_session_id"], _child(tx, r)) for r in rows]
             parents = {p: _parent_state(tx, p) for p in {c.parent_session_id for c in pending}}
             deliveries, dropped = plan_deliveries(pending, parents, limits or Limits())
             done = Delivered()
@@ -195,7 +194,8 @@ class CallbackStore:
             return done
 
 
-def _child(row: Row) -> ChildResult:
+def _child(tx: Tx, row: Row) -> ChildResult:
+    command = row["type"] == RunType.COMMAND
     return ChildResult(
         run_id=row["id"],
         session_name=row["session_name"],
@@ -205,7 +205,19 @@ def _child(row: Row) -> ChildResult:
         error=row["error"],
         cost_usd=row["cost_usd"],
         finished_at=row["ended_at"],
+        command=tuple(loads(row["command"])) if command else None,
+        exit_code=row["exit_code"],
+        output=_output_tail(tx, row["id"], row["attempts"]) if command else (),
     )
+
+
+def _output_tail(tx: Tx, run_id: str, attempt: int) -> tuple[str, ...]:
+    """The last lines a command child wrote (of its last attempt), oldest first."""
+    rows = tx.execute(
+        "SELECT text FROM run_logs WHERE run_id = ? AND attempt = ? ORDER BY line_no DESC LIMIT ?",
+        (run_id, attempt, CALLBACK_OUTPUT_LINES),
+    )
+    return tuple(r["text"] for r in reversed(rows))
 
 
 def _parent_state(tx: Tx, session_id: str) -> ParentState:
