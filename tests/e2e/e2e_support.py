@@ -195,6 +195,7 @@ class Coordinator(Proc):
         port: int,
         db: str,
         lost_after_s: float = LOST_AFTER_S,
+        extra: Iterable[str] = (),
     ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
@@ -213,6 +214,7 @@ class Coordinator(Proc):
             str(HEARTBEAT_INTERVAL_S),
             "--lost-after",
             str(lost_after_s),
+            *extra,
         ]
         super().__init__(name, argv, env, root)
 
@@ -316,6 +318,7 @@ class Cluster:
         db: str | None = None,
         lost_after_s: float = LOST_AFTER_S,
         wait: bool = True,
+        extra: Iterable[str] = (),
     ) -> Coordinator:
         coordinator = Coordinator(
             f"coordinator{len([p for p in self.procs if isinstance(p, Coordinator)]) or ''}",
@@ -324,6 +327,7 @@ class Cluster:
             port=port or free_port(),
             db=db or str(self.root / "corral.db"),
             lost_after_s=lost_after_s,
+            extra=extra,
         )
         self.procs.append(coordinator)
         self.coordinator = coordinator

@@ -118,6 +118,22 @@ def coordinator_options(fn: click.decorators.FC) -> click.decorators.FC:
                 "on the first start, readable by you only).",
             ),
             option(
+                "--max-subagent-depth",
+                env="MAX_SUBAGENT_DEPTH",
+                default=3,
+                type=click.IntRange(0, 100),
+                help="How deep sub-agent sessions may nest (a root session is at 0; 0: no "
+                "sub-agents). A deeper child is refused with depth_exceeded.",
+            ),
+            option(
+                "--max-subagent-children",
+                env="MAX_SUBAGENT_CHILDREN",
+                default=8,
+                type=click.IntRange(1, 10_000),
+                help="Unfinished children (sub-agents, commands) one session may have at "
+                "once. One more is refused with fan_out_exceeded.",
+            ),
+            option(
                 "--allowed-hosts",
                 env="ALLOWED_HOSTS",
                 default="",
@@ -148,6 +164,8 @@ def _coordinator_settings(
     retain_events: float | None,
     max_log_chars: int,
     token: str | None,
+    max_subagent_depth: int,
+    max_subagent_children: int,
     allowed_hosts: str,
 ) -> CoordinatorSettings:
     return CoordinatorSettings(
@@ -164,6 +182,8 @@ def _coordinator_settings(
         gc_interval_s=gc_interval,
         retention=retention_from(retain_runs, retain_runners, max_log_chars, retain_events),
         token=coordinator_token(token),
+        max_subagent_depth=max_subagent_depth,
+        max_subagent_children=max_subagent_children,
         allowed_hosts=comma_list(allowed_hosts),
     )
 
