@@ -87,7 +87,6 @@ class Held:
 class RunnerSync:
     """What a runner must do after telling the store what it holds."""
 
-    cancel: list[RunId] = field(default_factory=list)  # still yours, but cancel it
     abandon: list[RunId] = field(default_factory=list)  # no longer yours: stop it, report nothing
 
 

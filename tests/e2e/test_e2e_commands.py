@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from e2e_support import Cluster, Runner, free_port, pid_alive, wait_until
+from e2e_support import Cluster, Coordinator, Runner, free_port, pid_alive, wait_until
 
 from corral.errors import IllegalTransition
 
@@ -74,9 +74,12 @@ def test_overall_timeout(cluster: Cluster, runner: Runner) -> None:
     assert run["attempts"] == 1
 
 
+@pytest.mark.parametrize("transport", ["poll", "websocket"])
 def test_cancel_running_kills_process_group(
-    cluster: Cluster, runner: Runner, tmp_path: Path
+    cluster: Cluster, coordinator: Coordinator, transport: str, tmp_path: Path
 ) -> None:
+    """The cancel reaches the runner as a stored command, on either transport."""
+    cluster.start_runner("runner-a", extra=("--transport", transport))
     work = tmp_path / "work"
     work.mkdir()
     script = "echo $$ > shellpid; sleep 60 & echo $! > childpid; wait"

@@ -303,11 +303,26 @@ async def test_control_long_poll_gets_a_cancel_at_once(settings: CoordinatorSett
 
         assert result["done_at"] - cancelled_at < AT_ONCE_S
         assert result["response"].status_code == 200
-        assert result["response"].json() == {"cancel": [run_id]}
+        command = {"idx": 1, "body": {"type": "cancel_run", "run_id": run_id}}
+        assert result["response"].json() == {"commands": [command]}
 
-        # A heartbeat tells the same; the runner's failure report then shows as cancelled.
+        # A stored command: told again until the runner says it handled it (``after``).
+        again = await api.client.get("/runner/control", params={"runner_id": runner_id})
+        assert again.json() == {"commands": [command]}
+        handled = await api.client.get(
+            "/runner/control", params={"runner_id": runner_id, "after": 1, "timeout": 0}
+        )
+        assert handled.status_code == 204
+        assert (
+            await api.coordinator.in_thread(
+                api.coordinator.store.commands.unacknowledged, runner_id, 0
+            )
+            == []
+        )
+        # Not a second path: a heartbeat says nothing of it.
         beat = await api.heartbeat(runner_id, [{"run_id": run_id, "attempt": 1}])
-        assert beat.json() == {"cancel": [run_id], "abandon": []}
+        assert beat.json() == {"abandon": []}
+        # The runner's failure report then shows as cancelled.
         response = await api.fail(run_id, runner_id, 1, exit_code=-15, error="SIGTERM")
         assert response.status_code == 200, response.text
         assert (await api.run(run_id))["status"] == "cancelled"

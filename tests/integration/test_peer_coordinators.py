@@ -75,7 +75,9 @@ async def test_a_cancel_through_one_reaches_the_runner_waiting_on_the_other(
         assert cancelled.status_code == 200, cancelled.text
         response = await asyncio.wait_for(control, 30)
         assert response.status_code == 200, response.text
-        assert response.json() == {"cancel": [run_id]}
+        assert response.json() == {
+            "commands": [{"idx": 1, "body": {"type": "cancel_run", "run_id": run_id}}]
+        }
 
 
 async def test_a_coordinator_passes_over_its_own_notifications(tmp_path: Path) -> None:

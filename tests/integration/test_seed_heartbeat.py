@@ -49,7 +49,7 @@ async def test_a_heartbeat_without_held_keeps_claimed_and_running_runs(
         # only the seed's heartbeats tell the coordinator runner-a is alive.
         for _ in range(3):
             clock.advance(UNREPORTED_CLAIM_GRACE_S + LOST_AFTER / 3)
-            assert await seed_heartbeat(api, runner_a) == {"cancel": [], "abandon": []}
+            assert await seed_heartbeat(api, runner_a) == {"abandon": []}
             await api.heartbeat(runner_b, [])
             done = await api.coordinator.reconcile_once()
             assert not done.changed, done
@@ -72,7 +72,7 @@ async def test_an_explicit_list_still_releases_what_the_runner_no_longer_reports
 
         # Claimed moments ago (its answer may still be on the way): not taken back.
         clock.advance(UNREPORTED_CLAIM_GRACE_S - 1)
-        assert (await api.heartbeat(runner_a, [])).json() == {"cancel": [], "abandon": []}
+        assert (await api.heartbeat(runner_a, [])).json() == {"abandon": []}
         assert (await api.run(forgotten))["status"] == "claimed"
 
         # Long claimed and still not in the runner's explicit list: given back.

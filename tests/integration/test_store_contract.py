@@ -18,6 +18,7 @@ from corral.runners import Held, Runner, RunnerState, RunnerSync
 from corral.runs import AgentSpec, NewRun, Run, RunReport, RunStatus, RunType
 from corral.store import LogLine, Reconciled, Store
 from corral.store import reconcile as reconcile_module
+from corral.store.commands import Command
 from corral.store.db import migrate
 from corral.store.schema import LATEST_VERSION, MIGRATIONS
 
@@ -519,20 +520,22 @@ def test_cancel_of_a_held_run_is_passed_to_its_runner(store: Store, started: boo
     other = store.runs.create(command(), NOW)
     other_run = claim_one(store, runner)
     assert other_run.id == other.id
-    assert store.runners.heartbeat(runner.id, held(run, other_run), NOW + 1).cancel == []
+    assert store.commands.unacknowledged(runner.id, 0) == []
 
     flagged = store.runs.request_cancel(run.id, NOW + 2)
     assert flagged.status is run.status
     assert flagged.cancel_requested
     assert flagged.runner_id == runner.id
-    sync = store.runners.heartbeat(runner.id, held(run, other_run), NOW + 3)
-    assert sync.cancel == [run.id]
-    assert sync.abandon == []
+    # A command to its runner, stored with the request, numbered as every command is.
+    cancel = Command(1, {"type": "cancel_run", "run_id": run.id})
+    assert store.commands.unacknowledged(runner.id, 0) == [cancel]
+    assert store.runners.heartbeat(runner.id, held(run, other_run), NOW + 3).abandon == []
     assert store.runs.request_cancel(run.id, NOW + 4).cancel_requested  # asking twice is fine
+    assert store.commands.unacknowledged(runner.id, 0) == [cancel]  # and stores no second
 
     done = finish(store, run, RunStatus.CANCELLED, now=NOW + 5)
     assert done.status is RunStatus.CANCELLED
-    assert store.runners.heartbeat(runner.id, held(other_run), NOW + 6).cancel == []
+    assert store.runs.get(other_run.id).cancel_requested is False
 
 
 @pytest.mark.parametrize("status", [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED])
@@ -690,7 +693,6 @@ def test_heartbeat_tells_the_runner_what_to_abandon(store: Store) -> None:
         NOW + 3,
     )
     assert sorted(sync.abandon) == sorted([theirs.id, done.id, mine.id, RunId("run_unknown")])
-    assert sync.cancel == []
     assert store.runners.get(runner.id).last_heartbeat_at == NOW + 3
     assert store.runs.get(mine.id).status is RunStatus.RUNNING
     assert store.runs.get(theirs.id).status is RunStatus.RUNNING
@@ -779,7 +781,7 @@ def test_register_again_while_still_holding_runs_keeps_them(store: Store) -> Non
         held=held(run),
     )
     assert back.state is RunnerState.ACTIVE
-    assert sync.abandon == [] and sync.cancel == []
+    assert sync.abandon == []
     assert store.runs.get(run.id) == run
 
 

@@ -9,7 +9,7 @@ events, acks and a drain in order while frames keep being read; the push loop's 
 beside them; a session tick may close the link while an op is in flight — the op's store
 effect still happens (a thread is not interrupted) but what follows it in the cancelled
 coroutine does not, nor does queued work. ``_forget`` runs once no op is in flight.
-What the pump keeps of the protocol (the push cursor, finishing reports, cancels sent,
+What the pump keeps of the protocol (the push cursor, finishing reports, draining,
 who was replaced) is the channel's: nothing of it is copied here.
 """
 

@@ -18,7 +18,8 @@ Invariants:
   completed; no effect is applied twice (the same change of the same attempt, two
   terminal changes of one run);
 - each runner identity executes command indexes in increasing order, with no gap (a
-  skipped index is a command that will never run), and no event index is skipped;
+  skipped index is a command that will never run: a client's cancel is a stored command
+  too, ``RunStore.request_cancel``), and no event index is skipped;
 - a runner is never told it was evicted on its newest socket;
 - liveness: once the faults stop (the coordinator back up, hosts reachable, crashed
   runners restarted), every run ends: completed, or cancelled if a client asked.

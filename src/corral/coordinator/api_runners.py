@@ -72,7 +72,7 @@ async def hangup(request: Request) -> AsyncIterator[asyncio.Future[None]]:
 
 
 def _sync_json(sync: RunnerSync) -> dict[str, Any]:
-    return {"cancel": sync.cancel, "abandon": sync.abandon}
+    return {"abandon": sync.abandon}
 
 
 @router.post("/register", response_model=None)
@@ -121,15 +121,19 @@ async def control(
     request: Request,
     runner_id: str,
     timeout: Annotated[float | None, Query(ge=0, le=300)] = None,
+    after: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any] | Response:
-    """Long-poll for orders about runs the runner holds (cancellations); 204 if none."""
+    """Long-poll for the runner's commands (``cancel_run`` of a run it holds), numbered as
+    on the WebSocket link: ``{"commands": [{"idx": …, "body": {…}}]}``, those after
+    ``after``; 204 if none came. ``after``: the last one the runner has handled, which this
+    call acknowledges (it is not sent again)."""
     coordinator = await _as_runner(request, runner_id)
     wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
     async with hangup(request) as gone:
-        cancels = await coordinator.control(RunnerId(runner_id), wait, gone)
-    if not cancels:
+        commands = await coordinator.control(RunnerId(runner_id), after, wait, gone)
+    if not commands:
         return Response(status_code=204)
-    return {"cancel": cancels}
+    return {"commands": [{"idx": c.idx, "body": c.body} for c in commands]}
 
 
 @router.post("/heartbeat")

@@ -212,8 +212,9 @@ async def poll(
 
 
 async def _stops_due(request: Request, runner_id: RunnerId) -> list[str]:
-    """Sessions of started runs a client asked to cancel, each sent once (and again
-    after ``STOP_RESEND_S``, in case that answer was lost)."""
+    """Sessions of started runs a client asked to cancel (the runner's stored cancel_run
+    commands: ``CommandStore.cancels_to_stop``), each sent once (and again after
+    ``STOP_RESEND_S``, in case that answer was lost: this wire acknowledges nothing)."""
     coordinator = _coordinator(request)
     sent: dict[str, dict[tuple[RunId, int], float]] | None = getattr(
         request.app.state, "ao_stops_sent", None
@@ -224,7 +225,8 @@ async def _stops_due(request: Request, runner_id: RunnerId) -> list[str]:
     before = sent.get(runner_id, {})
     wanted: dict[tuple[RunId, int], float] = {}
     due: list[str] = []
-    for run_id in await coordinator.in_thread(coordinator.store.runs.cancel_requests, runner_id):
+    cancels = await coordinator.in_thread(coordinator.store.commands.cancels_to_stop, runner_id)
+    for run_id in cancels:
         run = await coordinator.in_thread(coordinator.store.runs.get, run_id)
         if run.status is not RunStatus.RUNNING:
             continue  # not started yet: the runner has no process to stop

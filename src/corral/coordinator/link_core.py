@@ -4,21 +4,22 @@
 ``RunnerChannel`` wraps the protocol's ``ServerSession`` and keeps what the coordinator
 knows of the socket beyond the protocol: the runner it registered as, the push cursor
 (commands sent so far), the final reports read but not yet applied (their slots are free
-on the runner), the cancels already sent, whether the runner drains or left, whether a
-newer socket replaced it. Like the session it is fed (``receive(message, now)``,
-``tick(now)``, what the store answered) and answers with outputs for the pump to carry
-out, in order. ``LinkCore`` does what those outputs ask against the store, synchronously
-and with the time passed in. ``SocketPump`` (``socket.py``) only moves frames, runs
-``LinkCore`` in a thread and waits; the deterministic simulation (``tests/sim``) drives
-the same two objects with a virtual clock, so what it checks is what the coordinator runs.
+on the runner), whether the runner drains or left, whether a newer socket replaced it.
+Like the session it is fed (``receive(message, now)``, ``tick(now)``, what the store
+answered) and answers with outputs for the pump to carry out, in order. ``LinkCore``
+does what those outputs ask against the store, synchronously and with the time passed
+in. ``SocketPump`` (``socket.py``) only moves frames, runs ``LinkCore`` in a thread and
+waits; the deterministic simulation (``tests/sim``) drives the same two objects with a
+virtual clock, so what it checks is what the coordinator runs.
 
     Register     ──▶ register()      runner row, last applied event, unacknowledged commands
-    ApplyEvents  ──▶ apply()         each event's effect, ``last_event_idx``, and an
+    ApplyEvents  ──▶ apply()         ``last_event_idx``, each event's effect, and an
                                      abandon_run command for every event refused as
                                      lease_lost: one transaction (``apply_reports``)
     CommandsAcked ──▶ acknowledge()
-    PushWork     ──▶ push_work()     pending runs claimed into start commands, cancel
-                                     commands, then every stored command after the cursor
+    PushWork     ──▶ push_work()     pending runs claimed into start commands, then every
+                                     stored command after the cursor (cancel_run commands
+                                     too: ``RunStore.request_cancel`` stores them)
     Stopping     ──▶ draining()      and once the runner has closed its socket, gone()
     KvRequested  ──▶ (the pump calls ``store.kv.apply``)
     Wake         ──▶ (the pump notifies those topics)
@@ -58,7 +59,7 @@ from corral.coordinator.schemas import (
 )
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import CorralError, Unavailable
-from corral.ids import RunId, RunnerId
+from corral.ids import RunnerId
 from corral.protocol import messages as wire
 from corral.protocol.messages import MALFORMED_EVENT, Indexed, ProtocolError, ToServerInit
 from corral.protocol.outputs import (
@@ -109,13 +110,11 @@ class PushRequest:
     claim: bool  # False for a draining runner: it takes nothing new
     after: int  # the cursor: commands up to here were sent on this socket
     finishing: frozenset[Slot]  # final reports read, not yet applied: their slots are free
-    cancels_sent: frozenset[RunId]  # a cancel goes out once per socket
 
 
 @dataclass(frozen=True)
 class Pushed:
     commands: list[Indexed]  # to send, in index order
-    cancels: list[RunId]  # the runs whose cancel commands are among them
 
 
 # ---- what the channel asks beyond the session's outputs ------------------------------------
@@ -177,7 +176,6 @@ class RunnerChannel:
     left: bool = False  # the runner closed as one that shuts down (its work has stopped)
     replaced: bool = False  # a newer socket of the runner took over (or this one lost)
     _sent_idx: int = 0  # commands sent on this socket, up to here
-    _cancels_sent: set[RunId] = field(default_factory=set)
     _finishing: Counter[Slot] = field(default_factory=Counter)  # read, not yet applied
     _applying: deque[list[Slot]] = field(default_factory=deque)  # each ApplyEvents' finishes
 
@@ -244,12 +242,10 @@ class RunnerChannel:
             claim=not self.draining,
             after=self._sent_idx,
             finishing=frozenset(self._finishing),
-            cancels_sent=frozenset(self._cancels_sent),
         )
 
     def pushed(self, pushed: Pushed) -> list[ChannelOutput]:
         """``LinkCore.push_work`` stored and read these commands: send them."""
-        self._cancels_sent.update(pushed.cancels)  # only once stored
         if not pushed.commands:
             return []
         out = self._lift(self.session.push(pushed.commands))
@@ -357,13 +353,18 @@ class LinkCore:
     def apply(
         self, runner_id: RunnerId, last: int, events: Sequence[RunnerEvent], now: float
     ) -> Applied:
-        """Commit the effect of the runner's events (parsed: ``parse_events``) in order and
-        record them as applied up to ``last``, in one transaction (``apply_reports``)."""
+        """Record the runner's events as applied up to ``last`` and commit their effect
+        (parsed: ``parse_events``) in order, in one transaction (``apply_reports``).
+
+        Recorded first: that write locks the runner's row before any run's, the order
+        ``RunStore.request_cancel`` and the reconciler take them on PostgreSQL (taken the
+        other way, a final report racing a cancel of its run could deadlock)."""
         return apply_reports(
             self.store,
             runner_id,
             events,
             now,
+            first=lambda: self.store.commands.events_applied(runner_id, last),
             then=lambda outcomes: self._after_apply(runner_id, events, outcomes, last, now),
         ).applied
 
@@ -375,7 +376,6 @@ class LinkCore:
         last: int,
         now: float,
     ) -> Applied:
-        self.store.commands.events_applied(runner_id, last)
         refused = {
             (e.run_id, e.attempt): None
             for e, (error, _) in zip(parsed, outcomes, strict=True)
@@ -411,35 +411,28 @@ class LinkCore:
 
     def push_work(self, runner_id: RunnerId, now: float, request: PushRequest) -> Pushed:
         """Pending runs claimed into the runner's free slots (with their start commands, one
-        transaction), a cancel command for each newly requested cancel; then every stored
-        command after ``request.after`` (the last one this socket sent), in order, to send.
+        transaction); then every stored command after ``request.after`` (the last one this
+        socket sent), in order, to send.
 
         The store's queue is what is sent, not what this call added: commands stored by an
-        ``apply``, or by an older socket of the runner that had not yet noticed it was
-        replaced, go out too, and never after a higher index (the runner would drop them).
-        Commits come in index order (numbering locks the runner's row), so this read never
-        sees a command without those before it. Raises ``CorralError`` (runner_lost) when
-        the runner was declared lost or stopped meanwhile: it must connect again."""
+        ``apply``, by a cancel request, or by an older socket of the runner that had not yet
+        noticed it was replaced, go out too, and never after a higher index (the runner
+        would drop them). Commits come in index order (numbering locks the runner's row), so
+        this read never sees a command without those before it. Raises ``CorralError``
+        (runner_lost) when the runner was declared lost or stopped meanwhile: it must
+        connect again."""
         commands = self.store.commands
-        with self.store.db.transaction():  # one commit for the claim, cancels and read
+        with self.store.db.transaction():  # one commit for the claim and the read
             added = (
                 commands.claim_into_commands(runner_id, now, _start_body, request.finishing)
                 if request.claim
                 else []
             )
-            cancels = [
-                r
-                for r in self.store.runs.cancel_requests(runner_id)
-                if r not in request.cancels_sent
-            ]
-            if cancels:
-                bodies = [{"type": "cancel_run", "run_id": r} for r in cancels]
-                added += commands.push(runner_id, bodies, now)
             # Numbering holds the runner's row: what was added here is contiguous. If it
             # starts right after the cursor, it is all there is to send (no read back).
             if not added or added[0].idx != request.after + 1:
                 added = commands.unacknowledged(runner_id, request.after)
-        return Pushed(_indexed(added), cancels)
+        return Pushed(_indexed(added))
 
     def draining(self, runner_id: RunnerId, now: float) -> None:
         """The runner shuts down gracefully: no new work for it."""
@@ -492,8 +485,10 @@ def apply_reports(
     events: Sequence[RunnerEvent],
     now: float,
     then: Callable[[list[Outcome]], T],
+    first: Callable[[], None] = lambda: None,
 ) -> Reports[T]:
-    """The effect of a runner's reports, in order, and ``then`` — one transaction.
+    """``first``, the effect of a runner's reports, in order, and ``then`` — one
+    transaction.
 
     Nearly every batch is accepted whole: it is tried flat first (no savepoint per report:
     on PostgreSQL each costs round trips). If one report is refused (``lease_lost``, an
@@ -501,6 +496,7 @@ def apply_reports(
     savepoint per report, so that the refused one undoes only its own writes."""
     try:
         with store.db.transaction(flat=True):
+            first()
             outcomes: list[Outcome] = [(None, _apply(store, runner_id, e, now)) for e in events]
             return Reports(outcomes, then(outcomes))
     except Unavailable:
@@ -508,6 +504,7 @@ def apply_reports(
     except CorralError:
         pass
     with store.db.transaction():
+        first()
         outcomes = [apply_event(store, runner_id, event, now) for event in events]
         return Reports(outcomes, then(outcomes))
 

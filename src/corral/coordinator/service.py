@@ -48,6 +48,7 @@ from corral.protocol.messages import CLOSE_POLICY_VIOLATION
 from corral.runners import Held, Runner, RunnerState, RunnerSync
 from corral.runs import AgentSpec, Run
 from corral.store import LogEntry, Reconciled, Store, leases
+from corral.store.commands import Command
 from corral.store.events import EventStore
 from corral.store.leases import RECONCILER
 from corral.store.retention import Collected
@@ -263,16 +264,23 @@ class Coordinator:
         return runner
 
     async def control(
-        self, runner_id: RunnerId, timeout_s: float, gone: asyncio.Future[None] | None = None
-    ) -> list[RunId]:
-        """Wait until one of the runner's runs is asked to cancel; returns their ids."""
+        self,
+        runner_id: RunnerId,
+        after: int,
+        timeout_s: float,
+        gone: asyncio.Future[None] | None = None,
+    ) -> list[Command]:
+        """A long-poll runner's commands (cancel_run …): it has handled those up to
+        ``after``, which are acknowledged; wait until there are more, and return them."""
         await self.in_thread(self.store.runners.get, runner_id)  # an unknown runner: 404 at once
+        if after > 0:
+            await self.in_thread(self.store.commands.acknowledge, runner_id, after)
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             event = self.notifier.event(runner_topic(runner_id))
-            cancels = await self.in_thread(self.store.runs.cancel_requests, runner_id)
-            if cancels:
-                return cancels
+            commands = await self.in_thread(self.store.commands.unacknowledged, runner_id, after)
+            if commands:
+                return commands
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0 or not await wait_for(event, remaining, gone):
                 return []

@@ -6,9 +6,10 @@ One pump per connected runner socket. It feeds frames and the time to the pure c
 what it asks: register the runner, apply its events (and only then acknowledge them),
 persist command acknowledgements, note pings, push work, wake waiters. While the runner
 is active the push loop fills its free slots: pending runs are claimed into the runner's
-free slots together with their numbered start commands (one transaction), cancellations
-become numbered cancel commands — all stored before they are sent, so a restarted
-coordinator resends whatever the runner had not acknowledged. What touches the store is
+free slots together with their numbered start commands (one transaction), and every
+command stored since (a cancel request stores its cancel command) is sent in order — all
+stored before they are sent, so a restarted coordinator resends whatever the runner had
+not acknowledged. What touches the store is
 ``LinkCore`` (synchronous, run here in a thread); this module only moves frames and waits.
 
 The read loop never waits on the store after registration: applying events, persisting
@@ -290,7 +291,8 @@ class SocketPump:
     # ---- pushing work --------------------------------------------------------------------
 
     async def _push_work(self) -> None:
-        """Fill free slots with pending runs and pass cancellations on, as they come."""
+        """Fill free slots with pending runs and send the commands stored for the runner
+        (cancels among them), as they come."""
         channel, coordinator = self.channel, self.coordinator
         runner_id = channel.runner_id
         assert runner_id is not None

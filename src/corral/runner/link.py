@@ -15,6 +15,7 @@ import httpx
 from corral import errors
 from corral.credentials import auth_headers
 from corral.ids import RunId, RunnerId
+from corral.protocol.messages import Indexed
 from corral.runners import Held
 
 
@@ -27,7 +28,6 @@ class Registration:
     runner_id: RunnerId
     heartbeat_interval_s: float
     poll_timeout_s: float
-    cancel: list[RunId]
     abandon: list[RunId]
 
 
@@ -115,7 +115,6 @@ class HttpLink:
             runner_id=RunnerId(data["runner_id"]),
             heartbeat_interval_s=float(data["heartbeat_interval_s"]),
             poll_timeout_s=float(data["poll_timeout_s"]),
-            cancel=[RunId(r) for r in data["cancel"]],
             abandon=[RunId(r) for r in data["abandon"]],
         )
 
@@ -133,26 +132,26 @@ class HttpLink:
         runs: list[dict[str, Any]] = response.json()["runs"]
         return runs
 
-    async def control(self, runner_id: RunnerId, timeout_s: float) -> list[RunId]:
+    async def control(self, runner_id: RunnerId, after: int, timeout_s: float) -> list[Indexed]:
+        """The runner's commands after ``after`` (the last one it handled: acknowledged)."""
         response = await self._call(
             "GET",
             "/runner/control",
-            params={"runner_id": runner_id, "timeout": timeout_s},
+            params={"runner_id": runner_id, "after": after, "timeout": timeout_s},
             timeout=timeout_s + 15.0,
         )
         if response.status_code == 204:
             return []
-        return [RunId(r) for r in response.json()["cancel"]]
+        return [Indexed(int(c["idx"]), dict(c["body"])) for c in response.json()["commands"]]
 
-    async def heartbeat(
-        self, runner_id: RunnerId, held: list[Held]
-    ) -> tuple[list[RunId], list[RunId]]:
+    async def heartbeat(self, runner_id: RunnerId, held: list[Held]) -> list[RunId]:
+        """Tell what it holds; the answer: the runs of those that are no longer its own."""
         body = {
             "runner_id": runner_id,
             "held": [{"run_id": h.run_id, "attempt": h.attempt} for h in held],
         }
         data = (await self._call("POST", "/runner/heartbeat", json=body)).json()
-        return [RunId(r) for r in data["cancel"]], [RunId(r) for r in data["abandon"]]
+        return [RunId(r) for r in data["abandon"]]
 
     async def deregister(self, runner_id: RunnerId) -> None:
         await self._call("POST", "/runner/deregister", json={"runner_id": runner_id})

@@ -1,9 +1,10 @@
 """The seed's HTTP long-poll transport.
 
     poller     long-polls for runs while a slot is free
-    control    long-polls for cancellations of the runs the runner holds
+    control    long-polls for the runner's numbered commands (cancel_run), from after the
+               last one it handled, which that acknowledges
     heartbeat  tells the coordinator it is alive and which runs it holds; the answer says
-               which to cancel and which it no longer holds (those are stopped at once)
+               which it no longer holds (those are stopped at once)
     outbox     reports, batched into POST /runner/events
 
 Every call survives the coordinator's absence: retried forever with capped, jittered
@@ -18,12 +19,13 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from corral import __version__
 from corral.backoff import backoff_delay
 from corral.errors import CorralError, LeaseLost, NotFound
 from corral.ids import RunId, RunnerId
+from corral.protocol.messages import Indexed
 from corral.runner.link import HttpLink, LinkDown
 from corral.runner.outbox import Outbox
 from corral.runner.settings import RunnerSettings
@@ -31,6 +33,7 @@ from corral.runner.transport import Host
 
 log = logging.getLogger("corral.runner")
 T = TypeVar("T")
+MAX_CANCELLED_EARLY = 1000
 
 
 class PollTransport:
@@ -47,6 +50,10 @@ class PollTransport:
         self._registered = asyncio.Event()
         self._register_lock = asyncio.Lock()
         self._poller: asyncio.Task[None] | None = None
+        self._commands_done = 0  # its commands handled up to here (the control cursor)
+        # Runs cancelled before their claim's answer came (the two come by two requests):
+        # each is cancelled as it starts. Bounded: a claim whose answer was lost never comes.
+        self._cancelled_early: dict[RunId, None] = {}
 
     @property
     def rid(self) -> RunnerId:
@@ -122,10 +129,12 @@ class PollTransport:
                 log.warning(
                     "coordinator forgot runner %s; now %s", self.runner_id, registration.runner_id
                 )
+            if registration.runner_id != self.runner_id:
+                self._commands_done = 0  # a new identity's commands are numbered from 1
             self.runner_id = registration.runner_id
             self.heartbeat_interval_s = registration.heartbeat_interval_s
             self.poll_timeout_s = registration.poll_timeout_s
-            self._apply(registration.cancel, registration.abandon)
+            self._abandon(registration.abandon)
             self._registered.set()
             log.info(
                 "runner %s registered (%s, %d slots, long-poll)",
@@ -138,10 +147,31 @@ class PollTransport:
         self._registered.clear()
         await self._register()
 
-    def _apply(self, cancel: list[RunId], abandon: list[RunId]) -> None:
+    def _abandon(self, abandon: list[RunId]) -> None:
         for run_id in abandon:
             self.host.abandon(run_id)
-        for run_id in cancel:
+
+    def _command(self, command: Indexed) -> None:
+        kind = command.body.get("type")
+        if kind == "cancel_run":
+            run_id = RunId(str(command.body["run_id"]))
+            if any(h.run_id == run_id for h in self.host.held()):
+                self.host.cancel(run_id)
+            else:
+                self._cancelled_early[run_id] = None
+                while len(self._cancelled_early) > MAX_CANCELLED_EARLY:
+                    del self._cancelled_early[next(iter(self._cancelled_early))]
+        elif kind == "abandon_run":
+            self.host.abandon(RunId(str(command.body["run_id"])))
+        else:
+            log.warning("command %r ignored: a long-poll runner does not take it", kind)
+        self._commands_done = max(self._commands_done, command.idx)
+
+    def _start(self, assignment: dict[str, Any]) -> None:
+        self.host.start(assignment)
+        run_id = RunId(str(assignment["run_id"]))
+        if run_id in self._cancelled_early:
+            del self._cancelled_early[run_id]
             self.host.cancel(run_id)
 
     async def _retry(
@@ -181,24 +211,26 @@ class PollTransport:
                 await self._reregister()
                 continue
             for data in runs:
-                self.host.start(data)
+                self._start(data)
 
     async def _control_loop(self) -> None:
         while True:
             await self._registered.wait()
-            cancels = await self._retry(
-                "control", lambda: self.link.control(self.rid, self.poll_timeout_s)
+            commands = await self._retry(
+                "control",
+                lambda: self.link.control(self.rid, self._commands_done, self.poll_timeout_s),
             )
-            self._apply(cancels, [])
+            for command in commands:
+                self._command(command)
 
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
             try:
-                cancel, abandon = await self._retry(
+                abandon = await self._retry(
                     "heartbeat", lambda: self.link.heartbeat(self.rid, self.host.held())
                 )
             except (NotFound, LeaseLost):
                 await self._reregister()  # declared lost while we were away
                 continue
-            self._apply(cancel, abandon)
+            self._abandon(abandon)

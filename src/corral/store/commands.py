@@ -1,10 +1,13 @@
-"""Commands to runners in the store (the WebSocket link): numbered, and the events applied.
+"""Commands to runners in the store: numbered, acknowledged, and the events applied.
 
 Commands to a runner (start, cancel, abandon a run) are numbered per runner and stored
 before they are sent, in the same transaction as what they announce (a claim and its
-start command are one transaction): a coordinator restart resends every command the
-runner has not acknowledged. ``last_event_idx`` is the runner's last event whose effect
-is committed: older ones arriving again are dropped as duplicates.
+start commands, a cancel request and its cancel command are one transaction): a
+coordinator restart resends every command the runner has not acknowledged. A WebSocket
+runner gets them pushed and acknowledges them on its socket; a long-poll runner asks for
+those after the last one it handled (``GET /runner/control?after=``), which acknowledges
+that one. ``last_event_idx`` is the runner's last event whose effect is committed: older
+ones arriving again are dropped as duplicates.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from corral.ids import RunId
 from corral.runs import Run
 from corral.store.claims import claim
 from corral.store.db import Database, Tx
-from corral.store.rows import dumps
+from corral.store.rows import HELD, dumps
 
 
 @dataclass(frozen=True)
@@ -59,11 +63,11 @@ class CommandStore:
         (``finishing``: see ``claims.claim``)."""
         with self.db.transaction() as tx:
             runs = claim(tx, self.db, runner_id, None, now, finishing)
-            return _append(tx, runner_id, [start(run) for run in runs], now)
+            return append(tx, runner_id, [start(run) for run in runs], now)
 
     def push(self, runner_id: str, bodies: Sequence[dict[str, Any]], now: float) -> list[Command]:
         with self.db.transaction() as tx:
-            return _append(tx, runner_id, bodies, now)
+            return append(tx, runner_id, bodies, now)
 
     def unacknowledged(self, runner_id: str, after_idx: int) -> list[Command]:
         """Commands after ``after_idx`` (what the runner says it has) not yet acknowledged."""
@@ -78,13 +82,38 @@ class CommandStore:
     def acknowledge(self, runner_id: str, idx: int) -> None:
         """The runner has durably handled commands up to ``idx``: forget them."""
         with self.db.transaction() as tx:
-            tx.execute(
-                "UPDATE runners SET acked_command_idx = ? WHERE id = ? AND acked_command_idx < ?",
-                (idx, runner_id, idx),
+            _acknowledge(tx, runner_id, idx)
+
+    def cancels_to_stop(self, runner_id: str) -> list[RunId]:
+        """For a runner whose wire acknowledges nothing (the seed system's agent-runner,
+        ``compat_ao``, told again until the run ends): the runs its stored cancel commands
+        name that it still holds. The leading commands about runs it no longer holds are
+        done: acknowledged here."""
+        with self.db.transaction() as tx:
+            commands = tx.execute(
+                "SELECT idx, body FROM runner_commands WHERE runner_id = ? ORDER BY idx",
+                (runner_id,),
             )
-            tx.execute(
-                "DELETE FROM runner_commands WHERE runner_id = ? AND idx <= ?", (runner_id, idx)
-            )
+            held = {
+                r["id"]
+                for r in tx.execute(
+                    f"SELECT id FROM runs WHERE runner_id = ? AND status IN ({HELD})",
+                    (runner_id,),
+                )
+            }
+            named = [(c["idx"], json.loads(c["body"])) for c in commands]
+            done = 0
+            for idx, body in named:
+                if body.get("run_id") in held:
+                    break
+                done = idx
+            if done:
+                _acknowledge(tx, runner_id, done)
+        return [
+            RunId(body["run_id"])
+            for _, body in named
+            if body["type"] == "cancel_run" and body["run_id"] in held
+        ]
 
     def events_applied(self, runner_id: str, idx: int) -> None:
         with self.db.transaction() as tx:
@@ -99,7 +128,9 @@ class CommandStore:
             tx.execute("DELETE FROM runner_commands WHERE runner_id = ?", (runner_id,))
 
 
-def _append(tx: Tx, runner_id: str, bodies: Sequence[dict[str, Any]], now: float) -> list[Command]:
+def append(tx: Tx, runner_id: str, bodies: Sequence[dict[str, Any]], now: float) -> list[Command]:
+    """Number ``bodies`` after the runner's last command and store them, in the caller's
+    transaction. Numbering writes the runner's row: it is locked until commit."""
     if not bodies:
         return []
     row = tx.one(
@@ -115,3 +146,11 @@ def _append(tx: Tx, runner_id: str, bodies: Sequence[dict[str, Any]], now: float
         [(runner_id, c.idx, dumps(c.body), now) for c in commands],
     )
     return commands
+
+
+def _acknowledge(tx: Tx, runner_id: str, idx: int) -> None:
+    tx.execute(
+        "UPDATE runners SET acked_command_idx = ? WHERE id = ? AND acked_command_idx < ?",
+        (idx, runner_id, idx),
+    )
+    tx.execute("DELETE FROM runner_commands WHERE runner_id = ? AND idx <= ?", (runner_id, idx))

@@ -127,8 +127,8 @@ def release_run(
 
 def sync_held(tx: Tx, runner_id: RunnerId, held: Sequence[Held], now: float) -> RunnerSync:
     """What the runner says it holds against what the store gave it: runs it holds that are
-    no longer its own are abandoned, ones asked to cancel are cancelled, and ones it no
-    longer mentions (past a grace) are taken back."""
+    no longer its own are abandoned, and ones it no longer mentions (past a grace) are
+    taken back. (A cancel reaches it as a stored command: ``RunStore.request_cancel``.)"""
     sync = RunnerSync()
     mine = {
         r["id"]: r
@@ -142,8 +142,6 @@ def sync_held(tx: Tx, runner_id: RunnerId, held: Sequence[Held], now: float) -> 
         row = mine.get(h.run_id)
         if row is None or row["attempts"] != h.attempt:
             sync.abandon.append(h.run_id)
-        elif row["cancel_requested"]:
-            sync.cancel.append(h.run_id)
     requeued: list[RunId] = []
     for run_id, row in mine.items():
         if run_id not in reported and (row["claimed_at"] or 0) < now - UNREPORTED_CLAIM_GRACE_S:

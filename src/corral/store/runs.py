@@ -12,9 +12,10 @@ from typing import Any
 
 import corral.store.callbacks as callbacks
 import corral.store.claims as claims
+import corral.store.commands as commands
 import corral.store.sessions as sessions
 from corral.errors import InvalidRequest, LeaseLost, NotFound
-from corral.ids import RunId, RunnerId
+from corral.ids import RunnerId
 from corral.runs import (
     NewRun,
     Run,
@@ -28,7 +29,6 @@ from corral.runs import (
 from corral.store.claims import Claimable, check_lease, leased_row
 from corral.store.db import Database, Row, Tx
 from corral.store.rows import (
-    HELD,
     dumps,
     insert_runs,
     new_run_row,
@@ -83,20 +83,21 @@ class RunStore:
         return {str(r["status"]): int(r["n"]) for r in rows}
 
     def request_cancel(self, run_id: str, now: float) -> Run:
-        """Pending runs are cancelled at once; held ones are flagged for their runner to stop."""
-        with self.db.transaction() as tx:
-            row = row_by_id(tx, "runs", run_id, lock=self.db.lock_rows())
-            status = RunStatus(row["status"])
-            if status in (RunStatus.PENDING, RunStatus.LOST):
-                transition(tx, row, RunStatus.CANCELLED, now, error="cancelled", finished_at=now)
-            elif status.holds_lease:
-                tx.execute(
-                    "UPDATE runs SET cancel_requested = 1, updated_at = ? WHERE id = ?",
-                    (now, run_id),
-                )
-            else:
-                check_transition(run_id, status, RunStatus.CANCELLED)  # raises: terminal
-            return run_from_row(row_by_id(tx, "runs", run_id))
+        """Pending (or lost) runs are cancelled at once. A held one is flagged, and a
+        ``cancel_run`` command to its runner is stored in the same transaction: the runner
+        gets it as it gets any command (pushed on its socket, or in answer to its control
+        poll), again after a reconnect, until it acknowledges it.
+
+        Locks on PostgreSQL, in the order the claim, the reconciler, a heartbeat and a
+        socket's reports take them: the runner's row, then the run's (the other way round,
+        a cancel and the reconciler taking back the same runner's runs could deadlock). The
+        run is read unlocked first to learn its runner; if it changed hands before the
+        locks were taken, the transaction ends unwritten and starts over."""
+        while True:
+            with self.db.transaction() as tx:
+                cancelled = _cancel(tx, self.db, run_id, now)
+            if cancelled is not None:
+                return cancelled
 
     # ---- runners -------------------------------------------------------------------------
 
@@ -120,16 +121,6 @@ class RunStore:
             return []
         with self.db.transaction() as tx:
             return claims.claim(tx, self.db, runner_id, max_runs, now)
-
-    def cancel_requests(self, runner_id: str) -> list[RunId]:
-        """Runs this runner holds that a client asked to cancel."""
-        with self.db.transaction(write=False) as tx:
-            rows = tx.execute(
-                f"SELECT id FROM runs WHERE runner_id = ? AND status IN ({HELD}) "
-                "AND cancel_requested = 1",
-                (runner_id,),
-            )
-        return [RunId(r["id"]) for r in rows]
 
     def mark_started(self, run_id: str, runner_id: str, attempt: int, now: float) -> Run:
         with self.db.transaction() as tx:
@@ -264,6 +255,28 @@ class RunStore:
                 [*params, limit],
             )
         return [run_from_row(r) for r in rows]
+
+
+def _cancel(tx: Tx, db: Database, run_id: str, now: float) -> Run | None:
+    """One try of ``RunStore.request_cancel``; None: the run changed hands meanwhile."""
+    seen = row_by_id(tx, "runs", run_id)
+    runner_id = seen["runner_id"] if RunStatus(seen["status"]).holds_lease else None
+    if runner_id is not None:
+        tx.one(f"SELECT id FROM runners WHERE id = ? {db.lock_rows()}", (runner_id,))
+    row = row_by_id(tx, "runs", run_id, lock=db.lock_rows())
+    status = RunStatus(row["status"])
+    if status.holds_lease and row["runner_id"] != runner_id:
+        return None  # claimed (or claimed again) since it was read: its runner is not locked
+    if status in (RunStatus.PENDING, RunStatus.LOST):
+        return transition(tx, row, RunStatus.CANCELLED, now, error="cancelled", finished_at=now)
+    if not status.holds_lease:
+        check_transition(run_id, status, RunStatus.CANCELLED)  # raises: it has ended
+    if row["cancel_requested"]:
+        return run_from_row(row)  # asked before: its command is stored already
+    flagged = update_row(tx, "runs", run_id, now, cancel_requested=1)
+    assert flagged is not None  # the row is locked
+    commands.append(tx, row["runner_id"], [{"type": "cancel_run", "run_id": run_id}], now)
+    return run_from_row(flagged)
 
 
 def transition(
