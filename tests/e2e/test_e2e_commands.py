@@ -47,6 +47,13 @@ def test_command_run_end_to_end(cluster: Cluster, runner: Runner) -> None:
     assert logs.returncode == 0, logs.stderr
     assert logs.stdout.splitlines() == ["hi"]
 
+    # The process knows which run and attempt it is.
+    whoami = cluster.cli(
+        "run", "--wait", "--", "sh", "-c", "echo $CORRAL_RUN_ID $CORRAL_RUN_ATTEMPT"
+    )
+    assert whoami.returncode == 0, whoami.stderr
+    assert whoami.stdout.split() == [_run_id_from(whoami.stderr), "1"]
+
     failing = cluster.cli("run", "--wait", "--", "sh", "-c", "echo oops >&2; exit 7")
     assert failing.returncode == 7
     assert "oops" in failing.stderr

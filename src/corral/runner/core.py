@@ -26,7 +26,7 @@ from corral.errors import CorralError
 from corral.ids import RunId, RunnerId
 from corral.runner.actors import ActorHost
 from corral.runner.attempt import Attempt
-from corral.runner.environment import run_environment
+from corral.runner.environment import attempt_identity, run_environment
 from corral.runner.poll import PollTransport
 from corral.runner.settings import RunnerSettings
 from corral.runner.task_attempt import TaskAttempt
@@ -182,7 +182,10 @@ class RunnerCore:
         except CorralError as exc:
             executor = _Unrunnable(str(exc))
         kind = TaskAttempt if run.type is RunType.TASK else Attempt
-        base_env = run_environment(self.host_env, self.settings.pass_env, executor.host_env)
+        base_env = {
+            **run_environment(self.host_env, self.settings.pass_env, executor.host_env),
+            **attempt_identity(run.id, run.attempt),
+        }
         attempt = kind(run, executor, self.transport.reports, self.settings, base_env)
         self.attempts[run.id] = attempt
         task = asyncio.create_task(self._execute(attempt), name=f"run {run.id}")

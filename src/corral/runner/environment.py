@@ -10,6 +10,8 @@ the API keys of agents); a run executes whatever a client asked for, so it gets 
                         its API key and provider settings, ``ClaudeExecutor.host_env``);
                         never given to a command run
     then the agent profile's ``env`` and the run's ``env`` (set by the executor).
+
+Every run's process also learns which run and attempt it is (``attempt_identity``).
 """
 
 from __future__ import annotations
@@ -47,3 +49,10 @@ def run_environment(
 ) -> dict[str, str]:
     """The base environment of one run's process, before the profile's and run's ``env``."""
     return allowed(host, (*ALWAYS, *pass_env, *executor_needs))
+
+
+def attempt_identity(run_id: str, attempt: int) -> dict[str, str]:
+    """``CORRAL_RUN_ID`` and ``CORRAL_RUN_ATTEMPT`` (1, 2 …): a run started again after its
+    runner was lost sees a new attempt, so work it records or calls (a ledger, an
+    idempotency key) can tell a second execution from the first."""
+    return {"CORRAL_RUN_ID": run_id, "CORRAL_RUN_ATTEMPT": str(attempt)}
