@@ -1,0 +1,600 @@
+"""The chaos soak: two coordinators and four runners on one PostgreSQL, under fire.
+
+    coordinator A ──┐                 ┌── proxy ◀── runner ws-1 (WebSocket)
+                    ├── PostgreSQL ───┤   …         runner ws-2 (WebSocket)
+    coordinator B ──┘   (its own)     └── proxy ◀── runner poll-1, poll-2 (long-poll)
+
+Each runner reaches both coordinators (``--coordinator A,B``) through fault proxies of its
+own. A workload thread creates runs through either coordinator: commands (short, long,
+failing, cancelled while they run) and fake Claude agent sessions, each writing the
+ledger (``chaos_ledger.py``). Meanwhile a chaos thread, at random instants: SIGKILLs a
+runner or a coordinator and starts it again after a while, restarts PostgreSQL (a fast
+shutdown or an immediate one, as in a crash, then down for a while), cuts one link, or
+cuts a runner off from both coordinators (briefly, or longer than its lease).
+
+A round is some seconds of that, then calm: every fault healed, every process up, every
+run given time to end; then the ledger is checked (``chaos_ledger.check``). The CI test
+runs two short rounds (``test_chaos_soak.py``); the long soak runs as a script and
+prints its figures:
+
+    python tests/chaos/soak.py --minutes 30 [--seed N] [--round-s 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import heapq
+import itertools
+import json
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import httpx
+import psycopg
+from chaos_ledger import (
+    COMMAND_SCRIPT,
+    Disruption,
+    Entry,
+    Job,
+    Verdict,
+    check,
+    job_key,
+    read_entries,
+)
+from e2e_support import TERMINAL, TOKEN, Cluster, Coordinator, JsonClient, Runner, free_port
+from faultproxy import CUT_MODES, FaultProxy
+from pg_cluster import PgCluster
+from tasks_helpers import TaskRepo
+
+from corral.errors import Conflict, CorralError, InvalidRequest, NotFound
+
+# The coordinators declare a runner lost after this long without news of it: a runner cut
+# off for longer loses its runs, which start again elsewhere as new attempts.
+LOST_AFTER_S = 5.0
+SLOTS = 3
+MAX_ATTEMPTS = 20  # no run must fail for want of attempts, however often it is lost
+SETTLE_TIMEOUT_S = 120.0
+RUNNERS = (("ws-1", "websocket"), ("ws-2", "websocket"), ("poll-1", "poll"), ("poll-2", "poll"))
+# What the workload creates, with weights: (kind, weight).
+TASK_FINAL = frozenset({"completed", "failed", "merge_conflict", "blocked_by_failure", "cancelled"})
+KINDS = (("short", 8), ("long", 3), ("fail", 2), ("agent", 5), ("cancel", 2))
+
+
+@dataclass
+class Figures:
+    started: float = field(default_factory=time.monotonic)
+    rounds: int = 0
+    coordinator_kills: int = 0
+    runner_kills: int = 0
+    postgres_restarts: int = 0
+    link_cuts: int = 0
+    runner_cutoffs: int = 0  # a runner cut off from both coordinators
+    long_cutoffs: int = 0  # … for longer than the lost-runner threshold
+    unplanned_exits: Counter[str] = field(default_factory=Counter)
+    created: Counter[str] = field(default_factory=Counter)
+    creation_retries: int = 0
+    # Each round's calm: (seconds until every process was up again, then until every
+    # run was final).
+    calm_s: list[tuple[float, float]] = field(default_factory=list)
+    last_open: list[str] = field(default_factory=list)  # the runs that ended last
+    verdict: Verdict = field(default_factory=Verdict)
+
+    @property
+    def violations(self) -> list[str]:
+        return self.verdict.violations
+
+    def line(self) -> str:
+        minutes = (time.monotonic() - self.started) / 60
+        final = ", ".join(f"{s} {n}" for s, n in sorted(self.verdict.final.items()))
+        exits = ", ".join(f"{n} {c}" for n, c in sorted(self.unplanned_exits.items()))
+        up, settle = self.calm_s[-1] if self.calm_s else (0.0, 0.0)
+        return (
+            f"{minutes:.1f} min, {self.rounds} rounds: kills {self.coordinator_kills} "
+            f"coordinator + {self.runner_kills} runner, PostgreSQL restarts "
+            f"{self.postgres_restarts}, link cuts {self.link_cuts}, runners cut off "
+            f"{self.runner_cutoffs} ({self.long_cutoffs} past their lease); runs "
+            f"{sum(self.created.values())} ({final}), started again after a lost lease "
+            f"{self.verdict.reexecuted}; unplanned exits {exits or 'none'}; "
+            f"last calm: up in {up:.1f}s, runs final {settle:.1f}s later; "
+            f"violations {len(self.violations)}"
+        )
+
+
+class Soak:
+    def __init__(self, root: Path, seed: int) -> None:
+        self.root = root
+        self.rng = random.Random(seed)
+        self.figures = Figures()
+        self.pg = PgCluster(free_port())
+        self.cluster = Cluster(root)
+        self.ledger_path = root / "ledger.txt"
+        self.coordinators: list[Coordinator] = []
+        self.runners: list[Runner] = []
+        self.proxies: dict[str, list[FaultProxy]] = {}  # runner → its proxy to A, to B
+        self.clients: list[JsonClient] = []
+        self.jobs: list[Job] = []
+        self.disruptions: list[Disruption] = []
+        self.lock = threading.Lock()
+        self.down: set[str] = set()  # processes the chaos holds down
+        self.keys = itertools.count(1)
+        self.repo: TaskRepo | None = None
+        self.project_id = ""
+        self.task_keys: list[str] = []
+
+    # ---- set up and tear down ------------------------------------------------------------
+
+    def open(self) -> None:
+        self.pg.create()
+        with psycopg.connect(self.pg.url, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE corral")
+        db = self.pg.url.rsplit("/", 1)[0] + "/corral"
+        for name in ("coordinator-a", "coordinator-b"):
+            coordinator = Coordinator(
+                name,
+                self.cluster.env,
+                self.root,
+                port=free_port(),
+                db=db,
+                lost_after_s=LOST_AFTER_S,
+            )
+            # WebSocket runners have their own threshold (20 s by default): the same here.
+            coordinator.argv += ["--runner-lost-threshold", str(LOST_AFTER_S)]
+            self.cluster.procs.append(coordinator)
+            self.coordinators.append(coordinator)
+            coordinator.start()
+        for coordinator in self.coordinators:
+            coordinator.wait_ready()
+        self.cluster.coordinator = self.coordinators[-1]  # what cluster.client talks to
+        self.clients = [JsonClient(c.url, TOKEN, timeout_s=10.0) for c in self.coordinators]
+        for name, transport in RUNNERS:
+            proxies = [FaultProxy(c.port).start() for c in self.coordinators]
+            self.proxies[name] = proxies
+            url = ",".join(p.url for p in proxies)
+            runner = self.cluster.start_runner(
+                name, url=url, slots=SLOTS, extra=["--transport", transport], wait=False
+            )
+            self.runners.append(runner)
+        for name, _ in RUNNERS:
+            self.cluster.wait_runner(name)
+        (self.root / "tasks").mkdir()
+        self.repo = TaskRepo(self.root / "tasks")
+        project = self._insist(
+            "POST",
+            "/projects",
+            json={
+                "repo_path": str(self.repo.repo),
+                "target_branch": "main",
+                "retry_backoff_s": 0.2,
+            },
+        )
+        self.project_id = project["project_id"]
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.cluster.close()
+        for proxies in self.proxies.values():
+            for proxy in proxies:
+                proxy.close()
+        self.pg.close()
+
+    # ---- rounds ----------------------------------------------------------------------------
+
+    def round(self, seconds: float, *, runs_per_s: float) -> Verdict:
+        """``seconds`` of workload under chaos, then calm until every run ended; the
+        invariants over everything so far."""
+        self.figures.rounds += 1
+        stop = threading.Event()
+        chaos = threading.Thread(target=self._chaos, args=(stop,), name="chaos")
+        chaos.start()
+        try:
+            self._add_plan()
+            self._workload(time.monotonic() + seconds, runs_per_s)
+        finally:
+            stop.set()
+            chaos.join()
+        calm = time.monotonic()
+        self._all_up()
+        up = time.monotonic()
+        self._settle()
+        self.figures.calm_s.append((up - calm, time.monotonic() - up))
+        verdict = self.check(settled=True)
+        self.figures.verdict = verdict
+        return verdict
+
+    def check(self, *, settled: bool) -> Verdict:
+        runs = self._all_runs()
+        entries: list[Entry] = read_entries(self.ledger_path, self.cluster.ledger_path)
+        with psycopg.connect(self.pg.url.rsplit("/", 1)[0] + "/corral") as conn:
+            names = dict(conn.execute("SELECT id, name FROM runners").fetchall())
+            events: dict[str, list[dict[str, Any]]] = {}
+            for run_id, at, runner_id, data in conn.execute(
+                "SELECT run_id, at, runner_id, data FROM events WHERE kind = 'run' ORDER BY seq"
+            ):
+                events.setdefault(run_id, []).append(
+                    {"at": at, "runner_id": runner_id, "data": json.loads(data)}
+                )
+        return check(self.jobs, runs, entries, events, names, self.disruptions, settled=settled)
+
+    # ---- the task plan ---------------------------------------------------------------------
+
+    def _add_plan(self) -> None:
+        """Three tasks a round, the third after the other two, each writing its own file
+        through the fake Claude; the plan works through them with two workers."""
+        n = self.figures.rounds
+        keys = [f"t{n}a", f"t{n}b", f"t{n}c"]
+        tasks = [
+            {
+                "id": key,
+                "title": f"Task {key}",
+                "prompt": f"chaos {key} [fake:sleep=1][fake:write=files/{key}.txt:made by {key}]",
+                "after": [keys[0], keys[1]] if key == keys[2] else [],
+                "max_attempts": MAX_ATTEMPTS,
+            }
+            for key in keys
+        ]
+        # Adding a plan again changes nothing, so it is sent until one answer comes back.
+        self._insist("POST", f"/projects/{self.project_id}/tasks", json={"tasks": tasks})
+        self.task_keys += keys
+        self._insist("POST", f"/projects/{self.project_id}/start", json={"workers": 2})
+
+    def _insist(self, method: str, path: str, **kwargs: Any) -> Any:
+        """An idempotent call, through one coordinator or the other until one answers."""
+        for attempt in itertools.count():
+            try:
+                return self.clients[attempt % len(self.clients)].call(method, path, **kwargs)
+            except InvalidRequest:
+                raise
+            except CorralError:
+                if attempt > 120:
+                    raise
+                time.sleep(0.25)
+        raise AssertionError("unreachable")
+
+    def _tasks(self) -> dict[str, dict[str, Any]]:
+        found = self._insist("GET", f"/projects/{self.project_id}/tasks")
+        return {t["id"]: t for t in found["tasks"]}
+
+    def check_plan(self) -> list[str]:
+        """Every task completed, and on ``main`` once: one commit and one merge each, its
+        file as the agent wrote it."""
+        assert self.repo is not None
+        violations = []
+        tasks = self._tasks()
+        subjects = Counter(self.repo.subjects())
+        files = set(self.repo.tree_files())
+        for key in self.task_keys:
+            status = tasks[key]["status"]
+            if status != "completed":
+                violations.append(f"task {key} ended {status}: {tasks[key]['last_error']!r}")
+                continue
+            commits = subjects[f"corral: {key} Task {key}"]
+            merges = subjects[f"corral: merge {key} Task {key}"]
+            if (commits, merges) != (1, 1):
+                violations.append(f"task {key} is on main in {commits} commits, {merges} merges")
+            if f"files/{key}.txt" not in files:
+                violations.append(f"task {key} completed, but its file is not on main")
+            elif self.repo.show(f"files/{key}.txt").strip() != f"made by {key}":
+                violations.append(f"task {key}'s file on main is not what its agent wrote")
+        return violations
+
+    # ---- the workload ----------------------------------------------------------------------
+
+    def _workload(self, until: float, runs_per_s: float) -> None:
+        kinds, weights = zip(*KINDS, strict=True)
+        while (now := time.monotonic()) < until:
+            self._send_cancels()
+            kind = self.rng.choices(kinds, weights)[0]
+            self._create(kind)
+            time.sleep(max(0.0, now + self.rng.expovariate(runs_per_s) - time.monotonic()))
+
+    def _create(self, kind: str) -> None:
+        key = f"j{next(self.keys):05d}"
+        want, exit_code, spec = "completed", 0, {}
+        if kind == "agent":
+            sleep = round(self.rng.uniform(0.2, 2.0), 2)
+            prompt = f"chaos {key} [fake:sleep={sleep}]"
+            spec, exit_code = {"type": "start_session", "prompt": prompt}, None
+        else:
+            seconds = {
+                "short": self.rng.uniform(0.05, 1.0),
+                "long": self.rng.uniform(4.0, 10.0),
+                "fail": self.rng.uniform(0.05, 0.5),
+                "cancel": 300.0,
+            }[kind]
+            code = 3 if kind == "fail" else 0
+            script = COMMAND_SCRIPT.format(ledger=self.ledger_path)
+            command = ["sh", "-c", script, key, f"{seconds:.2f}", str(code)]
+            spec = {"type": "command", "command": command}
+            if kind == "fail":
+                want, exit_code = "failed", 3
+            elif kind == "cancel":
+                want, exit_code = "cancelled", None
+        job = Job(key, kind, want, exit_code, time.time())
+        if kind == "cancel":
+            job.cancel_at = time.monotonic() + self.rng.uniform(0.5, 3.0)
+        spec_type = spec.pop("type")
+        for client in self.rng.sample(self.clients, len(self.clients)):
+            try:
+                created = client.create_run(spec_type, max_attempts=MAX_ATTEMPTS, **spec)
+            except InvalidRequest:
+                raise
+            except CorralError as exc:
+                if isinstance(exc.__cause__, httpx.ConnectError):
+                    continue  # that coordinator is down: surely not created there
+                # Refused, unreachable, or no answer: maybe created, maybe not. Never sent
+                # twice (that would be two runs): the check finds it by its key, or not.
+                self.figures.creation_retries += 1
+                break
+            job.run_id = created["run_id"]
+            break
+        with self.lock:
+            self.jobs.append(job)
+            self.figures.created[kind] += 1
+
+    def _send_cancels(self, *, all_due: bool = False) -> None:
+        now = time.monotonic()
+        for job in self.jobs:
+            if job.cancel_at is None or job.cancelled or (now < job.cancel_at and not all_due):
+                continue
+            run_id = job.run_id or self._find_run_id(job.key)
+            if run_id is None:
+                continue
+            job.run_id = run_id
+            client = self.rng.choice(self.clients)
+            try:
+                client.cancel_run(run_id)
+                job.cancelled = True
+            except Conflict:
+                job.cancelled = True  # it ended already: the check says whether as it should
+            except NotFound:
+                continue
+            except CorralError:
+                continue  # tried again on the next turn
+
+    def _find_run_id(self, key: str) -> str | None:
+        with contextlib.suppress(CorralError):
+            for run in self._all_runs().values():
+                if job_key(run) == key:
+                    return str(run["run_id"])
+        return None
+
+    def _all_runs(self) -> dict[str, dict[str, Any]]:
+        """Every run, through whichever coordinator answers."""
+        for attempt in range(60):
+            client = self.clients[attempt % len(self.clients)]
+            try:
+                runs: dict[str, dict[str, Any]] = {}
+                before = None
+                while True:
+                    page = client.list_runs(limit=500, before=before)
+                    runs.update((r["run_id"], r) for r in page["runs"])
+                    if not (before := page["next"]):
+                        return runs
+            except CorralError:
+                time.sleep(0.5)
+        raise AssertionError("no coordinator listed the runs for 30 s")
+
+    def _settle(self) -> None:
+        """Until every run is final (the cancels due are sent)."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self._send_cancels(all_due=True)
+            runs = self._all_runs()
+            still = [r for r in runs.values() if r["status"] not in TERMINAL]
+            if still:
+                self.figures.last_open = [
+                    f"{r['run_id']} {r['status']} attempt {r['attempts']} on {r['runner_id']}"
+                    for r in still
+                ]
+            open_tasks = [k for k, t in self._tasks().items() if t["status"] not in TASK_FINAL]
+            if not still and not open_tasks:  # a cancel not sent yet finds its run final
+                return
+            time.sleep(0.5)
+        # What is still open is reported by the check (runs not final).
+
+    # ---- chaos ------------------------------------------------------------------------------
+
+    def _chaos(self, stop: threading.Event) -> None:
+        """Faults at random instants; each is healed after a while (a heap of repairs)."""
+        repairs: list[tuple[float, int, Callable[[], None]]] = []
+        order = itertools.count()
+        faults = (
+            (self._kill_runner, 3),
+            (self._cut_off_runner, 2),
+            (self._cut_link, 3),
+            (self._kill_coordinator, 2),
+            (self._restart_postgres, 1),
+        )
+        actions, weights = zip(*faults, strict=True)
+        next_fault = time.monotonic() + self.rng.uniform(0.5, 1.5)
+        while not stop.is_set() or repairs:
+            now = time.monotonic()
+            while repairs and (repairs[0][0] <= now or stop.is_set()):
+                heapq.heappop(repairs)[2]()
+            if not stop.is_set() and now >= next_fault:
+                fault = self.rng.choices(actions, weights)[0]
+                repaired = fault()
+                if repaired is not None:
+                    delay, repair = repaired
+                    heapq.heappush(repairs, (now + delay, next(order), repair))
+                next_fault = now + self.rng.uniform(0.8, 2.5)
+            self._restart_the_fallen()
+            time.sleep(0.05)
+
+    def _restart_the_fallen(self) -> None:
+        """A process that exited without the chaos killing it is counted and restarted."""
+        if "postgres" in self.down:
+            return  # a coordinator would not start without its database
+        for proc in [*self.coordinators, *self.runners]:
+            if proc.name not in self.down and not proc.alive():
+                self.figures.unplanned_exits[proc.name] += 1
+                proc.kill()  # reaps it
+                proc.start()
+
+    def _kill_runner(self) -> tuple[float, Callable[[], None]] | None:
+        candidates = [r for r in self.runners if r.name not in self.down]
+        if not candidates:
+            return None
+        runner = self.rng.choice(candidates)
+        start = time.time()
+        self.down.add(runner.name)
+        runner.kill()
+        self.figures.runner_kills += 1
+
+        def restart() -> None:
+            runner.start()
+            self.down.discard(runner.name)
+            self.disruptions.append(Disruption("kill", runner.name, start, time.time()))
+
+        return self.rng.uniform(0.3, 3.0), restart
+
+    def _cut_off_runner(self) -> tuple[float, Callable[[], None]] | None:
+        name = self.rng.choice([n for n, _ in RUNNERS])
+        proxies = self.proxies[name]
+        if any(p.refusing for p in proxies):
+            return None
+        start = time.time()
+        for proxy in proxies:
+            proxy.refusing = True
+            proxy.cut_all("both")
+        self.figures.runner_cutoffs += 1
+        long = self.rng.random() < 0.4
+        self.figures.long_cutoffs += long
+        seconds = self.rng.uniform(
+            *((LOST_AFTER_S + 1, LOST_AFTER_S + 4) if long else (0.3, LOST_AFTER_S / 2))
+        )
+
+        def heal() -> None:
+            for proxy in proxies:
+                proxy.refusing = False
+            self.disruptions.append(Disruption("cut-off", name, start, time.time()))
+
+        return seconds, heal
+
+    def _cut_link(self) -> None:
+        proxy = self.rng.choice([p for proxies in self.proxies.values() for p in proxies])
+        self.figures.link_cuts += proxy.cut_all(self.rng.choice(CUT_MODES))
+
+    def _kill_coordinator(self) -> tuple[float, Callable[[], None]] | None:
+        candidates = [c for c in self.coordinators if c.name not in self.down]
+        if not candidates:
+            return None
+        coordinator = self.rng.choice(candidates)
+        self.down.add(coordinator.name)
+        coordinator.kill()
+        self.figures.coordinator_kills += 1
+        start = time.time()
+        others_down = len(candidates) == 1
+
+        def restart() -> None:
+            coordinator.start()
+            self.down.discard(coordinator.name)
+            if others_down:  # both were down a while: every runner was cut off
+                self.disruptions.append(
+                    Disruption("both coordinators down", None, start, time.time())
+                )
+
+        return self.rng.uniform(0.5, 4.0), restart
+
+    def _restart_postgres(self) -> tuple[float, Callable[[], None]] | None:
+        if "postgres" in self.down:
+            return None
+        self.down.add("postgres")
+        self.pg.stop(self.rng.choice(("fast", "immediate")))
+
+        def start() -> None:
+            self.pg.start()
+            self.down.discard("postgres")
+            self.figures.postgres_restarts += 1
+
+        return self.rng.uniform(0.3, 2.0), start
+
+    def _all_up(self) -> None:
+        for coordinator in self.coordinators:
+            if not coordinator.alive():
+                coordinator.kill()
+                coordinator.start()
+            coordinator.wait_ready()
+        for runner in self.runners:
+            if not runner.alive():
+                runner.kill()
+                runner.start()
+        for name, _ in RUNNERS:
+            self.cluster.wait_runner(name, timeout=60)
+
+
+def soak(
+    root: Path,
+    *,
+    seed: int,
+    rounds: int | None = None,
+    minutes: float | None = None,
+    round_s: float = 60.0,
+    runs_per_s: float = 2.0,
+    report: Callable[[str], None] = print,
+) -> Figures:
+    """Rounds under chaos until ``rounds`` or ``minutes`` are done; the figures."""
+    the_soak = Soak(root, seed)
+    figures = the_soak.figures
+    try:
+        the_soak.open()
+        report(
+            f"seed {seed}: {len(the_soak.coordinators)} coordinators, "
+            f"{len(the_soak.runners)} runners up ({time.monotonic() - figures.started:.0f}s)"
+        )
+        deadline = figures.started + minutes * 60 if minutes is not None else None
+        while (rounds is None or figures.rounds < rounds) and (
+            deadline is None or time.monotonic() < deadline
+        ):
+            seen = len(figures.violations)
+            verdict = the_soak.round(round_s, runs_per_s=runs_per_s)
+            for violation in verdict.violations[seen:]:
+                report(f"VIOLATION (round {figures.rounds}): {violation}")
+            report(figures.line())
+            if figures.calm_s[-1][1] > 30:
+                report(f"slow to end after the chaos: {'; '.join(figures.last_open[:8])}")
+            if verdict.violations:
+                break  # later rounds would only repeat it; the logs are kept
+    finally:
+        the_soak.close()
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--round-s", type=float, default=60.0, help="chaos per round")
+    parser.add_argument("--runs-per-s", type=float, default=2.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--root", type=Path, default=None, help="keep everything here")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    import tempfile
+
+    root = args.root or Path(tempfile.mkdtemp(prefix="corral-chaos-"))
+    root.mkdir(parents=True, exist_ok=True)
+    figures = soak(
+        root,
+        seed=seed,
+        minutes=args.minutes,
+        round_s=args.round_s,
+        runs_per_s=args.runs_per_s,
+    )
+    print(json.dumps({"seed": seed, "root": str(root), "summary": figures.line()}))
+    return 1 if figures.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
