@@ -8,7 +8,8 @@
 
 A lost runner's heartbeat is refused (runner_lost): it must register again. Over the
 WebSocket link a lost or stopped one comes back as a new runner instead (its old id's
-commands are void).
+commands are void), and a drain asked of it stays asked when it registers again (it is
+told on its new socket, whichever coordinator holds it).
 Draining a runner that is lost or stopped leaves it so: it is gone, there is nothing to
 drain. Any other move not in ``TRANSITIONS`` raises ``IllegalTransition``.
 """

@@ -3,19 +3,22 @@
 A rolling restart — each coordinator stopped (SIGTERM) and started again, one at a time —
 kills no run: the runner moves to the other coordinator within its lease, and the run it
 holds goes on, started once. A run created through one coordinator reaches the runner
-connected to the other (LISTEN/NOTIFY between them), and so does a cancel.
+connected to the other (LISTEN/NOTIFY between them), and so does a cancel, a drain and
+a stop.
 """
 
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from e2e_support import TOKEN, Cluster, Coordinator, JsonClient, wait_until
+from e2e_support import TOKEN, Cluster, Coordinator, JsonClient, Proc, wait_until
 
 pytestmark = pytest.mark.postgres
+WS = ["--transport", "websocket"]
 
 
 def held_until_released(root: Path, name: str) -> list[str]:
@@ -39,12 +42,16 @@ def restart(cluster: Cluster, coordinator: Coordinator) -> None:
     cluster.reset_client()
 
 
+def peers(cluster: Cluster, pg_url: str, pg_schema: str) -> tuple[Coordinator, Coordinator]:
+    """Two coordinators on the test's PostgreSQL schema."""
+    db = f"{pg_url}{'&' if '?' in pg_url else '?'}options={quote(f'-csearch_path={pg_schema}')}"
+    return cluster.start_coordinator(db=db), cluster.start_coordinator(db=db)
+
+
 def test_a_rolling_restart_of_two_coordinators_kills_no_run(
     cluster: Cluster, pg_url: str, pg_schema: str
 ) -> None:
-    db = f"{pg_url}{'&' if '?' in pg_url else '?'}options={quote(f'-csearch_path={pg_schema}')}"
-    a = cluster.start_coordinator(db=db)
-    b = cluster.start_coordinator(db=db)
+    a, b = peers(cluster, pg_url, pg_schema)
     cluster.start_runner(
         "runner", url=f"{a.url},{b.url}", slots=4, extra=["--transport", "websocket"]
     )
@@ -75,4 +82,96 @@ def test_a_rolling_restart_of_two_coordinators_kills_no_run(
         assert starts_of(root, "long") == 1  # never started again
     finally:
         via_a.close()
+        via_b.close()
+
+
+def test_a_drain_and_a_stop_asked_through_the_other_coordinator_reach_the_runner(
+    cluster: Cluster, pg_url: str, pg_schema: str
+) -> None:
+    """Both runners are connected to B; A stores what was asked, B passes it on."""
+    a, b = peers(cluster, pg_url, pg_schema)
+    drained = cluster.start_runner(
+        "drained", url=b.url, slots=2, extra=[*WS, "--labels", "d"], wait=False
+    )
+    stopped = cluster.start_runner(
+        "stopped", url=b.url, slots=1, extra=[*WS, "--labels", "s"], wait=False
+    )
+    drained_id, stopped_id = cluster.wait_runner("drained"), cluster.wait_runner("stopped")
+    via_a, via_b = JsonClient(a.url, TOKEN), JsonClient(b.url, TOKEN)
+    root = cluster.root
+    try:
+        finishing = via_b.create_run(
+            "command", command=held_until_released(root, "finishing"), labels=["d"]
+        )
+        given_back = via_b.create_run(
+            "command", command=held_until_released(root, "given"), labels=["s"]
+        )
+        wait_until(
+            lambda: starts_of(root, "finishing") == starts_of(root, "given") == 1,
+            30,
+            what="both runs to start",
+        )
+
+        via_a.call("POST", f"/runners/{drained_id}/drain", json={"grace_s": 60})
+        wait_until(lambda: "asks this runner to drain" in drained.log(), 10, what="the drain")
+        assert drained.alive()  # it finishes its run first
+        (root / "finishing.go").touch()
+        assert drained.wait(30) == 0
+        assert cluster.wait_run(finishing["run_id"])["status"] == "completed"
+
+        via_a.call("POST", f"/runners/{stopped_id}/stop")
+        assert stopped.wait(30) == 0  # told it is stopped: it does not come back as another
+        assert "corral.stopped" in stopped.log()
+        run = via_a.get_run(given_back["run_id"])
+        assert (run["status"], run["attempts"]) == ("pending", 1), run  # back for another
+        assert {r["runner_id"]: r["state"] for r in via_a.runners()} == {
+            drained_id: "stopped",
+            stopped_id: "stopped",
+        }
+    finally:
+        via_a.close()
+        via_b.close()
+
+
+def connects(runner: Proc) -> int:
+    return runner.log().count(" connected (")
+
+
+def test_sigterm_on_a_coordinator_moves_its_runners_at_once_and_kills_no_run(
+    cluster: Cluster, pg_url: str, pg_schema: str
+) -> None:
+    """A deploy: the coordinator tells its runners to move before it cuts their sockets;
+    they go to the other one at once (no failed attempt, no backoff), runs kept."""
+    a, b = peers(cluster, pg_url, pg_schema)
+    runners = [
+        cluster.start_runner(name, url=f"{a.url},{b.url}", slots=2, extra=WS, wait=False)
+        for name in ("first", "second")
+    ]
+    for runner in runners:
+        cluster.wait_runner(runner.name)
+    via_b = JsonClient(b.url, TOKEN)
+    root = cluster.root
+    names = [f"held{i}" for i in range(4)]
+    try:
+        runs = [via_b.create_run("command", command=held_until_released(root, n)) for n in names]
+        wait_until(lambda: all(starts_of(root, n) == 1 for n in names), 30, what="every start")
+
+        asked = time.monotonic()
+        a.send(signal.SIGTERM)
+        wait_until(lambda: all(connects(r) == 2 for r in runners), 10, what="the runners on B")
+        print(f"runners moved {time.monotonic() - asked:.3f} s after SIGTERM")
+        assert a.wait(30) == 0
+        for runner in runners:
+            log = runner.log()
+            assert "is stopping: moving on, runs kept" in log
+            assert "coordinator socket" not in log  # no attempt failed on the way
+            assert runner.alive()
+
+        for name in names:
+            (root / f"{name}.go").touch()
+        for run in runs:
+            finished = cluster.wait_run(run["run_id"], timeout=60)
+            assert (finished["status"], finished["attempts"]) == ("completed", 1), finished
+        assert all(starts_of(root, n) == 1 for n in names)  # none killed, none started again
+    finally:
         via_b.close()

@@ -22,6 +22,8 @@ from corral.coordinator.settings import CoordinatorSettings
 from corral.ids import RunnerId
 from corral.protocol import messages as wire
 from corral.protocol.outputs import Close, Register, Send
+from corral.runners import RunnerState
+from corral.store.runners import Order
 
 T0 = 1_000.0
 RUNNER = RunnerId("rnr_000000000001")
@@ -118,6 +120,35 @@ def test_a_drain_stops_claims() -> None:
     assert channel.push_request().claim
     out = channel.drain(30.0)
     assert sent(out) == [wire.ToClientDrain(30.0)]
+    assert not channel.push_request().claim
+
+
+def test_a_drain_asked_through_another_coordinator_is_passed_on_once() -> None:
+    channel = registered()
+    assert channel.ordered(Order(RunnerState.ACTIVE, None)) == []
+    assert sent(channel.ordered(Order(RunnerState.DRAINING, 42.0))) == [wire.ToClientDrain(42.0)]
+    assert not channel.push_request().claim
+    assert channel.ordered(Order(RunnerState.DRAINING, 41.0)) == []  # told already
+
+
+def test_a_drain_asked_here_is_not_sent_again_when_the_store_says_it() -> None:
+    channel = registered()
+    channel.drain(30.0)
+    assert channel.ordered(Order(RunnerState.DRAINING, 30.0)) == []
+
+
+def test_a_stop_asked_through_another_coordinator_closes_the_socket_for_good() -> None:
+    channel = registered()
+    out = channel.ordered(Order(RunnerState.STOPPED, None))
+    assert sent(out) == [wire.ToClientClose(wire.REASON_STOPPED)]
+    assert Close(wire.CLOSE_NORMAL, wire.REASON_STOPPED) in out
+
+
+def test_a_drain_asked_while_the_runner_was_away_is_sent_after_its_greeting() -> None:
+    channel = RunnerChannel.open(1, T0, CoordinatorSettings())
+    channel.receive(init(), T0)
+    out = channel.registered(Registration(RUNNER, 0, [], drain_grace_s=12.0), T0)
+    assert [type(m) for m in sent(out)] == [wire.ToClientInit, wire.ToClientDrain]
     assert not channel.push_request().claim
 
 

@@ -24,7 +24,7 @@ from corral.agents.profiles import load_profiles
 from corral.cli.gc import DURATION, retention_from, retention_options
 from corral.cli.log_format import configure_logging, log_format_option
 from corral.cli.options import URLS, comma_list, labels_from, option
-from corral.coordinator.app import QuietServer, server_config
+from corral.coordinator.app import CorralServer, QuietServer, server_config
 from corral.coordinator.settings import CoordinatorSettings
 from corral.credentials import client_token, coordinator_token
 from corral.dashboard.site import address as dashboard_address
@@ -339,7 +339,7 @@ def reload_agents(app: Any, config: Path | None) -> None:
     log.info("agent profiles reloaded from %s: %s", config, ", ".join(sorted(profiles)))
 
 
-class _StoppingServer(uvicorn.Server):
+class _StoppingServer(CorralServer):
     """uvicorn's server, stopped by SIGINT or SIGTERM after its graceful shutdown, which
     remembers the signal instead of raising it again once stopped (a KeyboardInterrupt's
     traceback, or death by SIGTERM with no word said)."""

@@ -171,7 +171,23 @@ def server_config(
     )
 
 
-class QuietServer(uvicorn.Server):
+class CorralServer(uvicorn.Server):
+    """uvicorn's server. Stopping, it first tells the runners connected to this
+    coordinator to move to another one (``Coordinator.leave``): uvicorn would cut their
+    sockets with no word said, and they would take it for a failure."""
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        coordinator = getattr(getattr(self.config.app, "state", None), "coordinator", None)
+        if isinstance(coordinator, Coordinator) and not self.force_exit:
+            # First take no new connection: a runner told to move must not land here again.
+            for server in self.servers:
+                server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(coordinator.leave(), SHUTDOWN_GRACE_S)
+        await super().shutdown(sockets)
+
+
+class QuietServer(CorralServer):
     """uvicorn without its own signal handling: the caller decides how it stops."""
 
     @contextlib.contextmanager

@@ -46,6 +46,9 @@ class LiveLink(Protocol):
     async def evict(self) -> None:
         """A newer socket of the runner took over: tell this one not to reconnect."""
 
+    async def leave(self) -> None:
+        """This coordinator stops: tell the runner to move to another at once, and close."""
+
     async def close(self, code: int, reason: str) -> None:
         """Close the socket at once."""
 

@@ -24,6 +24,10 @@ virtual clock, so what it checks is what the coordinator runs.
     KvRequested  ──▶ (the pump calls ``store.kv.apply``)
     Wake         ──▶ (the pump notifies those topics)
 
+A drain or a stop asked through another coordinator is stored in the runner's row, whose
+change wakes this one (``store/wakeups.py``): the pump then reads it (``order()``) and the
+channel passes it on (``ordered``), a drain once per socket.
+
 Events are parsed once, as they are read (``parse_events``): a malformed one closes the
 socket before anything of its frame is stored.
 """
@@ -79,6 +83,7 @@ from corral.runners import RunnerState
 from corral.runs import Run, RunStatus
 from corral.store import LogLine, Store
 from corral.store.commands import Command
+from corral.store.runners import Order
 from corral.subagents import Mode
 
 log = logging.getLogger("corral.coordinator")
@@ -93,6 +98,7 @@ class Registration(NamedTuple):
     last_event_idx: int  # the runner's events applied so far (0 for a new identity)
     missed: list[Indexed]  # commands the runner has not acknowledged, to send again
     woken: tuple[str, ...] = ()  # notifier topics: actors placed on it as it connected
+    drain_grace_s: float | None = None  # a drain asked while it was away: the grace left
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,7 @@ class RunnerChannel:
     draining: bool = False  # it said it stops, or was told to: no more claims
     left: bool = False  # the runner closed as one that shuts down (its work has stopped)
     replaced: bool = False  # a newer socket of the runner took over (or this one lost)
+    drain_sent: bool = False  # the runner was told to drain on this socket
     _sent_idx: int = 0  # commands sent on this socket, up to here
     _finishing: Counter[Slot] = field(default_factory=Counter)  # read, not yet applied
     _applying: deque[list[Slot]] = field(default_factory=deque)  # each ApplyEvents' finishes
@@ -220,6 +227,10 @@ class RunnerChannel:
         greeting = self.session.registered(
             runner_id, registration.last_event_idx, registration.missed, now
         )
+        # A drain asked while it was away: it drains now (after its greeting).
+        if registration.drain_grace_s is not None:
+            greeting += self.session.drain(registration.drain_grace_s)
+            self.draining = self.drain_sent = True
         # Resumes bound to this runner's name may run now; its free slots want work.
         return [*self._lift(greeting), Wake((RUNS_AVAILABLE,)), PushWork()]
 
@@ -261,11 +272,25 @@ class RunnerChannel:
 
     def drain(self, grace_s: float) -> list[ChannelOutput]:
         """Forced drain: no new work; the runner finishes (up to ``grace_s``) and leaves."""
-        self.draining = True
+        self.draining = self.drain_sent = True
         return self._lift(self.session.drain(grace_s))
+
+    def ordered(self, order: Order) -> list[ChannelOutput]:
+        """What the store says was asked of the runner, maybe through another coordinator
+        (``LinkCore.order``): a stop is passed on, a drain once (a drain asked here was
+        sent already)."""
+        if order.state is RunnerState.STOPPED:
+            return self.stop()
+        if order.drain_grace_left_s is not None and not self.drain_sent:
+            return self.drain(order.drain_grace_left_s)
+        return []
 
     def stop(self) -> list[ChannelOutput]:
         return self._lift(self.session.stop())
+
+    def leave(self) -> list[ChannelOutput]:
+        """This coordinator stops: the runner moves to another (``ServerSession.leave``)."""
+        return self._lift(self.session.leave())
 
     def evict(self) -> list[ChannelOutput]:
         """A newer socket of the same runner took over: this one must not reconnect."""
@@ -329,6 +354,7 @@ class LinkCore:
             lost_after_s=self.settings.ws_lost_after_s,
             revive=False,
             token_id=token_id,
+            keep_drain=True,
         )
         # Its actor slots take queued actors now: their start commands are among ``missed``.
         placed = host_and_serve(store, runner.id, init, now)
@@ -342,12 +368,14 @@ class LinkCore:
         missed = store.commands.unacknowledged(
             runner.id, max(init.last_command_idx, state.acked_command_idx) if same else 0
         )
+        drained = runner.state is RunnerState.DRAINING  # kept: a drain asked while away
         return Registration(
             runner.id,
             state.last_event_idx if same else 0,
             _indexed(missed),
             tuple(actor_topic(a) for a in placed.actors)
             + tuple(runner_topic(r) for r in placed.runners if r != runner.id),
+            store.runners.order(runner.id, now).drain_grace_left_s if drained else None,
         )
 
     def apply(
@@ -433,6 +461,10 @@ class LinkCore:
             if not added or added[0].idx != request.after + 1:
                 added = commands.unacknowledged(runner_id, request.after)
         return Pushed(_indexed(added))
+
+    def order(self, runner_id: RunnerId, now: float) -> Order:
+        """What was asked of the runner through any coordinator (drain, stop)."""
+        return self.store.runners.order(runner_id, now)
 
     def draining(self, runner_id: RunnerId, now: float) -> None:
         """The runner shuts down gracefully: no new work for it."""

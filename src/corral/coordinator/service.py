@@ -100,6 +100,7 @@ class Coordinator:
         self._claimable_seen_at = 0.0  # the reconciler's last look for claimable runs
         self.node = secrets.token_hex(8)  # its name as a lease holder (store/leases.py)
         self._delivering = asyncio.Lock()  # one callback delivery at a time in this process
+        self.leaving = False  # it stops: it takes no lease again (``leave``)
 
     async def in_thread(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """``fn(*args, **kwargs)`` (a blocking store call) on a worker thread, off the loop,
@@ -297,17 +298,43 @@ class Coordinator:
 
     async def drain_runner(self, runner_id: str, grace_s: float) -> None:
         """Forced drain: no new work; the runner finishes (up to ``grace_s``) and leaves."""
+        # Stored with its grace: if the runner's socket is on another coordinator, that one
+        # hears of it (NOTIFY) and passes it on (``SocketPump``).
         await self.in_thread(
-            self.store.runners.set_state, runner_id, RunnerState.DRAINING, self.clock.now()
+            self.store.runners.set_state,
+            runner_id,
+            RunnerState.DRAINING,
+            self.clock.now(),
+            grace_s=grace_s,
         )
         if (link := self.connections.by_runner.get(runner_id)) is not None:
             await link.drain(grace_s)
 
     async def stop_runner(self, runner_id: str) -> None:
-        """Stop a runner now: what it holds goes back to pending; its socket is closed."""
+        """Stop a runner now: what it holds goes back to pending; its socket is closed (by
+        the coordinator holding it, told by its stored state)."""
         await self.deregister(runner_id)
         if (link := self.connections.by_runner.get(runner_id)) is not None:
             await link.stop()
+
+    async def leave(self) -> None:
+        """A planned stop (SIGTERM), before the sockets are cut: the heartbeats of runners
+        that pinged since the last pass are written, the reconciler's lease is given up
+        (another coordinator takes it at its next pass, not 5 s later), and every runner
+        connected here is told to move to another coordinator at once, keeping its runs,
+        or to hold on until this one is back (``ServerSession.leave``)."""
+        self.leaving = True
+        now = self.clock.now()
+        try:
+            if pinged := self.connections.take_pinged():
+                await self.in_thread(self.store.runners.touch, pinged, now)
+            await self.in_thread(leases.release, self.store.db, RECONCILER, self.node)
+        except Exception:  # the database is away: the runners must still be told
+            log.exception("stopping: could not write heartbeats or give up the lease")
+        links = list(self.connections.by_runner.values())
+        await asyncio.gather(*(link.leave() for link in links), return_exceptions=True)
+        if links:
+            log.info("stopping: told %d runners to move to another coordinator", len(links))
 
     async def close_token(self, token_id: str) -> None:
         """A token was revoked: the sockets opened with it are closed (they cannot reconnect)."""
@@ -348,7 +375,9 @@ class Coordinator:
         done = Reconciled()
         # What must happen once (declaring runners lost, ending overdue runs, retries,
         # actors' ticks) is done by the coordinator holding the reconciler's lease.
-        if await self.in_thread(leases.hold, self.store.db, RECONCILER, self.node, now, LEASE_S):
+        if not self.leaving and await self.in_thread(
+            leases.hold, self.store.db, RECONCILER, self.node, now, LEASE_S
+        ):
             done = await self._reconcile_held(now)
         # Also wakes pollers for runs whose rate-limit backoff ended, and for runs that
         # another process (a second coordinator, a CLI) wrote to the same database — only

@@ -147,6 +147,9 @@ class SocketPump:
     async def evict(self) -> None:
         await self._handle(self.channel.evict())
 
+    async def leave(self) -> None:
+        await self._handle(self.channel.leave())
+
     async def close(self, code: int, reason: str) -> None:
         if not self.closed.is_set():
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
@@ -304,8 +307,10 @@ class SocketPump:
                 pushed = await coordinator.in_thread(
                     self.core.push_work, runner_id, coordinator.clock.now(), channel.push_request()
                 )
-            except CorralError as exc:  # lost or stopped meanwhile: it must reconnect
+            except CorralError as exc:  # lost or stopped meanwhile
                 log.warning("runner %s: %s", runner_id, exc)
+                await self._follow_orders(runner_id)  # stopped: it is told so
+                # Lost: it must reconnect (as a new runner).
                 await self.close(m.CLOSE_GOING_AWAY, m.REASON_RUNNER_LOST)
                 return
             if pushed.commands:
@@ -315,6 +320,16 @@ class SocketPump:
                 [runs_event, orders, self.push_wanted, self.closed],
                 coordinator.settings.poll_timeout_s,
             )
+            if orders.is_set() and not self.closed.is_set():
+                # The runner's row changed: a drain or a stop asked through another
+                # coordinator (its NOTIFY woke us) is passed on before anything is pushed.
+                await self._follow_orders(runner_id)
+
+    async def _follow_orders(self, runner_id: RunnerId) -> None:
+        order = await self.coordinator.in_thread(
+            self.core.order, runner_id, self.coordinator.clock.now()
+        )
+        await self._handle(self.channel.ordered(order))
 
 
 router = APIRouter(tags=["runner protocol"])

@@ -65,6 +65,9 @@ REASON_EVICTED = "corral.evicted"  # a newer socket of the same runner took over
 REASON_INIT_TIMEOUT = "corral.init_timeout"
 REASON_RUNNER_LOST = "corral.runner_lost"
 REASON_STOPPED = "corral.stopped"  # the coordinator stopped the runner after its drain
+# The coordinator stops (a deploy): move to the next coordinator now, keeping the runs, or
+# hold on until it is back. A runner older than this reason reconnects as after any close.
+REASON_COORDINATOR_LEAVING = "corral.coordinator_leaving"
 REASON_INTERNAL_ERROR = "corral.internal_error"  # handling a frame failed (code 1011)
 
 # ProtocolError codes.

@@ -5,7 +5,8 @@
      socket_closed /    │    └────connect────┐       │ socket_closed,
      connect_failed     ▼                    │       │ ToClientClose(other reason)
                       disconnected ◀─────────┴───────┘
-                        (tick: Reconnect after the backoff)
+                        (tick: Reconnect after the backoff; at once after
+                         ToClientClose(coordinator_leaving), then often)
     any ──ToClientClose(evicted | stopped), shutdown──▶ closed (terminal)
 
 Every method takes the time and returns outputs for the pump to carry out. Events are
@@ -82,6 +83,10 @@ TunnelReply = (
 
 # A retry on another coordinator, or one close to the end of the lease, waits this long.
 RETRY_ELSEWHERE_S = 0.1
+# The coordinator said it stops (a deploy, ``REASON_COORDINATOR_LEAVING``): the runner
+# moves to the next at once, and while none answers it tries this often, so that it is
+# back within this of a coordinator's return rather than after a growing backoff.
+HOLD_ON_RETRY_S = 0.25
 
 
 class ConnectionState(enum.StrEnum):
@@ -162,6 +167,7 @@ class RunnerConnection:
         )
         self._attempt = 0  # failed attempts since the last successful Init
         self._draining = False
+        self._holding_on = False  # the coordinator said it stops: retry often, not backing off
         self._stopping_sent = False  # on the current socket
         self._work_stopped = False  # StopAllWork was output since the last successful Init
         self._connect_at = 0.0  # when the current socket's Init was sent
@@ -317,7 +323,8 @@ class RunnerConnection:
         if isinstance(message, wire.ToClientClose):
             if message.reason in (wire.REASON_EVICTED, wire.REASON_STOPPED):
                 return self._close(message.reason)
-            return [Closed(message.reason, reconnect=True), *self._lose_link(now)]
+            leaving = message.reason == wire.REASON_COORDINATOR_LEAVING
+            return [Closed(message.reason, reconnect=True), *self._lose_link(now, leaving)]
         if isinstance(message, wire.ToClientInit):
             if self._state is ConnectionState.ACTIVE:
                 raise wire.ProtocolError(wire.DUPLICATE_INIT, "a second ToClientInit on one socket")
@@ -401,6 +408,7 @@ class RunnerConnection:
             # The quick attempts that fitted in the lease are not a backoff's rounds: with
             # no lease to keep, the backoff starts over (1 s, 2 s …), not at its cap.
             self._attempt = 0
+            self._holding_on = False
         if self._reconnect_at is not None and now >= self._reconnect_at:
             out.append(Reconnect())
             self._reconnect_at = None
@@ -445,6 +453,7 @@ class RunnerConnection:
             self._stopping_sent = True
             out.append(Send(wire.ToServerStopping()))
         self._attempt = 0
+        self._holding_on = False
         self._lease_at = self._connect_at  # it registered us after our Init was sent
         self._lost_at = self._reconnect_at = None
         self._work_stopped = False
@@ -464,7 +473,9 @@ class RunnerConnection:
             out.append(Execute(command))
         return out
 
-    def _lose_link(self, now: float) -> list[RunnerOutput]:
+    def _lose_link(self, now: float, leaving: bool = False) -> list[RunnerOutput]:
+        """The socket is gone. ``leaving``: the coordinator said it stops — not a failure:
+        the next coordinator is tried at once (then every ``HOLD_ON_RETRY_S``)."""
         self._move(ConnectionState.DISCONNECTED)
         self._ping_at = self._ack_at = None
         # The lease runs out a threshold after the coordinator last heard from us (an
@@ -472,8 +483,12 @@ class RunnerConnection:
         lease_at = self._lease_at
         if lease_at is not None and self._lost_at is None and not self._work_stopped:
             self._lost_at = lease_at + self.lease_s
-        self._reconnect_at = now + self._reconnect_delay(now)
-        self._attempt += 1
+        if leaving:
+            self._holding_on = True
+            self._reconnect_at = now
+        else:
+            self._reconnect_at = now + self._reconnect_delay(now)
+            self._attempt += 1
         return [Disconnected()]
 
     def _reconnect_delay(self, now: float) -> float:
@@ -490,6 +505,8 @@ class RunnerConnection:
         )
         if self._lost_at is not None:
             delay = min(delay, max(RETRY_ELSEWHERE_S, (self._lost_at - now) / 4))
+        if self._holding_on:  # a coordinator said it would be back: be there when it is
+            delay = min(delay, HOLD_ON_RETRY_S)
         return delay
 
     def _fail_kv(self) -> list[RunnerOutput]:

@@ -7,7 +7,7 @@
           │                              │                          │
           └──────────────────────────────┴──────────────────────────┴──▶ closed
       init timeout, protocol error (anything but Init first, a second Init), evict(), stop(),
-      runner lost (no frame for the lost threshold)
+      leave(), runner lost (no frame for the lost threshold)
 
 The session never touches the store: it asks (``Register``, ``Apply``, ``CommandsAcked``,
 ``Alive``, ``Stopping``) and the pump reports back (``registered``, ``applied``). Events are
@@ -238,6 +238,14 @@ class ServerSession:
     def stop(self) -> list[ServerOutput]:
         """The runner is stopped (its drain is over): it must not reconnect."""
         return self._goodbye(wire.REASON_STOPPED)
+
+    def leave(self) -> list[ServerOutput]:
+        """The coordinator stops (SIGTERM): the runner moves to another one at once, its
+        runs kept, or holds on until this one is back."""
+        if self._state is SessionState.CLOSED:
+            return []
+        reason = wire.REASON_COORDINATOR_LEAVING
+        return [Send(wire.ToClientClose(reason)), *self._close(wire.CLOSE_GOING_AWAY, reason)]
 
     def tick(self, now: float) -> list[ServerOutput]:
         deadline = self.next_deadline()

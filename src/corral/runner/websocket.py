@@ -280,6 +280,10 @@ class WebSocketTransport:
             self._retick.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._retick.wait(), max(0.0, self._tick_at - time.time()))
+            if self.conn.state is ConnectionState.DISCONNECTED:
+                # This socket is given up (its Reconnect may be due at once: a coordinator
+                # that stops): ticking is ``_wait_to_reconnect``'s now, not ours.
+                return
             await self._carry_out(self.conn.tick(time.time()))
 
     async def _wait_to_reconnect(self) -> None:
@@ -339,7 +343,10 @@ class WebSocketTransport:
                 # This socket is done (silent, or closed by the coordinator): drop it now,
                 # without a closing handshake a half-open socket would never answer.
                 if self._ws is not None:
-                    log.warning("dropping the coordinator socket: %s", out.reason)
+                    if out.reason == wire.REASON_COORDINATOR_LEAVING:
+                        log.info("coordinator %s is stopping: moving on, runs kept", self.url)
+                    else:
+                        log.warning("dropping the coordinator socket: %s", out.reason)
                     self._ws.transport.abort()
             elif isinstance(out, Closed) and not self._over.is_set():
                 log.warning("coordinator closed the link: %s", out.reason)

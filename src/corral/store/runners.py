@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from corral.errors import Forbidden, InvalidRequest, NotFound
 from corral.ids import RunnerId, new_runner_id
@@ -19,6 +20,14 @@ from corral.store.claims import check_not_lost
 from corral.store.db import Database, Row
 from corral.store.reconcile import release_runner_runs, sync_held
 from corral.store.rows import HELD, dumps, row_by_id, runner_from_row, sql_list
+
+
+class Order(NamedTuple):
+    """What was asked of a runner, through whichever coordinator: its state, and for a
+    drain asked of it, the seconds of its grace that are left (None: none asked)."""
+
+    state: RunnerState
+    drain_grace_left_s: float | None
 
 
 class RunnerStore:
@@ -40,6 +49,7 @@ class RunnerStore:
         lost_after_s: float | None = None,
         revive: bool = True,
         token_id: str | None = None,
+        keep_drain: bool = False,
     ) -> tuple[Runner, RunnerSync]:
         """Register a new runner, or bring back a known one (after a network cut or a
         coordinator restart) and tell it which of the runs it still holds are its own.
@@ -51,12 +61,15 @@ class RunnerStore:
         its old identity are void, and a new id tells the runner to stop and start over).
         ``token_id``: the token it called with; a runner id belongs to the token that first
         registered it, and another token naming it is refused (``runner_not_yours``).
+        ``keep_drain``: a drain asked of it while it was away stays asked (the WebSocket
+        link: the same process reconnects, and is told to drain once connected).
         Checked in this transaction: a reconciler cannot declare it lost in between."""
         if slots < 1:
             raise InvalidRequest("a runner needs at least one slot")
         with self.db.transaction() as tx:
             known = runner_id and tx.one(
-                f"SELECT id, state, token_id FROM runners WHERE id = ? {self.db.lock_rows()}",
+                "SELECT id, state, token_id, drain_grace_s FROM runners WHERE id = ? "
+                f"{self.db.lock_rows()}",
                 (runner_id,),
             )
             if known and token_id is not None:
@@ -74,15 +87,20 @@ class RunnerStore:
                 lost_after_s,
             )
             if known:
-                check_runner_transition(
-                    known["id"], RunnerState(known["state"]), RunnerState.ACTIVE
+                drained = (
+                    keep_drain
+                    and known["state"] == RunnerState.DRAINING
+                    and known["drain_grace_s"] is not None
                 )
+                state = RunnerState.DRAINING if drained else RunnerState.ACTIVE
+                check_runner_transition(known["id"], RunnerState(known["state"]), state)
                 tx.execute(
                     "UPDATE runners SET name = ?, hostname = ?, labels = ?, slots = ?, "
                     "version = ?, transport = ?, last_heartbeat_at = ?, lost_after_s = ?, "
-                    "token_id = COALESCE(token_id, ?), "
-                    "state = ?, drain_at = NULL, stopped_at = NULL WHERE id = ?",
-                    (*values, token_id, str(RunnerState.ACTIVE), runner_id),
+                    "token_id = COALESCE(token_id, ?), state = ?, stopped_at = NULL, "
+                    "drain_at = CASE WHEN ? THEN drain_at END, "
+                    "drain_grace_s = CASE WHEN ? THEN drain_grace_s END WHERE id = ?",
+                    (*values, token_id, str(state), drained, drained, runner_id),
                 )
                 rid = RunnerId(str(runner_id))
             else:
@@ -132,22 +150,44 @@ class RunnerStore:
                     (now, *runner_ids),
                 )
 
-    def set_state(self, runner_id: str, state: RunnerState, now: float) -> Runner:
+    def set_state(
+        self, runner_id: str, state: RunnerState, now: float, grace_s: float | None = None
+    ) -> Runner:
         """Drain or stop a runner (``runners.state_after``: draining one that is gone
-        leaves it as it is); stopping it takes back the runs it holds."""
+        leaves it as it is); stopping it takes back the runs it holds. ``grace_s``: a
+        drain asked of the runner, the time it has to finish (kept for the coordinator
+        holding its socket: ``order``); None for a runner draining of itself."""
         with self.db.transaction() as tx:
             row = row_by_id(tx, "runners", runner_id, lock=self.db.lock_rows())
             if state_after(runner_id, RunnerState(row["state"]), state) is not state:
                 return runner_from_row(row)
+            asked = state is RunnerState.DRAINING and grace_s is not None
+            if state is RunnerState.DRAINING and row["state"] == state and not asked:
+                return runner_from_row(row)  # it says it stops: a drain asked stays asked
             tx.execute(
                 "UPDATE runners SET state = ?, "
                 "drain_at = CASE WHEN ? = 'draining' THEN ? ELSE drain_at END, "
+                "drain_grace_s = CASE WHEN ? THEN ? ELSE drain_grace_s END, "
                 "stopped_at = CASE WHEN ? = 'stopped' THEN ? ELSE stopped_at END WHERE id = ?",
-                (state, state, now, state, now, runner_id),
+                (state, state, now, asked, grace_s, state, now, runner_id),
             )
             if state is RunnerState.STOPPED:
                 release_runner_runs(tx, RunnerId(runner_id), now, "runner stopped")
             return runner_from_row(row_by_id(tx, "runners", runner_id))
+
+    def order(self, runner_id: str, now: float) -> Order:
+        """What was asked of the runner through any coordinator (drained, stopped): the
+        coordinator holding its socket passes it on (``corral.coordinator.socket``)."""
+        with self.db.transaction(write=False) as tx:
+            row = tx.one(
+                "SELECT state, drain_at, drain_grace_s FROM runners WHERE id = ?", (runner_id,)
+            )
+        if row is None:
+            raise NotFound.of("runner", runner_id)
+        state = RunnerState(row["state"])
+        if state is not RunnerState.DRAINING or row["drain_grace_s"] is None:
+            return Order(state, None)
+        return Order(state, max(0.0, row["drain_at"] + row["drain_grace_s"] - now))
 
     def get(self, runner_id: str) -> Runner:
         with self.db.transaction(write=False) as tx:

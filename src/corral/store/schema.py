@@ -12,7 +12,9 @@ coordinators on one database: the leases of work done by one of them at a time, 
 PostgreSQL the triggers that wake the others (``corral.store.wakeups``); 10 sub-agent
 sessions: a run's parent session, its callback mode and depth, and the callbacks owed to
 parents (``corral.store.callbacks``); 11 events of actors, pools and a task's steps, and
-each pool's demand as its autoscaler last saw it (``corral.store.event_triggers``).
+each pool's demand as its autoscaler last saw it (``corral.store.event_triggers``); 12 a
+drain asked through any coordinator reaches the runner through the one holding its
+socket: the grace it was given.
 """
 
 from __future__ import annotations
@@ -338,6 +340,12 @@ CREATE INDEX run_callbacks_pending ON run_callbacks (finished_at)
 """,
     ),
     (11, event_triggers.actor_migration),
+    (
+        12,
+        # A drain asked of the runner (POST /runners/{id}/drain): the seconds from drain_at
+        # it was given to finish. NULL while it drains of itself (it said it stops), or not.
+        "ALTER TABLE runners ADD COLUMN drain_grace_s {real};\n",
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -15,6 +15,7 @@ from corral.ids import RunnerId
 from corral.protocol.messages import (
     DUPLICATE_INIT,
     EXPECTED_INIT,
+    REASON_COORDINATOR_LEAVING,
     REASON_EVICTED,
     REASON_RUNNER_SHUTDOWN,
     REASON_STOPPED,
@@ -43,7 +44,12 @@ from corral.protocol.outputs import (
     Send,
     StopAllWork,
 )
-from corral.protocol.runner import RETRY_ELSEWHERE_S, ConnectionState, RunnerConnection
+from corral.protocol.runner import (
+    HOLD_ON_RETRY_S,
+    RETRY_ELSEWHERE_S,
+    ConnectionState,
+    RunnerConnection,
+)
 
 T0 = 1_000.0
 RID = RunnerId("rnr_000000000001")
@@ -695,3 +701,36 @@ def test_once_the_lease_ran_out_the_backoff_starts_over() -> None:
         runner.connect(now)
         runner.connect_failed(now)
     assert waits[1:] == pytest.approx([1, 2])
+
+
+# ---- a coordinator that stops (a deploy) ----------------------------------------------------
+
+
+def test_a_coordinator_leaving_sends_its_runner_to_the_next_at_once_keeping_its_work() -> None:
+    runner = connected(T0, meta={}, default_lost_threshold_s=1e6, addresses=2)
+    out = runner.receive(ToClientClose(REASON_COORDINATOR_LEAVING), T0)
+    assert out == [Closed(REASON_COORDINATOR_LEAVING, reconnect=True), Disconnected()]
+    assert runner.tick(T0) == [Reconnect()]  # at once, not after RETRY_ELSEWHERE_S
+    assert runner.attempt == 0  # not a failure
+    runner.connect(T0)
+    out = runner.receive(init(meta={}), T0 + 0.01)
+    assert out[-1] == Connected(RID, fresh=False)  # the same identity: its runs go on
+    assert StopAllWork() not in out
+
+
+def test_with_one_coordinator_the_runner_holds_on_and_tries_often_until_it_is_back() -> None:
+    # A backoff would wait 1, 2, 4, 8 s: a coordinator back after 3 s would wait for it
+    # until +7 s. Told the coordinator stops, the runner tries every HOLD_ON_RETRY_S.
+    runner = connected(T0, meta={}, rng=FixedDraw(0.0), default_lost_threshold_s=1e6)
+    runner.receive(ToClientClose(REASON_COORDINATOR_LEAVING), T0)
+    delays, now = [], T0
+    for _ in range(6):
+        delays.append(reconnect_delay(runner, now))
+        now += delays[-1]
+        runner.connect(now)
+        runner.connect_failed(now)
+    assert delays == pytest.approx([0, *[HOLD_ON_RETRY_S] * 5])
+    runner.connect(now)
+    runner.receive(init(meta={}), now)
+    runner.socket_closed(now)  # a failure after it was back: the usual backoff again
+    assert reconnect_delay(runner, now) == 1
