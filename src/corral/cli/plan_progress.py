@@ -7,21 +7,33 @@ summary always starts on a line of its own.
 The watch ends when nothing is left to do, or when the plan is held (paused, or at its
 budget) or its plan run was stopped (the runner lacks the agent's program) and the tasks
 that were under way have finished: neither stops a task under way.
+
+The plan's state is read again when the coordinator's event stream says one of its runs,
+tasks (a step done included) or the plan itself changed (``PlanChanges``), not on a timer;
+a live table is redrawn every second in between, from what was read, for its clocks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import socket
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 import click
+import httpx
+from httpx_sse import connect_sse
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+
+from corral.credentials import auth_headers, read_token
 
 ACTIVE = ("claimed", "in_progress", "merging")
 WAITING = ("ready", "blocked", *ACTIVE)
@@ -40,7 +52,9 @@ COLORS = {
 }
 # sysexits' EX_TEMPFAIL: nothing failed, the plan is held; resume it and run again.
 EXIT_PAUSED = 75
-POLL_INTERVAL_S = 0.2
+POLL_INTERVAL_S = 0.2  # a coordinator without the event stream is asked this often
+REDRAW_S = 1.0  # the live table's clocks move this often, without asking the coordinator
+RECONNECT_MAX_S = 5.0
 
 State = dict[str, Any]
 
@@ -65,17 +79,102 @@ def held(project: dict[str, Any]) -> bool:
     return bool(project["paused"] or project.get("budget_reached"))
 
 
-def watch(poll: Callable[[], State], started: float, console: Console) -> tuple[State, bool]:
+class PlanChanges:
+    """Says when a plan may have changed: follows ``GET /events`` for the plan's runs, tasks
+    and the plan itself in a thread of its own, and sets ``changed`` at each event. Each
+    time the stream opens (the first time, after a reconnect or a ``dropped``) it sets it
+    too: what happened while it was not open is in the next read. A coordinator without
+    the stream (older): set every POLL_INTERVAL_S. Leaving it shuts its socket, so the
+    stream ends at once (a read blocked in another thread ends only so)."""
+
+    def __init__(self, url: str, token: str | None, plan_id: str) -> None:
+        self.changed = threading.Event()
+        self.caught_up = threading.Event()  # the stream has been open and read up to date
+        self.recent: deque[dict[str, Any]] = deque(maxlen=50)  # the last events (to debug)
+        self._url = url
+        self._headers = auth_headers(read_token() if token is None else token)
+        self._params = {"plan": plan_id, "kind": "run,task,plan"}
+        self._stopping = threading.Event()
+        self._socket: socket.socket | None = None
+        self._thread = threading.Thread(target=self._follow, name="plan-changes", daemon=True)
+
+    def __enter__(self) -> PlanChanges:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
+        if self._socket is not None:
+            with contextlib.suppress(OSError):
+                self._socket.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=5)
+
+    def wait(self, timeout: float) -> bool:
+        """Whether something changed within ``timeout`` (the flag is cleared: changes after
+        this call set it again)."""
+        found = self.changed.wait(timeout)
+        self.changed.clear()
+        return found
+
+    def _follow(self) -> None:
+        delay = 0.2
+        while not self._stopping.is_set():
+            try:
+                if not self._stream():
+                    while not self._stopping.wait(POLL_INTERVAL_S):  # no stream: ask often
+                        self.changed.set()
+                    return
+                delay = 0.2
+            except (httpx.HTTPError, OSError):  # the coordinator went away, or we shut it
+                pass
+            self._socket = None
+            self._stopping.wait(delay)
+            delay = min(delay * 2, RECONNECT_MAX_S)
+
+    def _stream(self) -> bool:
+        """Follow the stream until it ends; False if the coordinator has none."""
+        timeout = httpx.Timeout(10.0, read=None)  # quiet streams send a keepalive every 15 s
+        with (
+            httpx.Client(base_url=self._url, headers=self._headers, timeout=timeout) as http,
+            connect_sse(http, "GET", "/events", params=self._params) as source,
+        ):
+            if source.response.status_code == 404:
+                return False
+            source.response.raise_for_status()
+            self._socket = source.response.extensions["network_stream"].get_extra_info("socket")
+            if self._stopping.is_set():
+                return True
+            for message in source.iter_sse():
+                if not message.data:
+                    continue  # a keepalive
+                self.changed.set()  # ready, caught_up, an event, or dropped
+                if message.event == "caught_up":
+                    self.caught_up.set()
+                elif message.event == "dropped":
+                    break  # too far behind (a stalled terminal): open it again
+                elif message.event != "ready":
+                    self.recent.append(message.json())
+        return True
+
+
+def watch(
+    poll: Callable[[], State], changes: PlanChanges, started: float, console: Console
+) -> tuple[State, bool]:
     """Show progress until the plan has nothing left to do now; the last state, and
     whether it was interrupted (Ctrl-C)."""
     stop = {"now": False}
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+
+    def interrupt(*_: object) -> None:
+        stop["now"] = True
+        changes.changed.set()
+
+    previous = signal.signal(signal.SIGINT, interrupt)
     display = LiveTable(console, started) if console.is_terminal else ProgressLines(started)
     state: State = {}
     try:
         with display:
+            state = poll()
             while not stop["now"]:
-                state = poll()
                 display.update(state)
                 statuses = {t["status"] for t in state["tasks"]}
                 if not statuses & set(WAITING):
@@ -83,7 +182,8 @@ def watch(poll: Callable[[], State], started: float, console: Console) -> tuple[
                 stopped = held(state["project"]) or not state["project"]["workers"]
                 if stopped and not statuses & set(ACTIVE):
                     break
-                time.sleep(POLL_INTERVAL_S)
+                if changes.wait(REDRAW_S) and not stop["now"]:
+                    state = poll()
     finally:
         signal.signal(signal.SIGINT, previous)
     return state, stop["now"]

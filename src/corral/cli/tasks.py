@@ -23,8 +23,16 @@ from corral.cli.embedded import (
     runner_name,
     stop_dead_local_runners,
 )
-from corral.cli.options import comma_list, connect, option, token_option
-from corral.cli.plan_progress import ACTIVE, EXIT_PAUSED, first_line, state_label, summary, watch
+from corral.cli.options import comma_list, connect, given_token, option, token_option
+from corral.cli.plan_progress import (
+    ACTIVE,
+    EXIT_PAUSED,
+    PlanChanges,
+    first_line,
+    state_label,
+    summary,
+    watch,
+)
 from corral.client import Client, NewTask, Project, Task
 from corral.dashboard.site import address as dashboard_address
 from corral.errors import InvalidRequest
@@ -43,11 +51,13 @@ class Context:
         self.url = url
         self.db = db or str(repo / ".corral" / "corral.db")
         self.served: tuple[str, str | None] = ("", None)  # the coordinator's URL and token
+        self.token: str | None = None  # the token this command uses
 
     @contextlib.contextmanager
     def client(self, runner: RunnerSettings | None = None) -> Iterator[Client]:
         if self.url:
             self.served = (self.url, None)
+            self.token = given_token()
             with connect(self.url) as client:
                 yield client
             return
@@ -56,6 +66,7 @@ class Context:
             Client(embedded.url, token=embedded.token) as client,
         ):
             self.served = (embedded.url, embedded.token)
+            self.token = embedded.token
             yield client
 
     def project(self, client: Client, **settings: Any) -> Project:
@@ -287,7 +298,10 @@ def run(
             console.print(f"dashboard: {address}", soft_wrap=True, highlight=False)
         # A pause lasts until `tasks resume`: starting claims only if it is not paused.
         client.start_plan(pid, workers)
-        state, interrupted = watch(lambda: client.plan_status(pid).to_json(), started, console)
+        with PlanChanges(client.url, obj.token, pid) as changes:
+            state, interrupted = watch(
+                lambda: client.plan_status(pid).to_json(), changes, started, console
+            )
         client.stop_plan(pid)
         state = client.plan_status(pid).to_json()
     code = summary(console, state, time.monotonic() - started, interrupted)
