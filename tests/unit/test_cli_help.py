@@ -36,7 +36,10 @@ PRINTING = [
 def _commands(group: click.Command = cli, path: str = "") -> Iterator[tuple[str, click.Command]]:
     yield path, group
     if isinstance(group, click.Group):
-        for name, sub in group.commands.items():
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            sub = group.get_command(ctx, name)
+            assert sub is not None, name
             yield from _commands(sub, f"{path} {name}".strip())
 
 

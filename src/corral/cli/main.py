@@ -10,29 +10,41 @@ Exit statuses: ``0`` success; ``1`` a failure (a run that failed, a task that fa
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
 from corral import __version__
-from corral.cli import (
-    actors,
-    agents,
-    doctor,
-    events,
-    gc,
-    mcp,
-    runners,
-    runs,
-    serverless,
-    servers,
-    sessions,
-    status,
-    submit,
-    tasks,
-    tokens,
-)
 from corral.errors import CorralError
+
+# Each command, as "module:attribute", imported only when it runs (or when help lists it):
+# a client command then loads the HTTP client, not the coordinator, the store and the web
+# framework — about 0.35 s of CPU to start instead of 1.3 s.
+COMMANDS = {
+    "serve": "corral.cli.servers:serve",
+    "runner": "corral.cli.runner:runner_cmd",
+    "up": "corral.cli.servers:up",
+    "start": "corral.cli.submit:start",
+    "resume": "corral.cli.submit:resume",
+    "run": "corral.cli.submit:run_command",
+    "runs": "corral.cli.runs:runs",
+    "logs": "corral.cli.runs:logs",
+    "wait": "corral.cli.runs:wait",
+    "result": "corral.cli.runs:result",
+    "events": "corral.cli.events:events",
+    "runners": "corral.cli.runners:runners",
+    "sessions": "corral.cli.sessions:sessions",
+    "tasks": "corral.cli.tasks:tasks",
+    "gc": "corral.cli.gc:gc",
+    "status": "corral.cli.status:status",
+    "agents": "corral.cli.agents:agents",
+    "doctor": "corral.cli.doctor:doctor",
+    "tokens": "corral.cli.tokens:tokens",
+    "mcp": "corral.cli.mcp:mcp",
+    "serverless-endpoint": "corral.cli.serverless:serverless_endpoint",
+    "actors": "corral.cli.actors:actors",
+}
 
 EPILOG = """\b
 Exit status: 0 success; 1 a run or task failed; 2 bad input; 3 not found;
@@ -48,7 +60,23 @@ def _no_color(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     ctx.meta["corral.no_color"] = value
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
+class LazyGroup(click.Group):
+    """A group whose commands are imported on first use (click's documented pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, attribute = target.split(":")
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
 @click.version_option(__version__, prog_name="corral")
 @click.option(
     "--no-color",
@@ -61,33 +89,6 @@ def _no_color(ctx: click.Context, param: click.Parameter, value: bool) -> None:
 )
 def cli() -> None:
     """corral: a durable control plane for coding agents and commands on runners."""
-
-
-for command in (
-    servers.serve,
-    servers.runner_cmd,
-    servers.up,
-    submit.start,
-    submit.resume,
-    submit.run_command,
-    runs.runs,
-    runs.logs,
-    runs.wait,
-    runs.result,
-    events.events,
-    runners.runners,
-    sessions.sessions,
-    tasks.tasks,
-    gc.gc,
-    status.status,
-    agents.agents,
-    doctor.doctor,
-    tokens.tokens,
-    mcp.mcp,
-    serverless.serverless_endpoint,
-    actors.actors,
-):
-    cli.add_command(command)
 
 
 def main() -> None:

@@ -19,19 +19,17 @@ from typing import Any
 import click
 import uvicorn
 
-from corral.actors.kinds import load_kinds
 from corral.agents.profiles import load_profiles
 from corral.cli.gc import DURATION, retention_from, retention_options
 from corral.cli.log_format import configure_logging, log_format_option
-from corral.cli.options import URLS, comma_list, labels_from, option
+from corral.cli.options import comma_list, option
+from corral.cli.runner import runner_options, runner_settings
 from corral.coordinator.app import CorralServer, QuietServer, server_config
 from corral.coordinator.settings import CoordinatorSettings
-from corral.credentials import client_token, coordinator_token
+from corral.credentials import coordinator_token
 from corral.dashboard.site import address as dashboard_address
 from corral.errors import Conflict, CorralError, InvalidRequest, Unavailable
 from corral.runner.core import RunnerCore
-from corral.runner.process import watch_children_with_pidfds
-from corral.runner.settings import RunnerSettings
 from corral.store.db import redact_url
 
 DEFAULT_DB = ".corral/corral.db"
@@ -188,109 +186,6 @@ def _coordinator_settings(
     )
 
 
-def runner_options(fn: click.decorators.FC) -> click.decorators.FC:
-    for decorate in reversed(
-        [
-            option(
-                "--name",
-                env="RUNNER_NAME",
-                default=None,
-                help="Runner name (default: host name); resumes go back to it.",
-            ),
-            option(
-                "--slots",
-                env="SLOTS",
-                default=4,
-                type=click.IntRange(1, 1024),
-                help="Runs executed at once.",
-            ),
-            option("--labels", env="LABELS", default="", help="Comma-separated labels."),
-            option(
-                "--claude-bin",
-                env="CLAUDE_BIN",
-                default="claude",
-                help="The Claude Code executable.",
-            ),
-            option(
-                "--agent-token",
-                env="AGENT_TOKEN",
-                default=None,
-                show_default=False,
-                help="A client token (corral tokens create --role client) this runner's "
-                "agents get for corral's MCP server, to start sub-agents; without it they "
-                "get no corral MCP server.",
-            ),
-            option(
-                "--drain-grace",
-                env="DRAIN_GRACE",
-                default=120.0,
-                type=float,
-                help="On SIGTERM, seconds running work may go on before it is stopped.",
-            ),
-            option(
-                "--pass-env",
-                env="PASS_ENV",
-                default="",
-                help="Comma-separated names (fnmatch patterns, e.g. 'MY_*') of this "
-                "runner's environment its runs may see; beyond PATH, HOME, LANG, LC_*, "
-                "TERM, USER, LOGNAME, SHELL, TMPDIR and TZ they see nothing of it.",
-            ),
-            option(
-                "--transport",
-                env="TRANSPORT",
-                default="websocket",
-                type=click.Choice(["websocket", "poll"]),
-                help="Link to the coordinator: a WebSocket, or the HTTP long-poll.",
-            ),
-            option(
-                "--pool",
-                env="POOL",
-                default="default",
-                help="The pool whose actors this runner hosts.",
-            ),
-            option(
-                "--actor-slots",
-                env="ACTOR_SLOTS",
-                default=16,
-                type=click.IntRange(1, 1024),
-                help="Actors hosted at once (the kinds are the config's [actors.<name>]).",
-            ),
-        ]
-    ):
-        fn = decorate(fn)
-    return fn
-
-
-def _runner_settings(
-    url: str,
-    name: str | None,
-    slots: int,
-    labels: str,
-    claude_bin: str,
-    agent_token: str | None,
-    drain_grace: float,
-    pass_env: str,
-    transport: str,
-    pool: str,
-    actor_slots: int,
-    config: Path | None,
-) -> RunnerSettings:
-    settings = RunnerSettings(
-        coordinator_url=url,
-        slots=slots,
-        claude_bin=claude_bin,
-        agent_token=agent_token,
-        drain_grace_s=drain_grace,
-        transport=transport,
-        labels=labels_from([labels]),
-        pass_env=comma_list(pass_env),
-        actor_kinds=load_kinds(config),
-        pool=pool,
-        actor_slots=actor_slots,
-    )
-    return settings if name is None else RunnerSettings(**{**settings.__dict__, "name": name})
-
-
 def _check_port_free(host: str, port: int) -> None:
     """Refuse at once, in one line, a port another process listens on (a second ``corral
     up``), rather than let the server fail with a traceback."""
@@ -368,54 +263,6 @@ class _StoppingServer(CorralServer):
                 signal.signal(sig, handler)
 
 
-@click.command("runner")
-@option(
-    "--url",
-    "--coordinator",
-    "url",
-    env="URL",
-    type=URLS,
-    default="http://127.0.0.1:8765",
-    help="The coordinator's URL (--coordinator: the same); several coordinators on one "
-    "PostgreSQL database: their URLs separated by commas, tried in turn.",
-)
-@option(
-    "--token",
-    env="TOKEN",
-    default=None,
-    show_default=False,
-    help="Bearer token for the coordinator (a runner or admin token; default: "
-    ".corral/credentials here).",
-)
-@option(
-    "--config",
-    env="CONFIG",
-    default="corral.toml",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="TOML config with the [actors.<name>] this runner hosts (optional).",
-)
-@runner_options
-@log_format_option
-def runner_cmd(url: str, token: str | None, log_format: str, **kwargs: object) -> None:
-    """Run a runner: claim runs from the coordinator and execute them."""
-    configure_logging(log_format)
-    found = client_token(token)
-    if found is None:
-        raise click.UsageError(
-            "no token for the coordinator: pass --token (CORRAL_TOKEN), or start the runner "
-            "in the directory of a local coordinator (its .corral/credentials)"
-        )
-    settings = replace(_runner_settings(url, **kwargs), token=found)  # type: ignore[arg-type]
-
-    async def main() -> None:
-        watch_children_with_pidfds()
-        runner = RunnerCore(settings)
-        runner.install_signal_handlers()
-        await runner.run()
-
-    asyncio.run(main())
-
-
 def _dashboard_line(url: str, token: str | None) -> str:
     """Where the dashboard is. Its token only on a terminal: piped output may be logged."""
     if sys.stdout.isatty():
@@ -436,8 +283,8 @@ def up(log_format: str, **kwargs: Any) -> None:
     _check_port_free(host, port)
     # Listening on every address: the local runner and the banner use loopback.
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
-    runner_settings = replace(
-        _runner_settings(url, config=settings.config_path, **kwargs), token=settings.token
+    local_runner = replace(
+        runner_settings(url, config=settings.config_path, **kwargs), token=settings.token
     )
 
     async def main() -> None:
@@ -449,7 +296,7 @@ def up(log_format: str, **kwargs: Any) -> None:
                     await serving
                 raise Unavailable(f"could not start the coordinator on {url}")
             await asyncio.sleep(0.05)
-        runner = RunnerCore(runner_settings)
+        runner = RunnerCore(local_runner)
         runner.install_signal_handlers()
         asyncio.get_running_loop().add_signal_handler(
             signal.SIGHUP, reload_agents, server.config.app, settings.config_path
