@@ -4,6 +4,9 @@
     client  create and cancel runs, sessions, tasks; read everything
     reader  read only
     runner  the runner endpoints only (``/runner/…``), optionally limited to labels
+    agent   an agent's own, minted for one attempt of its run when its runner asks
+            (``POST /runner/runs/{id}/agent-token``): reads, and starts or cancels only its
+            session's children; refused once the attempt no longer holds the run
 
 A token is 256 random bits; only its SHA-256 is stored, so a copy of the database gives no
 token away. The admin token of ``CORRAL_TOKEN`` (or ``.corral/credentials``) is not stored at
@@ -25,6 +28,7 @@ class Role(enum.StrEnum):
     CLIENT = "client"
     READER = "reader"
     RUNNER = "runner"
+    AGENT = "agent"
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,9 @@ class Token:
     labels: tuple[str, ...] | None
     created_at: float
     revoked_at: float | None = None
+    # An agent token: the run whose attempt it was minted for, and when it expires.
+    run_id: str | None = None
+    expires_at: float | None = None
 
 
 def new_secret() -> str:

@@ -39,6 +39,19 @@ async def make_token(api: Api, role: Role, **body: object) -> str:
     return secret
 
 
+async def agent_token(api: Api) -> str:
+    """An agent token (minted, not made): for the run a runner has claimed."""
+    runner = await api.register("agent-host")
+    run_id = await api.create(type="start_session", prompt="work")
+    assert (await api.claim_one(runner))["run_id"] == run_id
+    minted = await api.client.post(
+        f"/runner/runs/{run_id}/agent-token", json={"runner_id": runner, "attempt": 1}
+    )
+    assert minted.status_code == 200, minted.text
+    secret: str = minted.json()["token"]
+    return secret
+
+
 def as_(secret: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"} if secret else {"Authorization": ""}
 
@@ -95,7 +108,10 @@ async def test_every_route_but_health_refuses_a_missing_or_unknown_token(api: Ap
 
 
 async def test_every_route_refuses_the_roles_that_may_not_use_it(api: Api) -> None:
-    tokens = {role: await make_token(api, role) for role in ROLES}
+    tokens = {
+        role: await (agent_token(api) if role is Role.AGENT else make_token(api, role))
+        for role in ROLES
+    }
     checked = 0
     for method, path, route in http_routes(api):
         needs = route_access(route)
@@ -122,7 +138,8 @@ async def test_every_route_refuses_the_roles_that_may_not_use_it(api: Api) -> No
 async def test_what_each_role_may_do(api: Api) -> None:
     assert GRANTS[Access.ADMIN] == {Role.ADMIN}
     assert GRANTS[Access.WRITE] == {Role.ADMIN, Role.CLIENT}
-    assert GRANTS[Access.READ] == {Role.ADMIN, Role.CLIENT, Role.READER}
+    assert GRANTS[Access.RUNS] == {Role.ADMIN, Role.CLIENT, Role.AGENT}  # test_agent_tokens.py
+    assert GRANTS[Access.READ] == {Role.ADMIN, Role.CLIENT, Role.READER, Role.AGENT}
     assert GRANTS[Access.RUNNER] == {Role.ADMIN, Role.RUNNER}
     client, reader = await make_token(api, Role.CLIENT), await make_token(api, Role.READER)
     created = await api.client.post(

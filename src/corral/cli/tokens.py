@@ -18,7 +18,8 @@ def tokens() -> None:
 @coordinator_url
 @click.option(
     "--role",
-    type=click.Choice([r.value for r in Role]),
+    # Agent tokens are minted for a run by its runner (corral.coordinator.scope).
+    type=click.Choice([r.value for r in Role if r is not Role.AGENT]),
     required=True,
     help="admin: everything; client: create and cancel work, read; reader: read; "
     "runner: the runner endpoints only.",

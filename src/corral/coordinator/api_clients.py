@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from corral import __version__
-from corral.coordinator.auth import Access, require
+from corral.coordinator.auth import Access, principal_of, require
 from corral.coordinator.schemas import (
     CreateRun,
     CreateRuns,
@@ -27,6 +27,7 @@ from corral.wire import Int64, WireModel
 
 router = APIRouter()
 READ, WRITE, ADMIN = require(Access.READ), require(Access.WRITE), require(Access.ADMIN)
+RUNS = require(Access.RUNS)
 
 
 def _coordinator(request: Request) -> Coordinator:
@@ -34,17 +35,17 @@ def _coordinator(request: Request) -> Coordinator:
     return coordinator
 
 
-@router.post("/runs", status_code=201, tags=["runs"], dependencies=[WRITE])
+@router.post("/runs", status_code=201, tags=["runs"], dependencies=[RUNS])
 async def create_run(body: CreateRun, request: Request) -> dict[str, Any]:
     """Queue a run; answers at once with its id."""
-    (run,) = await _coordinator(request).create_runs([body])
+    (run,) = await _coordinator(request).create_runs([body], principal_of(request))
     return {"run_id": run.id, "status": run.status}
 
 
-@router.post("/runs:batch", status_code=201, tags=["runs"], dependencies=[WRITE])
+@router.post("/runs:batch", status_code=201, tags=["runs"], dependencies=[RUNS])
 async def create_runs(body: CreateRuns, request: Request) -> dict[str, Any]:
     """Queue many runs in one transaction: all are created, or none."""
-    runs = await _coordinator(request).create_runs(body.runs)
+    runs = await _coordinator(request).create_runs(body.runs, principal_of(request))
     return {"runs": [{"run_id": r.id, "status": r.status} for r in runs]}
 
 
@@ -90,10 +91,10 @@ async def get_run(run_id: str, request: Request) -> dict[str, Any]:
     return run_json(await coordinator.in_thread(coordinator.store.runs.get, run_id))
 
 
-@router.post("/runs/{run_id}/cancel", tags=["runs"], dependencies=[WRITE])
+@router.post("/runs/{run_id}/cancel", tags=["runs"], dependencies=[RUNS])
 async def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
     """Cancel a pending run at once, or ask its runner to stop it (SIGTERM, then SIGKILL)."""
-    return run_json(await _coordinator(request).cancel(run_id))
+    return run_json(await _coordinator(request).cancel(run_id, principal_of(request)))
 
 
 @router.get("/runs/{run_id}/logs", tags=["runs"], response_model=None, dependencies=[READ])

@@ -18,6 +18,7 @@ from corral.coordinator.compat_ao_schemas import (
     RegisterBody,
 )
 from corral.coordinator.schemas import (
+    AgentTokenBody,
     EventsBody,
     LeaseRef,
     LogsBody,
@@ -28,6 +29,7 @@ from corral.coordinator.schemas import (
     SessionEvent,
     SessionSeenBody,
     StartedEvent,
+    iso,
     run_assignment_json,
     runner_json,
 )
@@ -36,6 +38,9 @@ from corral.errors import InvalidRequest
 from corral.ids import RunId, RunnerId
 from corral.runners import Held, RunnerSync
 from corral.runs import RunStatus
+
+# An agent token lives while its attempt holds the run, and never longer than this.
+AGENT_TOKEN_TTL_S = 24 * 3600.0
 
 router = APIRouter(
     prefix="/runner", tags=["runner protocol"], dependencies=[require(Access.RUNNER)]
@@ -163,6 +168,22 @@ async def session_seen(run_id: str, body: SessionSeenBody, request: Request) -> 
     event = SessionEvent(type="session", run_id=run_id, attempt=attempt, session_id=body.session_id)
     await _coordinator(request).apply_event(body.runner_id, event)
     return {"ok": True}
+
+
+@router.post("/runs/{run_id}/agent-token")
+async def agent_token(run_id: str, body: AgentTokenBody, request: Request) -> dict[str, Any]:
+    """A token for the agent of this attempt of the run (``corral.coordinator.scope``): it
+    acts for the run's session only, and only while the attempt holds the run."""
+    coordinator = await _as_runner(request, body.runner_id)
+    token, secret = await coordinator.in_thread(
+        coordinator.store.tokens.mint_for_run,
+        run_id,
+        body.runner_id,
+        body.attempt,
+        coordinator.clock.now(),
+        AGENT_TOKEN_TTL_S,
+    )
+    return {"token": secret, "token_id": token.id, "expires_at": iso(token.expires_at)}
 
 
 @router.post("/runs/{run_id}/logs")

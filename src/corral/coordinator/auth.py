@@ -49,13 +49,15 @@ CLOSE_POLICY_VIOLATION = 1008
 
 class Access(enum.Enum):
     READ = "read"  # runs, logs, sessions, runners, tasks: look, touch nothing
-    WRITE = "write"  # create and cancel runs, sessions, tasks
+    RUNS = "runs"  # create and cancel runs (an agent token: its own session's children)
+    WRITE = "write"  # sessions, tasks, projects, actors, pools
     RUNNER = "runner"  # the runner link and the runner HTTP protocol
     ADMIN = "admin"  # tokens; drain and stop runners
 
 
 GRANTS: dict[Access, frozenset[Role]] = {
-    Access.READ: frozenset({Role.ADMIN, Role.CLIENT, Role.READER}),
+    Access.READ: frozenset({Role.ADMIN, Role.CLIENT, Role.READER, Role.AGENT}),
+    Access.RUNS: frozenset({Role.ADMIN, Role.CLIENT, Role.AGENT}),
     Access.WRITE: frozenset({Role.ADMIN, Role.CLIENT}),
     Access.RUNNER: frozenset({Role.ADMIN, Role.RUNNER}),
     Access.ADMIN: frozenset({Role.ADMIN}),
@@ -69,6 +71,7 @@ class Principal:
     token_id: str
     role: Role
     labels: tuple[str, ...] | None = None  # a runner token limited to these labels
+    run_id: str | None = None  # an agent token: the run of the agent (corral.coordinator.scope)
 
     def check_labels(self, labels: Sequence[str]) -> None:
         if self.labels is not None and not set(labels) <= set(self.labels):
@@ -89,8 +92,10 @@ class Authenticator:
         *,
         cache_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self.tokens = tokens
+        self._now = now  # wall-clock time, as the store's expiries are written
         self._admin_digest = digest(admin_token).encode() if admin_token else None
         self._cache_s = cache_s
         self._clock = clock
@@ -113,11 +118,11 @@ class Authenticator:
     def lookup(self, secret: str) -> Principal | None:
         """The store's live token with this secret (reads the store: off the event loop)."""
         key = digest(secret)
-        token = self.tokens.find(key)
+        token = self.tokens.find(key, self._now())
         if token is None:
             self._cache.pop(key, None)
             return None
-        principal = Principal(token.id, token.role, token.labels)
+        principal = Principal(token.id, token.role, token.labels, token.run_id)
         self._cache[key] = (principal, self._clock() + self._cache_s)
         return principal
 

@@ -121,6 +121,11 @@ class LeaseRef(WireModel):
     attempt: Int32 | None = None
 
 
+class AgentTokenBody(WireModel):
+    runner_id: str
+    attempt: Int32
+
+
 class SessionSeenBody(LeaseRef):
     session_id: str = Field(min_length=1, max_length=200)
 

@@ -18,6 +18,7 @@ from typing import TypeVar
 import anyio.to_thread
 
 from corral.clock import Clock
+from corral.coordinator import scope
 from corral.coordinator.actors import Actors
 from corral.coordinator.auth import Authenticator, Principal
 from corral.coordinator.autoscaler import Autoscaler
@@ -94,7 +95,9 @@ class Coordinator:
         self.actors = Actors(store, self.notifier, clock)
         self.tunnels = TunnelHub(self.connections)  # the gateway's requests to runners
         self.autoscaler = Autoscaler(self)  # serverless pools' runners
-        self.auth = Authenticator(store.tokens, settings.token, cache_s=settings.token_cache_s)
+        self.auth = Authenticator(
+            store.tokens, settings.token, cache_s=settings.token_cache_s, now=clock.now
+        )
         self._runner_tokens: dict[str, str] = {}  # runner id → its token id (never changes)
         self.started_at = clock.now()  # runners' silence counts from here (reconcile_once)
         self._claimable_seen_at = 0.0  # the reconciler's last look for claimable runs
@@ -119,8 +122,15 @@ class Coordinator:
 
     # ---- clients -------------------------------------------------------------------------
 
-    async def create_runs(self, bodies: Sequence[CreateRun]) -> list[Run]:
+    async def create_runs(
+        self, bodies: Sequence[CreateRun], principal: Principal | None = None
+    ) -> list[Run]:
+        """``principal``: the caller; an agent's runs are its own session's children."""
+
         def validate_and_create() -> list[Run]:
+            nonlocal bodies
+            if principal is not None and principal.run_id is not None:
+                bodies = scope.confine(self.store, principal.run_id, bodies)
             specs = [
                 build_new_run(b, self.store, self.profiles, self.settings.max_prompt_bytes)
                 for b in bodies
@@ -131,7 +141,9 @@ class Coordinator:
         self.notifier.notify(RUNS_AVAILABLE)
         return runs
 
-    async def cancel(self, run_id: str) -> Run:
+    async def cancel(self, run_id: str, principal: Principal | None = None) -> Run:
+        if principal is not None and principal.run_id is not None:
+            await self.in_thread(scope.check_cancel, self.store, principal.run_id, run_id)
         run = await self.in_thread(self.store.runs.request_cancel, run_id, self.clock.now())
         if run.runner_id:
             self.notifier.notify(runner_topic(run.runner_id))

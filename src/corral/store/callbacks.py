@@ -150,6 +150,16 @@ class CallbackStore:
             )
         return [r["child_run_id"] for r in rows]
 
+    def is_child(self, session_id: str, parent_session_id: str) -> bool:
+        """Whether a run of ``session_id`` was started as a child of the parent session."""
+        with self.db.transaction(write=False) as tx:
+            row = tx.one(
+                "SELECT 1 AS child FROM runs WHERE parent_session_id = ? AND session_id = ? "
+                "LIMIT 1",
+                (parent_session_id, session_id),
+            )
+        return row is not None
+
     def delivered_by(self, child_run_id: str) -> tuple[str | None, str | None]:
         """The resume run that carried this child's callback, and why it was dropped."""
         with self.db.transaction(write=False) as tx:

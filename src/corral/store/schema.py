@@ -346,6 +346,15 @@ CREATE INDEX run_callbacks_pending ON run_callbacks (finished_at)
         # it was given to finish. NULL while it drains of itself (it said it stops), or not.
         "ALTER TABLE runners ADD COLUMN drain_grace_s {real};\n",
     ),
+    (
+        13,
+        """
+-- Agent tokens (corral.tokens): minted for one attempt of a run, live while it holds it.
+ALTER TABLE tokens ADD COLUMN run_id TEXT;
+ALTER TABLE tokens ADD COLUMN run_attempt INTEGER;
+ALTER TABLE tokens ADD COLUMN expires_at {real};
+""",
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]
