@@ -182,6 +182,7 @@ class RunnerProcess:
         elif kind == "cancel_run":
             if held is not None and held.running:
                 held.running = False
+                world.count("cancels obeyed")  # a stored cancel reached a running process
                 self.report(held, "cancelled")
         elif kind == "abandon_run" and held is not None and held.running:
             held.running = False
