@@ -287,10 +287,12 @@ def test_http_without_a_token_is_refused_by_the_coordinator(cluster: Cluster) ->
 def test_an_agent_starts_a_sub_agent_through_the_mcp_server_its_runner_gives_it(
     cluster: Cluster,
 ) -> None:
+    """--agent-mcp: each agent's MCP server sends a token minted for the agent's own run
+    (what it may do with it: test_agent_tokens.py). The shared --agent-token is used by
+    test_async_callback_children_resume_their_parent_once_with_both_results."""
     cluster.start_coordinator()
-    agents = cluster.client.typed.create_token("client", name="agents").token
     # Two slots: the parent holds one while its sync sub-agent runs in the other.
-    cluster.start_runner("runner-a", slots=2, extra=["--agent-token", agents])
+    cluster.start_runner("runner-a", slots=2, extra=["--agent-mcp"])
     parent = cluster.client.create_run(
         type="start_session", session_name="lead", prompt="plan [fake:subagent=helper:look]"
     )
@@ -299,6 +301,10 @@ def test_an_agent_starts_a_sub_agent_through_the_mcp_server_its_runner_gives_it(
     assert run["result"] == "turn 1: plan [fake:subagent=helper:look] | helper: turn 1: look"
     child = cluster.client.session_result("helper")
     assert child["result"] == "turn 1: look"
+    (helper,) = cluster.client.list_runs(session="helper")["runs"]
+    assert helper["parent_session_id"] == run["session_id"]
+    minted = {t.name for t in cluster.client.typed.list_tokens() if t.role == "agent"}
+    assert minted == {f"agent of {run['run_id']}", f"agent of {helper['run_id']}"}
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])

@@ -397,3 +397,10 @@ def test_malformed_result_fields_are_dropped_not_raised() -> None:
     assert report.cost_usd is None
     assert report.usage is None
     assert report.num_turns is None
+
+
+def test_an_agent_whose_minted_token_has_not_come_gets_no_mcp_server() -> None:
+    mcp = AgentMcp(command=("/venv/bin/corral", "mcp", "--url", "http://c:8765"), token=None)
+    spec = ClaudeExecutor(mcp=mcp).prepare(make_run(), {})
+    assert "--mcp-config" not in spec.argv
+    assert "CORRAL_TOKEN" not in spec.env

@@ -60,10 +60,11 @@ _RESET_AT = re.compile(r"\|\s*(\d{9,13})\s*$")
 
 @dataclasses.dataclass(frozen=True)
 class AgentMcp:
-    """corral's MCP server for an agent: how to start it (stdio) and the token it sends."""
+    """corral's MCP server for an agent: how to start it (stdio) and the token it sends
+    (None until the runner has one minted for the agent's run: no server without it)."""
 
     command: tuple[str, ...]
-    token: str = dataclasses.field(repr=False)
+    token: str | None = dataclasses.field(repr=False)
 
     def config(self) -> str:
         """``--mcp-config``: the token is named, not written (``${CORRAL_TOKEN}``, from the
@@ -119,8 +120,9 @@ class ClaudeExecutor:
             if agent.max_turns is not None:
                 argv += ["--max-turns", str(agent.max_turns)]
             argv += agent.extra_args
-        if self.mcp is not None:
-            argv += ["--mcp-config", self.mcp.config()]
+        mcp = self.mcp if self.mcp is not None and self.mcp.token else None
+        if mcp is not None:
+            argv += ["--mcp-config", mcp.config()]
         if run.type is RunType.RESUME_SESSION:
             if not run.session_id:
                 raise InvalidRequest(f"run {run.id} resumes no session", run_id=run.id)
@@ -132,8 +134,8 @@ class ClaudeExecutor:
             for name, value in {**base_env, **(agent.env if agent else {}), **run.env}.items()
             if not name.startswith(_STRIPPED_PREFIX) and name not in _STRIPPED_NAMES
         }
-        if self.mcp is not None:
-            env["CORRAL_TOKEN"] = self.mcp.token
+        if mcp is not None and mcp.token:
+            env["CORRAL_TOKEN"] = mcp.token
             env["CORRAL_RUN_ID"] = run.id
         return ProcessSpec(
             argv=tuple(argv),

@@ -50,8 +50,17 @@ def runner_options(fn: click.decorators.FC) -> click.decorators.FC:
                 default=None,
                 show_default=False,
                 help="A client token (corral tokens create --role client) this runner's "
-                "agents get for corral's MCP server, to start sub-agents; without it they "
-                "get no corral MCP server.",
+                "agents all get for corral's MCP server, to start sub-agents (--agent-mcp: "
+                "each its own instead).",
+            ),
+            option(
+                "--agent-mcp",
+                env="AGENT_MCP",
+                is_flag=True,
+                default=False,
+                help="Give each agent corral's MCP server with a token minted for its own "
+                "run: it starts and cancels runs only as its own session's children. "
+                "Without this or --agent-token agents get no corral MCP server.",
             ),
             option(
                 "--drain-grace",
@@ -101,6 +110,7 @@ def runner_settings(
     labels: str,
     claude_bin: str,
     agent_token: str | None,
+    agent_mcp: bool,
     drain_grace: float,
     pass_env: str,
     transport: str,
@@ -113,6 +123,7 @@ def runner_settings(
         slots=slots,
         claude_bin=claude_bin,
         agent_token=agent_token,
+        agent_mcp=agent_mcp,
         drain_grace_s=drain_grace,
         transport=transport,
         labels=labels_from([labels]),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from corral.agents.claude import AgentMcp
+from corral.agents.claude import AgentMcp, ClaudeExecutor
 from corral.agents.registry import executor_for
 from corral.assignment import Assignment
 from corral.errors import CorralError
@@ -27,6 +28,7 @@ from corral.ids import RunId, RunnerId
 from corral.runner.actors import ActorHost
 from corral.runner.attempt import Attempt
 from corral.runner.environment import attempt_identity, run_environment
+from corral.runner.link import HttpLink, LinkDown
 from corral.runner.poll import PollTransport
 from corral.runner.settings import RunnerSettings
 from corral.runner.task_attempt import TaskAttempt
@@ -57,6 +59,7 @@ class RunnerCore:
         self._drain_deadline: float | None = None  # a forced drain's end (monotonic)
         # The runner's own environment: runs see only what ``run_environment`` lets through.
         self.host_env = dict(os.environ if host_env is None else host_env)
+        self._minting: HttpLink | None = None  # asks for agents' tokens (agent_mcp)
         self.actors = ActorHost(
             settings.actor_kinds,
             self.transport.reports,
@@ -104,6 +107,8 @@ class RunnerCore:
         await asyncio.gather(serving, draining, return_exceptions=True)
         await self.actors.close()
         await self.transport.close()
+        if self._minting is not None:
+            await self._minting.aclose()
         log.info("runner %s stopped", self.runner_id)
 
     async def _open(self) -> bool:
@@ -192,6 +197,26 @@ class RunnerCore:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _give_agent_its_token(self, attempt: Attempt) -> None:
+        """An agent whose MCP server waits for a token minted for its run gets one; if the
+        coordinator gives none, the agent runs without corral's MCP server."""
+        executor = attempt.executor
+        if not isinstance(executor, ClaudeExecutor) or self.runner_id is None:
+            return
+        mcp = executor.mcp
+        if mcp is None or mcp.token is not None:
+            return
+        if self._minting is None:
+            self._minting = HttpLink(self.settings.coordinator_url, token=self.settings.token)
+        try:
+            token = await self._minting.agent_token(self.runner_id, attempt.run.id, attempt.attempt)
+        except (CorralError, LinkDown) as exc:
+            log.warning(
+                "run %s: no agent token (%s): no corral MCP server for it", attempt.run.id, exc
+            )
+            return
+        executor.mcp = dataclasses.replace(mcp, token=token)
+
     def cancel(self, run_id: RunId) -> None:
         if attempt := self.attempts.get(run_id):
             attempt.cancel()
@@ -209,6 +234,7 @@ class RunnerCore:
 
     async def _execute(self, attempt: Attempt) -> None:
         try:
+            await self._give_agent_its_token(attempt)
             await attempt.execute()
         except Exception:
             log.exception("run %s: attempt crashed", attempt.run.id)
@@ -242,8 +268,9 @@ class _Unrunnable:
 
 def agent_mcp(settings: RunnerSettings) -> AgentMcp | None:
     """corral's MCP server as this runner's agents start it: this runner's ``corral``,
-    the coordinator's URL, the agent token (none given: no server)."""
-    if settings.agent_token is None:
+    the coordinator's URL, the agent token (``agent_mcp``: one minted for each run, filled
+    in as it starts; neither: no server)."""
+    if settings.agent_token is None and not settings.agent_mcp:
         return None
     beside = Path(sys.executable).parent / "corral"  # the corral of this runner's install
     program = str(beside) if beside.exists() else "corral"

@@ -118,6 +118,13 @@ class HttpLink:
             abandon=[RunId(r) for r in data["abandon"]],
         )
 
+    async def agent_token(self, runner_id: RunnerId, run_id: RunId, attempt: int) -> str:
+        """A token minted for the agent of this attempt (``corral.coordinator.scope``)."""
+        body = {"runner_id": runner_id, "attempt": attempt}
+        response = await self._call("POST", f"/runner/runs/{run_id}/agent-token", json=body)
+        token: str = response.json()["token"]
+        return token
+
     async def poll(
         self, runner_id: RunnerId, max_runs: int, timeout_s: float
     ) -> list[dict[str, Any]]:

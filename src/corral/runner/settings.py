@@ -22,6 +22,10 @@ class RunnerSettings:
     # A client token the runner's agents get for corral's MCP server (``corral mcp``), so
     # that an agent can start sub-agents; None: agents get no corral MCP server.
     agent_token: str | None = field(default=None, repr=False)
+    # Agents get corral's MCP server with a token minted for their own run (it acts for
+    # their session only: ``corral.coordinator.scope``), asked of the coordinator as each
+    # agent starts. ``agent_token``, if given, is sent instead.
+    agent_mcp: bool = False
     # Names (fnmatch patterns) of the runner's environment its runs may see, beyond the
     # allow-list of ``corral.runner.environment``.
     pass_env: tuple[str, ...] = ()
