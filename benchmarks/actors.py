@@ -8,9 +8,14 @@ Measures, on SQLite:
                  its overhead is this less the process start
   warm           requests to a running actor through gateway + tunnel, against the same
                  requests straight to its port: p50/p99 one at a time, and requests/s with
-                 --concurrency clients
+                 --concurrency clients; and the CPU the coordinator and the runner spend per
+                 warm request (steadier than times on a loaded machine)
 
-    python benchmarks/actors.py [--cold 20] [--warm 2000] [--concurrency 8]
+    python benchmarks/actors.py [--cold 20] [--warm 2000] [--concurrency 8] [--profile DIR]
+
+--profile DIR samples the coordinator and the runner with py-spy (``pip install py-spy``)
+during the warm requests through the gateway: DIR/coordinator.txt and DIR/runner.txt, in
+py-spy's collapsed-stack format.
 """
 
 from __future__ import annotations
@@ -80,8 +85,53 @@ def process_start(samples: int, workdir: Path) -> list[float]:
     return times
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def cluster(workdir: Path) -> Iterator[str]:
+def sampled(pids: dict[str, int], profile: Path | None) -> Iterator[None]:
+    """py-spy on each process while the block runs (nothing without ``profile``)."""
+    if profile is None:
+        yield
+        return
+    profile.mkdir(parents=True, exist_ok=True)
+    spies = [
+        subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "py-spy"),
+                "record",
+                "--pid",
+                str(pid),
+                "--rate",
+                "400",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "-o",
+                str(profile / f"{name}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    ]
+    time.sleep(1.0)  # py-spy attaches
+    try:
+        yield
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+        for spy in spies:
+            spy.wait(30)
+
+
+@contextmanager
+def cluster(
+    workdir: Path, *, db: str | None = None, actor_slots: int = 16
+) -> Iterator[tuple[str, dict[str, int]]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
@@ -96,7 +146,7 @@ def cluster(workdir: Path) -> Iterator[str]:
     try:
         procs.append(
             subprocess.Popen(
-                [CORRAL, "serve", "--port", str(port), "--db", str(workdir / "c.db")],
+                [CORRAL, "serve", "--port", str(port), "--db", db or str(workdir / "c.db")],
                 env=env,
                 stdout=log,
                 stderr=log,
@@ -118,6 +168,8 @@ def cluster(workdir: Path) -> Iterator[str]:
                     "websocket",
                     "--config",
                     str(config),
+                    "--actor-slots",
+                    str(actor_slots),
                 ],
                 env=env,
                 stdout=log,
@@ -126,7 +178,7 @@ def cluster(workdir: Path) -> Iterator[str]:
                 start_new_session=True,
             )
         )
-        yield url
+        yield url, {"coordinator": procs[0].pid, "runner": procs[1].pid}
     finally:
         for proc in procs:
             with suppress(ProcessLookupError):
@@ -193,11 +245,15 @@ def main() -> None:
     parser.add_argument("--cold", type=int, default=20)
     parser.add_argument("--warm", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--profile", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         print("process start   ", percentiles(process_start(args.cold, workdir)))
-        with cluster(workdir) as url, httpx.Client(base_url=url, headers=AUTH, timeout=60) as http:
+        with (
+            cluster(workdir) as (url, pids),
+            httpx.Client(base_url=url, headers=AUTH, timeout=60) as http,
+        ):
             wait(lambda: _runner_active(http), what="the runner")
             created = http.post("/actors", json={"name": "counter", "key": "bench"})
             created.raise_for_status()
@@ -208,7 +264,12 @@ def main() -> None:
             gateway = f"{url}/gateway/{actor_id}"
             port = int(http.get(f"/gateway/{actor_id}/port").text)
             direct = f"http://127.0.0.1:{port}"
-            print("warm gateway    ", percentiles(warm(http, gateway, args.warm)))
+            with sampled(pids, args.profile):
+                cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+                print("warm gateway    ", percentiles(warm(http, gateway, args.warm)))
+                for name, pid in pids.items():
+                    per_request = (cpu_seconds(pid) - cpu_before[name]) / args.warm
+                    print(f"cpu {name:12s} {per_request * 1000:7.2f} ms a warm request")
             print("warm direct     ", percentiles(warm(http, direct, args.warm)))
             for name, target in (("gateway", gateway), ("direct", direct)):
                 per_s = asyncio.run(rate(target, args.warm, args.concurrency))

@@ -64,13 +64,15 @@ class TunnelRequest:
         self.replies: asyncio.Queue[Reply] = asyncio.Queue()
         self.acked = asyncio.Event()  # the runner consumed some of what we sent
 
-    async def send(self, part: TunnelPart) -> None:
-        """Send ``part`` (numbered here), after waiting for room in the window."""
+    async def send(self, *parts: TunnelPart) -> None:
+        """Send ``parts`` (numbered here), each after waiting for room in the window, in one
+        flush (a request without a body goes as its start and its end together)."""
         runner = self._hub.runner(self.runner_id)
-        while runner.ledger.room(self.request_id) < cost(part):
-            self.acked.clear()
-            await self.acked.wait()
-        runner.ledger.send(part)
+        for part in parts:
+            while runner.ledger.room(self.request_id) < cost(part):
+                self.acked.clear()
+                await self.acked.wait()
+            runner.ledger.send(part)
         await self._hub.flush(self.runner_id)
 
     def started(self) -> bool:

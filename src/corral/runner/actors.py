@@ -49,7 +49,8 @@ from corral.runner.transport import ReportSink
 
 log = logging.getLogger("corral.runner")
 INPUT_ENV_MAX_BYTES = 64 * 1024  # larger inputs go through a file (argv+env are limited)
-ACCEPT_POLL_S = 0.005  # how often a starting actor's PORT is tried: the cold wake waits on it
+ACCEPT_POLL_S = 0.001  # how often a starting actor's PORT is tried: the cold wake waits on it
+ACCEPT_PROBE_TIMEOUT_S = 0.05  # a loopback connect that takes longer: try again later
 IDLE_CHECK_S = 1.0
 
 KvCall = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -78,6 +79,14 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def accepts(port: int) -> bool:
+    """Does a process accept connections on local ``port`` now? (Without the event loop: a
+    loopback connect is answered at once, accepted or refused.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(ACCEPT_PROBE_TIMEOUT_S)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def exit_status(returncode: int, asked_to_stop: bool) -> int:
@@ -222,17 +231,13 @@ class ActorHost:
             await asyncio.gather(*drains, return_exceptions=True)
 
     async def _accepting(self, hosted: HostedActor, exited: asyncio.Task[int]) -> bool:
+        # Nothing tells us when a process starts listening, so its port is tried often (a
+        # cold wake waits on this) and cheaply: a refused loopback connect is immediate.
         deadline = time.monotonic() + hosted.kind.start_threshold_s
         while not exited.done() and time.monotonic() < deadline and not hosted.stop_asked:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", hosted.port)
-            except OSError:
-                await asyncio.wait({exited}, timeout=ACCEPT_POLL_S)
-                continue
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-            return True
+            if accepts(hosted.port):
+                return True
+            await asyncio.wait({exited}, timeout=ACCEPT_POLL_S)
         return False
 
     async def _watch_idle(self, hosted: HostedActor, exited: asyncio.Task[int]) -> None:

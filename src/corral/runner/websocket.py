@@ -87,6 +87,8 @@ class WebSocketTransport:
         self._kv: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._pending: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
         self._flush_scheduled = False
+        self._outbox: list[RunnerOutput] = []  # outputs to carry out (``_run``)
+        self._outbox_draining = False
         self._connected = asyncio.Event()
         self._retick = asyncio.Event()  # a deadline earlier than the ticker sleeps toward
         self._tick_at = 0.0
@@ -300,8 +302,25 @@ class WebSocketTransport:
     # ---- outputs -------------------------------------------------------------------------
 
     def _run(self, outputs: list[RunnerOutput]) -> None:
-        if outputs:
-            asyncio.get_running_loop().create_task(self._carry_out(outputs))
+        """Carry ``outputs`` out soon, after those asked before (one task drains them all,
+        in order: a tunnel's numbered messages must leave in the order they were numbered)."""
+        if not outputs:
+            return
+        self._outbox.extend(outputs)
+        if not self._outbox_draining:
+            self._outbox_draining = True
+            asyncio.get_running_loop().create_task(self._drain_outbox())
+
+    async def _drain_outbox(self) -> None:
+        try:
+            while self._outbox:
+                outputs, self._outbox = self._outbox, []
+                try:
+                    await self._carry_out(outputs)
+                except Exception:  # as a task of its own would have: logged, the rest goes on
+                    log.exception("carrying out %d outputs failed", len(outputs))
+        finally:
+            self._outbox_draining = False
 
     async def _carry_out(self, outputs: list[RunnerOutput]) -> None:
         for out in outputs:
