@@ -103,7 +103,8 @@ async def test_every_route_but_health_refuses_a_missing_or_unknown_token(api: Ap
                 assert response.status_code == 422
                 continue
             assert response.status_code == 401, (method, path, response.text)
-            assert error_code(response) == code
+            if method != "HEAD":  # an answer to HEAD has no body
+                assert error_code(response) == code
             assert response.headers["www-authenticate"] == "Bearer"
 
 
@@ -130,7 +131,8 @@ async def test_every_route_refuses_the_roles_that_may_not_use_it(api: Api) -> No
                 assert response.status_code not in (401, 403), (role, method, path, response.text)
             else:
                 assert response.status_code == 403, (role, method, path, response.text)
-                assert error_code(response) == "forbidden"
+                if method != "HEAD":
+                    assert error_code(response) == "forbidden"
             checked += 1
     assert checked > 100
 

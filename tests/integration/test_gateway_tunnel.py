@@ -19,7 +19,7 @@ import pytest
 import websockets
 from api_fixtures import TOKEN, live_server, wait_until, with_token
 from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -58,6 +58,11 @@ class ActorApp:
             self.hits[name] = self.hits.get(name, 0) + 1
             return {"name": name, "hits": self.hits[name], "query": str(request.url.query),
                     "auth": request.headers.get("authorization")}  # fmt: skip
+
+        @app.head("/count/{name}")
+        async def count_head(name: str) -> Response:
+            self.hits[name] = self.hits.get(name, 0) + 1
+            return Response(headers={"x-hits": str(self.hits[name]), "content-length": "42"})
 
         @app.get("/stream")
         async def stream(n: int, size: int) -> StreamingResponse:
@@ -214,6 +219,13 @@ async def test_a_request_and_its_response_go_through_the_tunnel(world: World) ->
     assert body == {"name": "a", "hits": 1, "query": "x=1&y=2", "auth": None}  # token kept back
     by_key = await world.client.get("/gateway/echo/count/a?key=k&z=3")
     assert by_key.json()["hits"] == 2 and by_key.json()["query"] == "z=3"
+
+
+async def test_head_is_forwarded_and_answered_without_a_body(world: World) -> None:
+    response = await world.client.head(f"/gateway/{ACTOR}/count/h")
+    assert response.status_code == 200
+    assert response.headers["x-hits"] == "1" and world.actor.hits["h"] == 1  # it got there
+    assert response.headers["content-length"] == "42" and response.content == b""
 
 
 async def test_bodies_stream_both_ways_in_chunks(world: World) -> None:

@@ -86,7 +86,7 @@ class ClientGone(Exception):
 
 
 router = APIRouter(tags=["gateway"])
-_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 @router.api_route("/gateway/{target}", methods=_METHODS, include_in_schema=False)
@@ -213,10 +213,10 @@ class Forward(Response):
     ) -> Reply:
         """Send the request, its body once the runner has the actor (``_pump_body``); the
         first reply."""
-        await request.send(start)
         if not has_body:
-            await request.send(wire.ToClientRequestEnd(request.request_id, 0))
+            await request.send(start, wire.ToClientRequestEnd(request.request_id, 0))
             return await self._next(request)
+        await request.send(start)
         replies = asyncio.ensure_future(self._next(request))
         try:
             while not request.started():
