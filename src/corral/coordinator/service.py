@@ -128,12 +128,12 @@ class Coordinator:
         """``principal``: the caller; an agent's runs are its own session's children."""
 
         def validate_and_create() -> list[Run]:
-            nonlocal bodies
+            asked = bodies
             if principal is not None and principal.run_id is not None:
-                bodies = scope.confine(self.store, principal.run_id, bodies)
+                asked = scope.confine(self.store, principal.run_id, bodies)
             specs = [
                 build_new_run(b, self.store, self.profiles, self.settings.max_prompt_bytes)
-                for b in bodies
+                for b in asked
             ]
             return self.store.runs.create_many(specs, self.clock.now())
 
