@@ -233,10 +233,17 @@ async def running_api(
 
 
 @contextlib.contextmanager
-def live_server(app: FastAPI, *, ws: str = "none", graceful_shutdown_s: int = 5) -> Iterator[str]:
+def live_server(
+    app: FastAPI,
+    *,
+    ws: str = "none",
+    graceful_shutdown_s: int = 5,
+    server_class: type[uvicorn.Server] = uvicorn.Server,
+) -> Iterator[str]:
     """Serve ``app`` with uvicorn (lifespan included) in a thread; yields its base URL.
 
-    ``ws`` is uvicorn's WebSocket implementation (``"none"``: plain HTTP only)."""
+    ``ws`` is uvicorn's WebSocket implementation (``"none"``: plain HTTP only);
+    ``server_class``: corral's own (``CorralServer``) to test how it stops."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -248,7 +255,7 @@ def live_server(app: FastAPI, *, ws: str = "none", graceful_shutdown_s: int = 5)
         ws=ws,
         timeout_graceful_shutdown=graceful_shutdown_s,
     )
-    server = uvicorn.Server(config)
+    server = server_class(config)
     errors: list[BaseException] = []
 
     def serve() -> None:

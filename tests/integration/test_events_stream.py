@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import pytest
 from api_fixtures import HEADERS, Api, live_server, with_token
-from httpx_sse import ServerSentEvent, aconnect_sse
+from httpx_sse import ServerSentEvent, aconnect_sse, connect_sse
 
 from corral.actors.model import NewActor
-from corral.coordinator.app import create_app
+from corral.coordinator.app import CorralServer, create_app
 from corral.coordinator.settings import CoordinatorSettings
 
 pytestmark = pytest.mark.anyio
@@ -183,6 +185,36 @@ async def test_actors_and_pools_changes_arrive_filtered_by_actor_or_pool(db_url:
             (only,) = await mine.events(1)
             assert only["id"] == got[1]["id"]
             assert (await mine.next()).event == "caught_up"
+
+
+async def test_a_stopping_coordinator_ends_its_open_streams_cleanly_at_once(
+    tmp_path: Path,
+) -> None:
+    """Without ``end_streams`` uvicorn waits out its grace (here longer than live_server
+    waits for it to stop) and then cuts the stream mid-response."""
+    app = create_app(with_token(CoordinatorSettings(db_url=f"sqlite:///{tmp_path}/c.db")))
+    caught_up = threading.Event()
+    outcome: list[str] = []
+
+    def follow(url: str) -> None:
+        try:
+            with (
+                httpx.Client(base_url=url, headers=HEADERS, timeout=STEP_S) as client,
+                connect_sse(client, "GET", "/events") as source,
+            ):
+                for message in source.iter_sse():
+                    if message.event == "caught_up":
+                        caught_up.set()
+            outcome.append("ended cleanly")
+        except httpx.HTTPError as exc:
+            outcome.append(f"cut: {exc!r}")
+
+    with live_server(app, server_class=CorralServer, graceful_shutdown_s=60) as url:
+        reader = threading.Thread(target=follow, args=(url,))
+        reader.start()
+        assert await anyio.to_thread.run_sync(caught_up.wait, STEP_S)
+    await anyio.to_thread.run_sync(reader.join, STEP_S)
+    assert outcome == ["ended cleanly"]
 
 
 async def test_an_open_stream_is_a_subscriber_in_the_metrics(db_url: str) -> None:

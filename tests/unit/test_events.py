@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from corral.coordinator.event_hub import Subscription
+from corral.coordinator.event_hub import Batch, EventHub, Subscription
 from corral.errors import InvalidRequest
 from corral.events import Event, EventFilter, EventKind, sse, sse_message
 
@@ -47,13 +47,37 @@ def test_filters_parse_and_match() -> None:
         EventFilter.parse(kind="runs")
 
 
+def offered(subscription: Subscription, events: list[Event]) -> None:
+    subscription.offer(Batch.of(events, subscription.where))
+
+
+def taken(subscription: Subscription) -> list[int]:
+    return [e.id for batch in subscription.take() for e in batch.events]
+
+
 def test_a_subscription_past_its_capacity_is_dropped_and_keeps_nothing() -> None:
     subscription = Subscription(EventFilter.parse(kind="log"), live_from=0, capacity=3)
-    subscription.offer([event(1), event(2, EventKind.RUN), event(3)])
-    assert [e.id for e in subscription.take()] == [1, 3]
+    offered(subscription, [event(1), event(2, EventKind.RUN), event(3)])
+    assert taken(subscription) == [1, 3]
     assert not subscription.ready.is_set()
-    subscription.offer([event(i) for i in range(4, 8)])
+    offered(subscription, [event(i) for i in range(4, 8)])
     assert subscription.dropped and subscription.ready.is_set()
     assert subscription.take() == []
-    subscription.offer([event(9)])  # dropped: nothing more is kept
+    offered(subscription, [event(9)])  # dropped: nothing more is kept
     assert subscription.take() == []
+
+
+def test_a_round_is_filtered_and_encoded_once_per_filter_not_per_subscriber() -> None:
+    hub = EventHub(None, None, None)  # type: ignore[arg-type]  # only the fan-out is used
+    logs = [Subscription(EventFilter.parse(kind="log"), 0, 100) for _ in range(3)]
+    runs = Subscription(EventFilter.parse(kind="run"), 0, 100)
+    hub.subscriptions.update([*logs, runs])
+    hub._fan_out([event(1), event(2, EventKind.RUN), event(3)])
+    batches = [s.take() for s in logs]
+    assert all(len(b) == 1 and b[0] is batches[0][0] for b in batches)  # one shared batch
+    assert [e.id for e in batches[0][0].events] == [1, 3]
+    assert batches[0][0].encoded == sse(event(1)) + sse(event(3))
+    assert taken(runs) == [2]
+    # A stream that already sent event 1 (its catch-up read overlapped) sends the rest.
+    assert batches[0][0].after(1) == sse(event(3))
+    assert batches[0][0].after(0) is batches[0][0].encoded

@@ -15,7 +15,9 @@ Refused before streaming: an unknown kind (422 ``invalid_request``), a ``run_id`
 any name: pools exist by being named), a resume id no event had
 (422 ``unknown_event_id``) or one whose successors retention deleted (410
 ``events_expired``). A stream that falls more than ``event_queue_size`` events behind
-gets ``dropped`` (``{"reason": "slow_consumer", "last_event_id": …}``) and ends.
+gets ``dropped`` (``{"reason": "slow_consumer", "last_event_id": …}``) and ends. A
+coordinator stopping ends its streams at once, cleanly: their clients resume elsewhere or
+once it is back, and its shutdown does not wait for them.
 """
 
 from __future__ import annotations
@@ -90,11 +92,13 @@ async def _stream(hub: EventHub, subscription: Subscription, after: int) -> Asyn
         last = max(last, subscription.live_from)
         yield sse_message("caught_up", {"last_event_id": last}, event_id=last)
         while True:
-            # What came since the last look goes out as one write, not one per event.
-            fresh = [event for event in subscription.take() if event.id > last]
-            if fresh:
-                yield b"".join(sse(event) for event in fresh)
-                last = fresh[-1].id
+            # What came since the last look goes out as one write, not one per event; each
+            # batch's bytes were made once for every stream with this filter.
+            batches = subscription.take()
+            chunk = b"".join(batch.after(last) for batch in batches)
+            if chunk:
+                yield chunk
+                last = max(last, batches[-1].events[-1].id)
             if subscription.dropped:
                 yield sse_message(
                     "dropped",
@@ -107,6 +111,8 @@ async def _stream(hub: EventHub, subscription: Subscription, after: int) -> Asyn
                     event_id=last,
                 )
                 return
+            if subscription.ended:
+                return  # the coordinator is stopping (EventHub.end_streams)
             try:
                 await asyncio.wait_for(subscription.ready.wait(), KEEPALIVE_S)
             except TimeoutError:

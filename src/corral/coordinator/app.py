@@ -172,9 +172,10 @@ def server_config(
 
 
 class CorralServer(uvicorn.Server):
-    """uvicorn's server. Stopping, it first tells the runners connected to this
-    coordinator to move to another one (``Coordinator.leave``): uvicorn would cut their
-    sockets with no word said, and they would take it for a failure."""
+    """uvicorn's server. Stopping, it first ends the open event streams and tells the
+    runners connected to this coordinator to move to another one (``Coordinator.leave``):
+    uvicorn would wait for the streams until its grace ran out, and cut the runners'
+    sockets with no word said, which they would take for a failure."""
 
     async def shutdown(self, sockets: list[Any] | None = None) -> None:
         coordinator = getattr(getattr(self.config.app, "state", None), "coordinator", None)
@@ -182,6 +183,9 @@ class CorralServer(uvicorn.Server):
             # First take no new connection: a runner told to move must not land here again.
             for server in self.servers:
                 server.close()
+            # Open event streams never end by themselves: end them, or uvicorn would wait
+            # for them its whole grace and then cut them.
+            coordinator.events.end_streams()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(coordinator.leave(), SHUTDOWN_GRACE_S)
         await super().shutdown(sockets)

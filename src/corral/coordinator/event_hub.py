@@ -1,11 +1,14 @@
 """Fan-out of the event log to the ``GET /events`` streams of this coordinator.
 
-One pump per coordinator reads the log (numbering it first on PostgreSQL) after each store
-call it is woken for (``EVENTS``, notified by ``Coordinator._db``), or every
-``poll_interval_s`` for what other processes wrote, and offers each batch to every
-subscription. A subscription keeps at most ``capacity`` events: one that falls further
-behind is dropped (its stream says so and ends; the client resumes from its last id,
-read from the store), so a slow reader never makes the coordinator buffer without bound.
+One pump per coordinator reads the log (numbering it first on PostgreSQL, in the same
+transaction) after each store call it is woken for (``EVENTS``, notified by
+``Coordinator._db``), or every ``poll_interval_s`` for what other processes wrote: one
+read per round, however many subscribers. Each round is filtered once per distinct filter
+and encoded once per filter (``Batch``): fifty dashboards with the same filter share one
+list and one chunk of bytes. A subscription keeps at most ``capacity`` events: one that
+falls further behind is dropped (its stream says so and ends; the client resumes from its
+last id, read from the store), so a slow reader never makes the coordinator buffer
+without bound.
 
 Joining without a gap or a duplicate::
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -30,7 +34,7 @@ import anyio.to_thread
 
 from corral.coordinator.metrics import Metrics
 from corral.coordinator.notifier import Notifier, wait_for
-from corral.events import Event, EventFilter
+from corral.events import Event, EventFilter, sse
 from corral.store.events import EventStore
 
 EVENTS = "events"  # the notifier's topic: the store may have new events
@@ -40,28 +44,60 @@ log = logging.getLogger("corral.coordinator")
 T = TypeVar("T")
 
 
+class Batch:
+    """A round's events that one filter wants, and their encoding, made once for every
+    subscription with that filter."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+
+    @classmethod
+    def of(cls, events: list[Event], where: EventFilter) -> Batch:
+        return cls([e for e in events if where.matches(e)])
+
+    @functools.cached_property
+    def encoded(self) -> bytes:
+        return b"".join(sse(event) for event in self.events)
+
+    def after(self, last: int) -> bytes:
+        """The batch as sent by a stream whose last event was ``last``: the shared bytes
+        unless the stream already sent some of it (its catch-up read overlapped)."""
+        if not self.events or self.events[0].id > last:
+            return self.encoded
+        return b"".join(sse(event) for event in self.events if event.id > last)
+
+
 class Subscription:
     def __init__(self, where: EventFilter, live_from: int, capacity: int) -> None:
         self.where = where
         self.live_from = live_from
         self.capacity = capacity
-        self.queue: deque[Event] = deque()
+        self.queue: deque[Batch] = deque()
+        self.queued = 0  # events in the queue
         self.ready = asyncio.Event()
         self.dropped = False
+        self.ended = False  # the coordinator is stopping: the stream ends (see end_streams)
 
-    def offer(self, events: list[Event]) -> None:
-        if self.dropped:
+    def end(self) -> None:
+        self.ended = True
+        self.ready.set()
+
+    def offer(self, batch: Batch) -> None:
+        """Queue ``batch`` (already filtered by ``where``: see ``Batch.of``)."""
+        if self.dropped or not batch.events:
             return
-        self.queue.extend(e for e in events if self.where.matches(e))
-        if len(self.queue) > self.capacity:
+        self.queue.append(batch)
+        self.queued += len(batch.events)
+        if self.queued > self.capacity:
             self.dropped = True
             self.queue.clear()
-        if self.queue or self.dropped:
-            self.ready.set()
+            self.queued = 0
+        self.ready.set()
 
-    def take(self) -> list[Event]:
+    def take(self) -> list[Batch]:
         taken = list(self.queue)
         self.queue.clear()
+        self.queued = 0
         self.ready.clear()
         return taken
 
@@ -85,6 +121,7 @@ class EventHub:
         self._cursor: int | None = None  # the last id offered; None while the pump is off
         self._pump: asyncio.Task[None] | None = None
         self._starting = asyncio.Lock()
+        self._closing = False
 
     async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
         # Not through ``Coordinator._db``: that wakes the pump, which would wake itself.
@@ -97,6 +134,8 @@ class EventHub:
                     await self.in_thread(self.events.number)
                 self._cursor = await self.in_thread(self.events.latest)
             subscription = Subscription(where, self._cursor, self.capacity)
+            if self._closing:
+                subscription.end()
             self.subscriptions.add(subscription)
             self.metrics.event_subscribers.set(len(self.subscriptions))
             if self._pump is None or self._pump.done():
@@ -136,20 +175,32 @@ class EventHub:
             last_round = asyncio.get_running_loop().time()
             woken = self.notifier.event(EVENTS)
             try:
-                if self.events.numbered_later:
-                    await self.in_thread(self.events.number)
-                batch = await self.in_thread(
-                    self.events.read, self._cursor or 0, EventFilter(), PAGE
-                )
+                batch = await self.in_thread(self.events.number_and_read, self._cursor or 0, PAGE)
             except Exception:  # a database hiccup: try again at the next wake-up
                 log.exception("reading events failed; retrying")
                 batch = []
             if batch:
                 self._cursor = batch[-1].id
-                for subscription in list(self.subscriptions):
-                    subscription.offer(batch)
+                self._fan_out(batch)
             if len(batch) < PAGE:
                 await wait_for(woken, self.poll_interval_s)
+
+    def _fan_out(self, events: list[Event]) -> None:
+        batches: dict[EventFilter, Batch] = {}
+        for subscription in list(self.subscriptions):
+            where = subscription.where
+            if where not in batches:
+                batches[where] = Batch.of(events, where)
+            subscription.offer(batches[where])
+
+    def end_streams(self) -> None:
+        """The coordinator is stopping: every stream ends now, cleanly, after what it has
+        sent (its client resumes after the last id it got, here once restarted or at
+        another coordinator), instead of holding the server's shutdown for its grace and
+        then being cut mid-stream."""
+        self._closing = True
+        for subscription in list(self.subscriptions):
+            subscription.end()
 
     async def close(self) -> None:
         if self._pump is not None:

@@ -30,7 +30,7 @@ import json
 
 from corral.errors import Gone, InvalidRequest
 from corral.events import Event, EventFilter, EventKind
-from corral.store.db import Database, Row
+from corral.store.db import Database, Row, Tx
 
 NUMBERING_LOCK = 4242013  # pg_advisory_xact_lock key of ``number`` (migrate uses 4242001)
 
@@ -50,33 +50,48 @@ class EventStore:
         if self.db.dialect == "sqlite":
             return 0
         with self.db.transaction() as tx:
-            if tx.one("SELECT 1 AS x FROM events WHERE id IS NULL LIMIT 1") is None:
-                return 0  # the usual case when idle: no write, no lock
-            tx.execute("SELECT pg_advisory_xact_lock(?)", (NUMBERING_LOCK,))
-            row = tx.one(
-                "WITH pending AS (SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS n "
-                "FROM events WHERE id IS NULL), "
-                "counter AS (UPDATE event_log SET last_id = last_id + "
-                "(SELECT COUNT(*) FROM pending) RETURNING last_id), "
-                "numbered AS (UPDATE events e SET id = counter.last_id - "
-                "(SELECT COUNT(*) FROM pending) + pending.n FROM pending, counter "
-                "WHERE e.seq = pending.seq RETURNING 1) "
-                "SELECT COUNT(*) AS n FROM numbered"
-            )
+            return self._number(tx)
+
+    def _number(self, tx: Tx) -> int:
+        if tx.one("SELECT 1 AS x FROM events WHERE id IS NULL LIMIT 1") is None:
+            return 0  # the usual case when idle: no lock, nothing written
+        tx.execute("SELECT pg_advisory_xact_lock(?)", (NUMBERING_LOCK,))
+        row = tx.one(
+            "WITH pending AS (SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS n "
+            "FROM events WHERE id IS NULL), "
+            "counter AS (UPDATE event_log SET last_id = last_id + "
+            "(SELECT COUNT(*) FROM pending) RETURNING last_id), "
+            "numbered AS (UPDATE events e SET id = counter.last_id - "
+            "(SELECT COUNT(*) FROM pending) + pending.n FROM pending, counter "
+            "WHERE e.seq = pending.seq RETURNING 1) "
+            "SELECT COUNT(*) AS n FROM numbered"
+        )
         return int(row["n"]) if row else 0
+
+    def number_and_read(self, after: int, limit: int = 500) -> list[Event]:
+        """Every event after id ``after``, oldest first, numbering them first on
+        PostgreSQL: one transaction (the event pump's round)."""
+        if self.db.dialect == "sqlite":
+            return self.read(after, EventFilter(), limit)
+        with self.db.transaction() as tx:
+            self._number(tx)
+            return self._read(tx, after, EventFilter(), limit)
 
     def read(self, after: int, where: EventFilter, limit: int = 500) -> list[Event]:
         """The events after id ``after`` that ``where`` wants, oldest first (numbered ones:
         call ``number`` first on PostgreSQL)."""
-        condition, params = where.sql()
         with self.db.transaction(write=False) as tx:
-            rows = tx.execute(
-                "SELECT e.id, e.kind, e.at, e.run_id, e.session_id, e.session_name, "
-                "e.plan_id, e.runner_id, e.actor_id, e.pool, e.data, l.text FROM events e "
-                "LEFT JOIN run_logs l ON e.ref = l.id AND e.kind = 'log' "
-                f"WHERE e.id > ?{condition} ORDER BY e.id LIMIT ?",
-                (after, *params, limit),
-            )
+            return self._read(tx, after, where, limit)
+
+    def _read(self, tx: Tx, after: int, where: EventFilter, limit: int) -> list[Event]:
+        condition, params = where.sql()
+        rows = tx.execute(
+            "SELECT e.id, e.kind, e.at, e.run_id, e.session_id, e.session_name, "
+            "e.plan_id, e.runner_id, e.actor_id, e.pool, e.data, l.text FROM events e "
+            "LEFT JOIN run_logs l ON e.ref = l.id AND e.kind = 'log' "
+            f"WHERE e.id > ?{condition} ORDER BY e.id LIMIT ?",
+            (after, *params, limit),
+        )
         return [_event(row) for row in rows]
 
     def latest(self) -> int:
