@@ -172,6 +172,12 @@ class RunStore:
     ) -> Run:
         """Record how an attempt ended; only the runner and attempt holding the lease may."""
         with self.db.transaction() as tx:
+            if report.status is not RunStatus.PENDING:
+                # The usual case in one statement, as ``mark_started``; anything else (a
+                # repeat, a lost lease, a failure after a cancel) takes the checked path.
+                ended = _end_in_one(tx, run_id, runner_id, attempt, report, now)
+                if ended is not None:
+                    return ended
             row = row_by_id(tx, "runs", run_id, lock=self.db.lock_rows())
             status = status_reported(report.status, bool(row["cancel_requested"]))
             same_lease = row["runner_id"] == runner_id and row["attempts"] == attempt
@@ -277,6 +283,50 @@ def _cancel(tx: Tx, db: Database, run_id: str, now: float) -> Run | None:
     assert flagged is not None  # the row is locked
     commands.append(tx, row["runner_id"], [{"type": "cancel_run", "run_id": run_id}], now)
     return run_from_row(flagged)
+
+
+def _end_in_one(
+    tx: Tx, run_id: str, runner_id: str, attempt: int, report: RunReport, now: float
+) -> Run | None:
+    """``finish`` for a final report the run takes as it is: the lease and the statuses
+    the transition table lets the run leave for the reported one are the update's guard.
+    A failure counts as a cancel when one was asked (``status_reported``): that case, and
+    any other the guard leaves out, is None, for the checked path."""
+    fields: dict[str, Any] = {
+        "status": str(report.status),
+        "finished_at": now,
+        "exit_code": report.exit_code,
+        "error": report.error,
+        "result": report.result,
+        "usage": dumps(report.usage) if report.usage is not None else None,
+        "num_turns": report.num_turns,
+        "updated_at": now,
+    }
+    if report.cost_usd is not None:  # a report without one keeps its task step's cost
+        fields["cost_usd"] = report.cost_usd
+    if report.session_id:
+        fields["session_id"] = report.session_id
+    not_cancelled = " AND cancel_requested = 0" if report.status is RunStatus.FAILED else ""
+    row = tx.one(
+        f"UPDATE runs SET {', '.join(f'{name} = ?' for name in fields)} "
+        "WHERE id = ? AND runner_id = ? AND attempts = ? "
+        f"AND status IN ({_LEAVE_FOR[report.status]}){not_cancelled} RETURNING *",
+        (*fields.values(), run_id, runner_id, attempt),
+    )
+    if row is None:
+        return None
+    run = run_from_row(row)
+    # What ``transition`` does after its update, for a run ended by its runner's report.
+    callbacks.record(tx, run, now)
+    if run.task_id:
+        settle_task_run(tx, tx.lock, run, report.task, now)
+    if run.session_id:
+        sessions.finish_from_run(tx, run, now)
+    return run
+
+
+# For each status a run may end in: the statuses the transition table lets it leave for it.
+_LEAVE_FOR = {status: sql_list(may_become(status)) for status in RunStatus if status.is_terminal}
 
 
 def transition(
