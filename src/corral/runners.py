@@ -74,6 +74,8 @@ class Runner:
     registered_at: float
     last_heartbeat_at: float
     slots_used: int = 0
+    # The coordinator its WebSocket registered with last (its URL); None over HTTP.
+    coordinator_url: str | None = None
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ file ``MARKERS`` names, one line per request it handled: how many times the acto
 request, whatever the client saw. ``GET /slow/<id>`` does the same after ``DELAY`` seconds;
 ``GET /port`` answers its port (the benchmark compares the gateway with going straight there);
 ``GET /sleep/<id>`` asks its runner to put it to sleep (seed 002's ``GET /sleep``) and
-answers. With ``STOP_DELAY`` set it takes that long to exit after SIGTERM (an actor slow to
-stop: a wake while it stops is deferred).
+answers; ``POST /echo/<id>`` answers the body it was sent. With ``STOP_DELAY`` set it
+takes that long to exit after SIGTERM (an actor slow to stop: a wake while it stops is
+deferred).
 """
 
 from __future__ import annotations
@@ -37,6 +38,20 @@ class Handler(BaseHTTPRequestHandler):
         body = request_id.encode()
         self.send_response(200)
         self.send_header("content-type", "text/plain")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        kind, _, request_id = self.path.strip("/").partition("/")
+        if kind != "echo" or not request_id:
+            self.send_error(404)
+            return
+        body = self.rfile.read(int(self.headers.get("content-length", "0")))
+        with open(os.environ["MARKERS"], "a") as markers:
+            markers.write(f"{request_id}\n")
+        self.send_response(200)
+        self.send_header("content-type", "application/octet-stream")
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

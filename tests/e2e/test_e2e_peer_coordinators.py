@@ -4,18 +4,23 @@ A rolling restart — each coordinator stopped (SIGTERM) and started again, one 
 kills no run: the runner moves to the other coordinator within its lease, and the run it
 holds goes on, started once. A run created through one coordinator reaches the runner
 connected to the other (LISTEN/NOTIFY between them), and so does a cancel, a drain and
-a stop.
+a stop. A coordinator stopped with SIGTERM sends its runners to the other at once. The
+gateway of one forwards a request for an actor whose runner is connected to the other.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from pathlib import Path
 from urllib.parse import quote
 
+import httpx
 import pytest
 from e2e_support import TOKEN, Cluster, Coordinator, JsonClient, Proc, wait_until
+
+from corral.coordinator.peers import FORWARDED_HEADER as FORWARDED
 
 pytestmark = pytest.mark.postgres
 WS = ["--transport", "websocket"]
@@ -175,3 +180,63 @@ def test_sigterm_on_a_coordinator_moves_its_runners_at_once_and_kills_no_run(
         assert all(starts_of(root, n) == 1 for n in names)  # none killed, none started again
     finally:
         via_b.close()
+
+
+def counter_config(root: Path, markers: Path) -> Path:
+    config = root / "actors.toml"
+    actor = Path(__file__).with_name("counter_actor.py")
+    config.write_text(
+        f'[actors.counter]\ncommand = ["{sys.executable}", "{actor}"]\n'
+        f'env = {{ MARKERS = "{markers}" }}\n'
+    )
+    return config
+
+
+def test_the_gateway_forwards_to_the_coordinator_holding_the_runner_and_follows_it(
+    cluster: Cluster, pg_url: str, pg_schema: str
+) -> None:
+    """The actor's runner is connected to B; requests come to A, which forwards them (the
+    body streamed both ways). B is killed: the runner moves to A, which now owns its socket
+    and answers through its own tunnel. Each request ran once."""
+    a, b = peers(cluster, pg_url, pg_schema)
+    markers = cluster.root / "markers"
+    markers.touch()
+    config = counter_config(cluster.root, markers)
+    cluster.start_runner("host", url=f"{b.url},{a.url}", extra=[*WS, "--config", str(config)])
+    runner_id = cluster.wait_runner("host")
+    via_a = JsonClient(a.url, TOKEN)
+    http_a = httpx.Client(base_url=a.url, headers={"authorization": f"Bearer {TOKEN}"}, timeout=30)
+    try:
+        actor_id = via_a.call("POST", "/actors", json={"name": "counter", "key": "c"})["actor_id"]
+        wait_until(
+            lambda: via_a.call("GET", f"/actors/{actor_id}")["state"] == "running",
+            30,
+            what="the actor running",
+        )
+
+        def owner() -> str | None:
+            (runner,) = [r for r in via_a.runners() if r["runner_id"] == runner_id]
+            return runner["coordinator_url"]
+
+        assert owner() == b.url
+        assert http_a.get(f"/gateway/{actor_id}/hit/one").text == "one"
+        body = bytes(range(256)) * 800  # 200 KiB: several tunnel chunks each way
+        echoed = http_a.post(f"/gateway/{actor_id}/echo/two", content=body)
+        assert (echoed.status_code, echoed.content) == (200, body)
+        by_key = http_a.get("/gateway/counter/hit/three", params={"key": "c"})
+        assert (by_key.status_code, by_key.text) == (200, "three")
+        # Marked as forwarded by a peer, a request is never forwarded again: A says the
+        # runner is not here, and the peer that sent it would look again.
+        marked = http_a.get(f"/gateway/{actor_id}/hit/never", headers={FORWARDED: b.url})
+        assert (marked.status_code, marked.headers.get("x-corral-error")) == (
+            503,
+            "runner_not_here",
+        )
+
+        b.kill()  # SIGKILL: the runner's socket is owned by a dead coordinator
+        wait_until(lambda: owner() == a.url, 30, what="the runner re-owned by A")
+        assert http_a.get(f"/gateway/{actor_id}/hit/four").text == "four"
+        assert markers.read_text().split() == ["one", "two", "three", "four"]
+    finally:
+        http_a.close()
+        via_a.close()

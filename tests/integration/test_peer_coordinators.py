@@ -23,6 +23,7 @@ from corral.coordinator.service import LEASE_S
 from corral.coordinator.settings import CoordinatorSettings
 from corral.store import leases
 from corral.store.leases import RECONCILER
+from corral.store.retention import Collected, Retention
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -159,3 +160,27 @@ async def test_two_coordinators_racing_reconcile_never_both_act(tmp_path: Path) 
             late = await other.register("runner-late")
             clock.advance(60.0)
             assert (await other.coordinator.reconcile_once()).lost_runners == [late]
+
+
+async def test_retention_is_done_by_the_coordinator_holding_the_reconcilers_lease(
+    tmp_path: Path,
+) -> None:
+    """One pass of retention for the database, not one per coordinator: the lease holder
+    collects, the other skips; when the holder stops, the other collects."""
+    clock = FakeClock()
+    with backend_url("postgres", tmp_path) as url:
+        settings = CoordinatorSettings(db_url=url, retention=Retention(runners_s=60.0))
+        async with running_api(settings, clock=clock) as a, running_api(settings, clock=clock) as b:
+            await a.coordinator.reconcile_once()
+            await b.coordinator.reconcile_once()
+            assert (a.coordinator.reconciling, b.coordinator.reconciling) == (True, False)
+            gone = await a.register("gone")
+            await a.coordinator.stop_runner(gone)
+            clock.advance(120.0)  # the stopped runner is past its retention
+            assert await b.coordinator.collect_once() is None  # not the holder: nothing
+            assert (await a.coordinator.collect_once()) == Collected(runners=1)
+
+            await a.coordinator.leave()  # a deploy: it gives the lease up at once
+            await b.coordinator.reconcile_once()
+            assert b.coordinator.reconciling
+            assert await b.coordinator.collect_once() == Collected()

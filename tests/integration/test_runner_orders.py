@@ -1,5 +1,6 @@
-"""What was asked of a runner, stored for whichever coordinator holds its socket: a drain
-with its grace, a stop (``RunnerStore.order``), on SQLite and PostgreSQL."""
+"""What one coordinator stores for the one holding a runner's socket: a drain with its
+grace, a stop (``RunnerStore.order``); and which coordinator that is (the gateway forwards
+there), re-owned when the socket registers elsewhere. On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from corral.store.runners import Order
 NOW = 1_000.0
 
 
-def register(store: Store, runner_id: str | None = None, *, keep_drain: bool = False) -> str:
+def register(
+    store: Store,
+    runner_id: str | None = None,
+    *,
+    keep_drain: bool = False,
+    coordinator_url: str | None = None,
+) -> str:
     runner, _ = store.runners.register(
         name="r",
         hostname="h",
@@ -23,6 +30,7 @@ def register(store: Store, runner_id: str | None = None, *, keep_drain: bool = F
         held=None,
         revive=False,
         keep_drain=keep_drain,
+        coordinator_url=coordinator_url,
     )
     return runner.id
 
@@ -57,3 +65,12 @@ def test_a_drain_asked_while_the_socket_was_away_survives_its_reconnect(store: S
     store.runners.set_state(runner, RunnerState.DRAINING, NOW + 13)
     register(store, runner, keep_drain=True)  # a drain of its own is said again by itself
     assert store.runners.order(runner, NOW + 14) == Order(RunnerState.ACTIVE, None)
+
+
+def test_the_coordinator_holding_the_socket_is_the_last_it_registered_with(store: Store) -> None:
+    runner = register(store, coordinator_url="http://a:1")
+    assert store.runners.coordinator_url(runner) == "http://a:1"
+    assert store.runners.get(runner).coordinator_url == "http://a:1"
+    register(store, runner, coordinator_url="http://b:2")  # A died; it reconnected to B
+    assert store.runners.coordinator_url(runner) == "http://b:2"
+    assert store.runners.coordinator_url("rnr_unknown") is None

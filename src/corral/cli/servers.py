@@ -139,6 +139,15 @@ def coordinator_options(fn: click.decorators.FC) -> click.decorators.FC:
                 "localhost, 127.0.0.1, ::1 and --host ('*': any). Others are refused "
                 "(DNS rebinding).",
             ),
+            option(
+                "--public-url",
+                env="PUBLIC_URL",
+                default=None,
+                show_default=False,
+                help="The URL other coordinators (their gateways forward requests for "
+                "actors whose runner is connected here) and serverless endpoints reach "
+                "this one at (default: http://HOST:PORT).",
+            ),
         ]
     ):
         fn = decorate(fn)
@@ -165,6 +174,7 @@ def _coordinator_settings(
     max_subagent_depth: int,
     max_subagent_children: int,
     allowed_hosts: str,
+    public_url: str | None = None,
 ) -> CoordinatorSettings:
     return CoordinatorSettings(
         db_url=db,
@@ -183,6 +193,7 @@ def _coordinator_settings(
         max_subagent_depth=max_subagent_depth,
         max_subagent_children=max_subagent_children,
         allowed_hosts=comma_list(allowed_hosts),
+        public_url=public_url.rstrip("/") if public_url else None,
     )
 
 

@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -90,6 +91,7 @@ def create_app(
             yield
         finally:
             await coordinator.events.close()
+            await coordinator.peers.aclose()
             for job in jobs:
                 job.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -135,7 +137,10 @@ def create_app(
     )
     # Outermost: nothing is read or routed before the caller is known.
     app.add_middleware(
-        auth.Guard, allowed_hosts=auth.allowed_hosts(settings.host, settings.allowed_hosts)
+        auth.Guard,
+        allowed_hosts=auth.allowed_hosts(
+            settings.host, (*settings.allowed_hosts, *_public_host(settings.public_url))
+        ),
     )
     auth.document(app)
     return app
@@ -197,6 +202,12 @@ class QuietServer(CorralServer):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def _public_host(public_url: str | None) -> tuple[str, ...]:
+    """The host name of ``--public-url``: requests forwarded by other coordinators name it."""
+    host = urlsplit(public_url).hostname if public_url else None
+    return (host,) if host else ()
 
 
 def _error(status: int, code: str, message: str, **details: Any) -> JSONResponse:

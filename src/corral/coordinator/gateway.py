@@ -17,6 +17,12 @@ A WebSocket upgrade on the same paths is tunnelled too: accepted once the actor 
 it (its subprotocol passed on), then one tunnel chunk per message (at most 64 KiB) both
 ways; either side closing closes the other (1013: the actor could not be reached).
 
+A request for an actor whose runner is connected to another coordinator (several on one
+PostgreSQL database) is forwarded to that one, streamed both ways (``peers.py``); if it
+answers that the runner is not there (it moved), or cannot be reached (it died: the
+runner is re-owned by the next coordinator it connects to), the gateway looks again for
+up to the runner-lost threshold. WebSocket upgrades are not forwarded yet.
+
 A request body is sent only once the runner has the actor's port (it acknowledged the
 request start), so a retry never needs what the client has already sent. Errors have
 stable codes: ``actor_not_found`` and ``actor_destroyed`` (404), ``actor_not_ready`` (503:
@@ -30,9 +36,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Protocol
 from urllib.parse import parse_qsl, urlencode
 
+import httpx
 from fastapi import APIRouter, Request, WebSocket
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
@@ -40,6 +48,7 @@ from starlette.types import Receive, Scope, Send
 from corral.actors.lifecycle import ActorState
 from corral.actors.model import DEFAULT_POOL, Actor, NewActor, Placement
 from corral.coordinator.auth import Access, Principal, require
+from corral.coordinator.peers import FORWARDED_HEADER, Peers
 from corral.coordinator.tunnel import Reply, TunnelHub, TunnelRequest
 from corral.errors import CorralError, InvalidRequest, NotFound, Unavailable
 from corral.protocol import messages as wire
@@ -52,11 +61,18 @@ WAKE_TIMEOUT_S = 10.0  # from the first look until the actor must be connectable
 MAX_REWAKES = 3  # wakes again after it stopped while we waited
 MAX_ATTEMPTS = 4  # tries through a runner (503 + x-corral-error: it did not have the actor)
 RETRY_BASE_S = 0.05
+PEER_RETRY_S = 0.25  # the runner's coordinator did not have it, or could not be reached
+# A forwarded request whose runner is not connected here: the forwarding coordinator looks
+# again (503 with x-corral-error, as a runner says an actor is not on it).
+RUNNER_NOT_HERE = "runner_not_here"
 # Never forwarded to an actor: the caller's corral token is not the actor's business.
 # (Transfer-Encoding goes to the runner, which drops it: it says a body follows.)
 _NOT_FORWARDED = (HOP_BY_HOP - {"transfer-encoding"}) | {"authorization"}
 # Never passed back: the coordinator's server writes its own.
 _NOT_RETURNED = HOP_BY_HOP | {"date", "server"}
+# Not passed to the coordinator a request is forwarded to (its client writes its own; the
+# caller's token goes: the peer checks it too).
+_NOT_TO_PEER = HOP_BY_HOP | {"transfer-encoding", FORWARDED_HEADER}
 _GATEWAY_PARAMS = ("key", "create", "pool")
 _BODY_QUEUE_CHUNKS = 4  # client body read ahead of the tunnel (then the client waits)
 WS_CLOSE_NORMAL = 1000
@@ -99,7 +115,14 @@ async def gateway(
 ) -> Response:
     """Forward the request to the actor (woken if need be); its response streams back."""
     coordinator = request.app.state.coordinator
-    return Forward(coordinator.actors, coordinator.tunnels, target, path, coordinator.settings)
+    return Forward(
+        coordinator.actors,
+        coordinator.tunnels,
+        target,
+        path,
+        coordinator.settings,
+        peers=coordinator.peers,
+    )
 
 
 @router.websocket("/gateway/{target}/{path:path}")
@@ -120,11 +143,18 @@ class Forward(Response):
     response itself, both streamed."""
 
     def __init__(
-        self, actors: ActorDirectory, tunnels: TunnelHub, target: str, path: str, settings: Any
+        self,
+        actors: ActorDirectory,
+        tunnels: TunnelHub,
+        target: str,
+        path: str,
+        settings: Any,
+        peers: Peers | None = None,
     ) -> None:
         super().__init__()
         self.actors = actors
         self.tunnels = tunnels
+        self.peers = peers  # None: requests are never forwarded (a WebSocket, for now)
         self.target = target
         self.path = path
         self.lost_after_s = float(settings.ws_lost_after_s)
@@ -141,7 +171,9 @@ class Forward(Response):
             pass
         except CorralError as exc:
             if not self.responded:
-                await JSONResponse(exc.to_dict(), exc.http_status)(scope, receive, send)
+                headers = {ERROR_HEADER: exc.code} if exc.code == RUNNER_NOT_HERE else None
+                response = JSONResponse(exc.to_dict(), exc.http_status, headers=headers)
+                await response(scope, receive, send)
         finally:
             reader.cancel()
 
@@ -180,9 +212,32 @@ class Forward(Response):
         has_body = any(
             name in (b"content-length", b"transfer-encoding") for name, _ in scope["headers"]
         )
-        for attempt in range(MAX_ATTEMPTS):
+        forwarded = any(name.decode("latin-1") == FORWARDED_HEADER for name, _ in scope["headers"])
+        attempt = 0
+        elsewhere_until: float | None = None  # looking for the runner's coordinator until
+        while True:
             placement = await self._connectable(actor_id)
-            request = self.tunnels.open(placement.runner_id)
+            runner_id = placement.runner_id
+            if not self.tunnels.reachable(runner_id) and self.peers is not None:
+                if forwarded:  # never forwarded twice: the coordinator that sent it looks again
+                    raise Unavailable(
+                        f"runner {runner_id} is not connected here", code=RUNNER_NOT_HERE
+                    )
+                peer = await self.peers.holding(runner_id)
+                if peer is not None:
+                    if await self._through_peer(peer, actor_id, path, scope, send, has_body):
+                        return
+                    # It moved, or its coordinator died: it is re-owned when it reconnects.
+                    self.tunnels.placements.forget(actor_id)
+                    now = time.monotonic()
+                    elsewhere_until = elsewhere_until or now + self.lost_after_s
+                    if now > elsewhere_until:
+                        raise Unavailable(
+                            f"runner {runner_id}'s coordinator did not answer", code="tunnel_lost"
+                        )
+                    await asyncio.sleep(PEER_RETRY_S)
+                    continue
+            request = self.tunnels.open(runner_id)
             try:
                 start = wire.ToClientRequestStart(
                     request.request_id, 0, actor_id, placement.generation,
@@ -194,6 +249,7 @@ class Forward(Response):
                 if _retryable(first) and not request.started() and attempt + 1 < MAX_ATTEMPTS:
                     log.info("actor %s not on runner %s: again", actor_id, placement.runner_id)
                     await asyncio.sleep(RETRY_BASE_S * 2**attempt)
+                    attempt += 1
                     continue
                 if has_body and self.pumping is None:  # it answers while it reads the body
                     self.pumping = asyncio.ensure_future(self._pump_body(request))
@@ -207,6 +263,76 @@ class Forward(Response):
                     self.pumping.cancel()
                     self.pumping = None
                 request.close()
+
+    async def _through_peer(
+        self, peer: str, actor_id: str, path: str, scope: Scope, send: Send, has_body: bool
+    ) -> bool:
+        """Forward the request to the coordinator holding the runner's socket, and stream
+        its answer back. False if it could not be reached or does not have the runner
+        (before any of the body went: the caller looks again); once the body has gone,
+        those are ``tunnel_lost``."""
+        assert self.peers is not None
+        body_sent = False
+
+        async def body() -> AsyncIterator[bytes]:
+            nonlocal body_sent
+            while (data := await self.upload.get()) is not None:
+                body_sent = True
+                yield data
+
+        headers = [
+            (name, value)
+            for name, value in scope["headers"]
+            if name.decode("latin-1").lower() not in _NOT_TO_PEER
+        ]
+        headers.append((FORWARDED_HEADER.encode(), self.peers.own_url.encode("latin-1")))
+        client = self.peers.client
+        outgoing = client.build_request(
+            scope["method"],
+            f"{peer}/gateway/{actor_id}{path}",
+            headers=headers,
+            content=body() if has_body else None,
+        )
+        try:
+            response = await client.send(outgoing, stream=True)
+        except httpx.TransportError as exc:
+            log.info("gateway: coordinator %s not reached (%s)", peer, exc)
+            if body_sent:
+                raise Unavailable(f"coordinator {peer} went away", code="tunnel_lost") from exc
+            return False
+        try:
+            if response.status_code == 503 and ERROR_HEADER in response.headers and not body_sent:
+                return False
+            relay = asyncio.ensure_future(self._relay_peer(response, send))
+            gone = asyncio.ensure_future(self.gone.wait())
+            try:
+                await asyncio.wait({relay, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+                if not relay.done():  # the client left: closing the stream tells the peer
+                    relay.cancel()
+            if not relay.cancelled():
+                relay.result()
+            return True
+        finally:
+            await response.aclose()
+
+    async def _relay_peer(self, response: httpx.Response, send: Send) -> None:
+        self.responded = True
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": [
+                    (name, value)
+                    for name, value in response.headers.raw
+                    if name.decode("latin-1").lower() not in _NOT_RETURNED
+                ],
+            }
+        )
+        async for chunk in response.aiter_raw():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _start(
         self, request: TunnelRequest, start: wire.ToClientRequestStart, has_body: bool

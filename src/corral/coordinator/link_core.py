@@ -355,6 +355,7 @@ class LinkCore:
             revive=False,
             token_id=token_id,
             keep_drain=True,
+            coordinator_url=self.settings.endpoint_url,
         )
         # Its actor slots take queued actors now: their start commands are among ``missed``.
         placed = host_and_serve(store, runner.id, init, now)

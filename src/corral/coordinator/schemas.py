@@ -304,6 +304,7 @@ def runner_json(runner: Runner) -> dict[str, Any]:
         "slots_used": runner.slots_used,
         "registered_at": iso(runner.registered_at),
         "last_heartbeat_at": iso(runner.last_heartbeat_at),
+        "coordinator_url": runner.coordinator_url,
     }
 
 

@@ -35,6 +35,7 @@ from corral.coordinator.notifier import (
     runner_topic,
     wait_for,
 )
+from corral.coordinator.peers import Peers
 from corral.coordinator.requests import build_new_run
 from corral.coordinator.schemas import (
     CreateRun,
@@ -94,6 +95,11 @@ class Coordinator:
         self.connections = Connections()
         self.actors = Actors(store, self.notifier, clock)
         self.tunnels = TunnelHub(self.connections)  # the gateway's requests to runners
+        # The gateway forwards requests for runners connected to another coordinator.
+        self.peers = Peers(
+            settings.endpoint_url,
+            lambda runner_id: self.in_thread(store.runners.coordinator_url, runner_id),
+        )
         self.autoscaler = Autoscaler(self)  # serverless pools' runners
         self.auth = Authenticator(
             store.tokens, settings.token, cache_s=settings.token_cache_s, now=clock.now
@@ -104,6 +110,8 @@ class Coordinator:
         self.node = secrets.token_hex(8)  # its name as a lease holder (store/leases.py)
         self._delivering = asyncio.Lock()  # one callback delivery at a time in this process
         self.leaving = False  # it stops: it takes no lease again (``leave``)
+        self.reconciling = False  # it held the reconciler's lease at its last pass
+        self.first_pass = asyncio.Event()  # set once a pass has looked at the lease
 
     async def in_thread(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """``fn(*args, **kwargs)`` (a blocking store call) on a worker thread, off the loop,
@@ -386,10 +394,12 @@ class Coordinator:
             await self.in_thread(self.store.runners.touch, pinged, now)
         done = Reconciled()
         # What must happen once (declaring runners lost, ending overdue runs, retries,
-        # actors' ticks) is done by the coordinator holding the reconciler's lease.
-        if not self.leaving and await self.in_thread(
+        # actors' ticks, retention) is done by the coordinator holding the reconciler's lease.
+        self.reconciling = not self.leaving and await self.in_thread(
             leases.hold, self.store.db, RECONCILER, self.node, now, LEASE_S
-        ):
+        )
+        self.first_pass.set()
+        if self.reconciling:
             done = await self._reconcile_held(now)
         # Also wakes pollers for runs whose rate-limit backoff ended, and for runs that
         # another process (a second coordinator, a CLI) wrote to the same database — only
@@ -459,16 +469,28 @@ class Coordinator:
                 log.exception("delivering callbacks failed")
             await due.wait()
 
+    async def collect_once(self) -> Collected | None:
+        """Retention, by the coordinator holding the reconciler's lease (one does it for
+        all that share a database); None when another holds it."""
+        if not self.reconciling:
+            return None
+        collected = await self.in_thread(
+            self.store.collect_garbage, self.settings.retention, self.clock.now()
+        )
+        if collected != Collected():
+            log.info("retention deleted %s", collected)
+        return collected
+
     async def collect_forever(self) -> None:
-        """Retention: delete what it lets go at start, then every ``gc_interval_s``."""
+        """Retention: at start (once the reconciler has looked at its lease), then every
+        ``gc_interval_s``."""
         interval = self.settings.gc_interval_s
-        while interval:
+        if not interval:
+            return
+        await self.first_pass.wait()
+        while True:
             try:
-                collected = await self.in_thread(
-                    self.store.collect_garbage, self.settings.retention, self.clock.now()
-                )
-                if collected != Collected():
-                    log.info("retention deleted %s", collected)
+                await self.collect_once()
             except Exception:  # like reconciliation: a database hiccup must not end it
                 log.exception("garbage collection failed; retrying")
             await asyncio.sleep(interval)

@@ -161,6 +161,7 @@ def runner_from_row(row: Row) -> Runner:
         registered_at=row["registered_at"],
         last_heartbeat_at=row["last_heartbeat_at"],
         slots_used=int(row.get("slots_used") or 0),
+        coordinator_url=row.get("coordinator_url"),
     )
 
 

@@ -50,6 +50,7 @@ class RunnerStore:
         revive: bool = True,
         token_id: str | None = None,
         keep_drain: bool = False,
+        coordinator_url: str | None = None,
     ) -> tuple[Runner, RunnerSync]:
         """Register a new runner, or bring back a known one (after a network cut or a
         coordinator restart) and tell it which of the runs it still holds are its own.
@@ -63,6 +64,8 @@ class RunnerStore:
         registered it, and another token naming it is refused (``runner_not_yours``).
         ``keep_drain``: a drain asked of it while it was away stays asked (the WebSocket
         link: the same process reconnects, and is told to drain once connected).
+        ``coordinator_url``: the coordinator whose socket it registered on (the WebSocket
+        link; a peer's gateway forwards its actors' requests there), replacing the last.
         Checked in this transaction: a reconciler cannot declare it lost in between."""
         if slots < 1:
             raise InvalidRequest("a runner needs at least one slot")
@@ -99,17 +102,18 @@ class RunnerStore:
                     "version = ?, transport = ?, last_heartbeat_at = ?, lost_after_s = ?, "
                     "token_id = COALESCE(token_id, ?), state = ?, stopped_at = NULL, "
                     "drain_at = CASE WHEN ? THEN drain_at END, "
-                    "drain_grace_s = CASE WHEN ? THEN drain_grace_s END WHERE id = ?",
-                    (*values, token_id, str(state), drained, drained, runner_id),
+                    "drain_grace_s = CASE WHEN ? THEN drain_grace_s END, coordinator_url = ? "
+                    "WHERE id = ?",
+                    (*values, token_id, str(state), drained, drained, coordinator_url, runner_id),
                 )
                 rid = RunnerId(str(runner_id))
             else:
                 rid = new_runner_id()
                 tx.execute(
                     "INSERT INTO runners (id, name, hostname, labels, slots, version, transport, "
-                    "last_heartbeat_at, lost_after_s, registered_at, token_id, state) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (rid, *values, now, token_id, str(RunnerState.ACTIVE)),
+                    "last_heartbeat_at, lost_after_s, registered_at, token_id, state, "
+                    "coordinator_url) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (rid, *values, now, token_id, str(RunnerState.ACTIVE), coordinator_url),
                 )
             sync = RunnerSync() if held is None else sync_held(tx, rid, held, now)
             return runner_from_row(row_by_id(tx, "runners", rid)), sync
@@ -188,6 +192,13 @@ class RunnerStore:
         if state is not RunnerState.DRAINING or row["drain_grace_s"] is None:
             return Order(state, None)
         return Order(state, max(0.0, row["drain_at"] + row["drain_grace_s"] - now))
+
+    def coordinator_url(self, runner_id: str) -> str | None:
+        """The coordinator holding the runner's socket, as far as the store knows (the
+        last to register it); None for a runner on HTTP or unknown."""
+        with self.db.transaction(write=False) as tx:
+            row = tx.one("SELECT coordinator_url FROM runners WHERE id = ?", (runner_id,))
+        return None if row is None else row["coordinator_url"]
 
     def get(self, runner_id: str) -> Runner:
         with self.db.transaction(write=False) as tx:

@@ -14,7 +14,8 @@ sessions: a run's parent session, its callback mode and depth, and the callbacks
 parents (``corral.store.callbacks``); 11 events of actors, pools and a task's steps, and
 each pool's demand as its autoscaler last saw it (``corral.store.event_triggers``); 12 a
 drain asked through any coordinator reaches the runner through the one holding its
-socket: the grace it was given.
+socket: the grace it was given; 13 agent tokens' run and expiry; 14 the coordinator
+holding each runner's socket (the gateway forwards requests for its actors there).
 """
 
 from __future__ import annotations
@@ -354,6 +355,12 @@ ALTER TABLE tokens ADD COLUMN run_id TEXT;
 ALTER TABLE tokens ADD COLUMN run_attempt INTEGER;
 ALTER TABLE tokens ADD COLUMN expires_at {real};
 """,
+    ),
+    (
+        14,
+        # The URL of the coordinator that registered the runner's socket last (its
+        # advertised URL): the gateway of another coordinator forwards requests there.
+        "ALTER TABLE runners ADD COLUMN coordinator_url TEXT;\n",
     ),
 ]
 
