@@ -195,7 +195,8 @@ def held_run(store: Store, runner: RunnerId, spec: NewRun) -> Run:
     """A run created, claimed by ``runner`` and started (nothing else is pending)."""
     store.runs.create(spec, NOW)
     (run,) = store.runs.claim(runner, 1, NOW)
-    return store.runs.mark_started(run.id, runner, run.attempts, NOW)
+    store.runs.mark_started(run.id, runner, run.attempts, NOW)
+    return store.runs.get(run.id)
 
 
 @postgres_only

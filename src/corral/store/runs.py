@@ -122,22 +122,24 @@ class RunStore:
         with self.db.transaction() as tx:
             return claims.claim(tx, self.db, runner_id, max_runs, now)
 
-    def mark_started(self, run_id: str, runner_id: str, attempt: int, now: float) -> Run:
+    def mark_started(self, run_id: str, runner_id: str, attempt: int, now: float) -> None:
+        """The runner started the attempt it holds (nothing is read back: every run starts,
+        and no caller needs the row)."""
         with self.db.transaction() as tx:
             # The usual case in one statement (the lease and the old status are its guard);
             # anything else (a repeat, a lost lease) takes the checked path below.
             started = tx.one(
                 "UPDATE runs SET status = ?, started_at = ?, updated_at = ? "
                 f"WHERE id = ? AND runner_id = ? AND attempts = ? AND status IN ({_STARTABLE}) "
-                "RETURNING *",
+                "RETURNING id",
                 (str(RunStatus.RUNNING), now, now, run_id, runner_id, attempt),
             )
             if started is not None:
-                return run_from_row(started)
+                return
             row = leased_row(tx, run_id, runner_id, attempt)
             if row["status"] == RunStatus.RUNNING:
-                return run_from_row(row)  # a repeated report (the first answer was lost)
-            return transition(tx, row, RunStatus.RUNNING, now, started_at=now)
+                return  # a repeated report (the first answer was lost)
+            transition(tx, row, RunStatus.RUNNING, now, started_at=now)
 
     def record_session(
         self, run_id: str, runner_id: str, attempt: int, session_id: str, now: float
