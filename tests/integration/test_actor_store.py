@@ -122,6 +122,8 @@ def test_running_makes_it_resolvable_and_events_of_an_old_generation_are_ignored
     assert store.actors.runner_event(other, actor.id, lc.Lost(other, 1), T0).actors == set()
     assert store.actors.get(actor.id) == before
     assert store.actors.placed_on(actor.id, rid) and not store.actors.placed_on(actor.id, "x")
+    assert store.actors.placed_on(actor.id, rid, 1)  # the generation placed there
+    assert not store.actors.placed_on(actor.id, rid, 0)  # an older one on the same runner
 
 
 def test_sleep_intent_stop_command_then_deferred_wake(store: Store) -> None:

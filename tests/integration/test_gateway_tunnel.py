@@ -29,6 +29,7 @@ from corral.coordinator.app import create_app
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import NotFound
 from corral.ids import ActorId
+from corral.protocol.limits import MAX_TUNNEL_WS_MESSAGE_BYTES
 from corral.runner.core import RunnerCore
 from corral.runner.settings import RunnerSettings
 from corral.runner.websocket import WebSocketTransport
@@ -304,7 +305,28 @@ async def test_a_websocket_is_tunnelled_message_by_message(world: World) -> None
         assert await ws.recv() == "HELLO"
         await ws.send(b"\x00\x01\x02")
         assert await ws.recv() == b"\x02\x01\x00"
+        big_text = "é" * 150_000  # 300 KB: five chunks each way, joined again
+        await ws.send(big_text)
+        assert await ws.recv() == big_text.upper()
+        big_bytes = bytes(range(256)) * 1000
+        await ws.send(big_bytes)
+        assert await ws.recv() == big_bytes[::-1]
         await ws.send("bye")  # the actor closes: so does the gateway
         with pytest.raises(websockets.ConnectionClosedOK):
             await ws.recv()
+    await wait_until(lambda: world.transport.tunnel.open_requests == 0, what="the tunnel over")
+
+
+async def test_a_websocket_message_over_the_limit_closes_it_with_1009(world: World) -> None:
+    url = str(world.client.base_url).replace("http://", "ws://") + f"/gateway/{ACTOR}/ws"
+    async with websockets.connect(
+        url,
+        additional_headers={"Authorization": f"Bearer {TOKEN}"},
+        subprotocols=["chat"],
+        max_size=None,
+    ) as ws:
+        await ws.send(b"x" * (MAX_TUNNEL_WS_MESSAGE_BYTES + 1))
+        with pytest.raises(websockets.ConnectionClosedError) as closed:
+            await ws.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
     await wait_until(lambda: world.transport.tunnel.open_requests == 0, what="the tunnel over")

@@ -1,7 +1,8 @@
 """Actors' KV requests over a real WebSocket link: a real coordinator (uvicorn, SQLite and
 PostgreSQL) and the runner's real ``WebSocketTransport``; a request made while the link
-is down waits and completes after the reconnect; a runner the actor is not placed on is
-refused (``actor_not_placed``) and writes nothing."""
+is down waits and completes after the reconnect; a runner the actor is not placed on, or
+an older generation of the actor on the runner it is placed on, is refused
+(``actor_not_placed``) and writes nothing."""
 
 from __future__ import annotations
 
@@ -98,6 +99,27 @@ async def test_a_request_made_while_the_link_is_down_completes_after_the_reconne
         assert KvStore(db).apply(act, {"op": "list"}, 0.0)["entries"] == [["k", "v"]]
     finally:
         db.close()
+
+
+async def test_an_older_generation_on_the_same_runner_is_refused_and_writes_nothing(
+    linked: Linked,
+) -> None:
+    link, settings, act = linked
+    store = Store.open(settings.db_url)
+    try:
+        placed = store.actors.placement(act)
+    finally:
+        store.close()
+    assert placed is not None and placed.runner_id == link.runner_id
+    put = {"op": "put", "entries": {"k": "v"}}
+    with pytest.raises(CorralError) as refused:
+        await link.kv(act, put, generation=placed.generation - 1)
+    assert refused.value.code == "actor_not_placed"
+    assert await link.kv(act, {"op": "list"}, generation=placed.generation) == {
+        "ok": True,
+        "entries": [],
+    }  # nothing written; the placed generation is served
+    assert await link.kv(act, put, generation=placed.generation) == {"ok": True}
 
 
 async def test_a_runner_the_actor_is_not_placed_on_is_refused_and_writes_nothing(

@@ -116,15 +116,24 @@ def host_and_serve(store: Store, runner_id: str, init: ToServerInit, now: float)
 
 
 def kv_request(
-    store: Store, runner_id: str, actor_id: str, op: dict[str, Any], now: float
+    store: Store,
+    runner_id: str,
+    actor_id: str,
+    op: dict[str, Any],
+    now: float,
+    *,
+    generation: int | None = None,
 ) -> dict[str, Any]:
-    """An actor's KV operation, accepted only from the runner it is placed on: a runner
-    that lost the actor (or never had it) must not write over its new placement."""
-    if not store.actors.placed_on(actor_id, runner_id):
+    """An actor's KV operation, accepted only from the runner it is placed on, and from the
+    generation placed there when the runner names it: a runner that lost the actor (or
+    never had it), or an older generation's process still ending beside the new one, must
+    not write over its new placement."""
+    if not store.actors.placed_on(actor_id, runner_id, generation):
+        which = "" if generation is None else f" (generation {generation})"
         return {
             "ok": False,
             "code": "actor_not_placed",
-            "error": f"actor {actor_id} is not placed on runner {runner_id}",
+            "error": f"actor {actor_id}{which} is not placed on runner {runner_id}",
         }
     return store.kv.apply(actor_id, op, now)
 

@@ -14,8 +14,10 @@ Seed 002, as the gateway sees it:
     the response streams back as it comes; the client going away aborts the request
 
 A WebSocket upgrade on the same paths is tunnelled too: accepted once the actor accepted
-it (its subprotocol passed on), then one tunnel chunk per message (at most 64 KiB) both
-ways; either side closing closes the other (1013: the actor could not be reached).
+it (its subprotocol passed on), then its messages both ways, each in chunks of at most 64
+KiB joined again at the other end (``more``; a runner too old to join them takes messages
+of one chunk only); a message over ``MAX_TUNNEL_WS_MESSAGE_BYTES`` closes it with 1009.
+Either side closing closes the other (1013: the actor could not be reached).
 
 A request for an actor whose runner is connected to another coordinator (several on one
 PostgreSQL database) is forwarded to that one, streamed both ways (``peers.py``); if it
@@ -52,7 +54,7 @@ from corral.coordinator.peers import FORWARDED_HEADER, Peers
 from corral.coordinator.tunnel import Reply, TunnelHub, TunnelRequest
 from corral.errors import CorralError, InvalidRequest, NotFound, Unavailable
 from corral.protocol import messages as wire
-from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES
+from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES, MAX_TUNNEL_WS_MESSAGE_BYTES
 from corral.runner.tunnel import ERROR_HEADER, HOP_BY_HOP
 
 log = logging.getLogger("corral.coordinator")
@@ -478,15 +480,24 @@ class Forward(Response):
 
     async def _relay(self, request: TunnelRequest, ws: WebSocket) -> None:
         client = asyncio.ensure_future(self._from_client(request, ws))
+        parts: list[bytes] = []  # of a message that came in several chunks
         try:
             while True:
                 reply = await self._next(request)
                 if isinstance(reply, wire.ToServerResponseChunk):
-                    if reply.text:
-                        await ws.send_text(reply.data.decode())
-                    else:
-                        await ws.send_bytes(reply.data)
+                    parts.append(reply.data)
                     await request.consumed(reply, len(reply.data))
+                    if sum(map(len, parts)) > MAX_TUNNEL_WS_MESSAGE_BYTES:
+                        await ws.close(WS_CLOSE_TOO_BIG, "message over the tunnel's limit")
+                        await self._abort(request)
+                        return
+                    if reply.more:
+                        continue
+                    data, parts = b"".join(parts), []
+                    if reply.text:
+                        await ws.send_text(data.decode())
+                    else:
+                        await ws.send_bytes(data)
                     continue
                 await request.consumed(reply, 0)
                 failed = isinstance(reply, wire.ToServerResponseAbort)
@@ -506,12 +517,20 @@ class Forward(Response):
                     return
                 text, data = message.get("text"), message.get("bytes") or b""
                 payload = text.encode() if text is not None else data
-                if len(payload) > MAX_TUNNEL_CHUNK_BYTES:
-                    await ws.close(WS_CLOSE_TOO_BIG, "message over 64 KiB")
+                limit = (
+                    MAX_TUNNEL_WS_MESSAGE_BYTES if request.joins_parts else MAX_TUNNEL_CHUNK_BYTES
+                )
+                if len(payload) > limit:
+                    await ws.close(WS_CLOSE_TOO_BIG, f"message over {limit // 1024} KiB")
                     await request.send(wire.ToClientRequestEnd(request.request_id, 0))
                     return
-                chunk = wire.ToClientRequestChunk(request.request_id, 0, payload, text is not None)
-                await request.send(chunk)
+                for at in range(0, max(len(payload), 1), MAX_TUNNEL_CHUNK_BYTES):
+                    more = at + MAX_TUNNEL_CHUNK_BYTES < len(payload)
+                    part = payload[at : at + MAX_TUNNEL_CHUNK_BYTES]
+                    chunk = wire.ToClientRequestChunk(
+                        request.request_id, 0, part, text is not None, more
+                    )
+                    await request.send(chunk)
         finally:
             self.gone.set()
 

@@ -237,7 +237,13 @@ class SocketPump:
                     await coordinator.in_thread(core.acknowledge, runner_id, out.last_command_idx)
                 elif isinstance(out, KvRequested):
                     result = await coordinator.in_thread(
-                        kv_request, coordinator.store, runner_id, out.actor_id, out.op, now
+                        kv_request,
+                        coordinator.store,
+                        runner_id,
+                        out.actor_id,
+                        out.op,
+                        now,
+                        generation=out.generation,
                     )
                     await self._handle(channel.kv_answered(out.request_id, result))
                 else:
@@ -271,8 +277,9 @@ class SocketPump:
             await evicted.evict()  # the newer socket wins
         await self._handle(self.channel.registered(registration, coordinator.clock.now()))
         coordinator.notifier.notify(*registration.woken)
-        if init.metadata.get("tunnel"):  # it takes the gateway's requests for its actors
-            await coordinator.tunnels.resume(registration.runner_id, self)
+        if tunnel := init.metadata.get("tunnel"):  # it takes the gateway's requests for actors
+            joins_parts = type(tunnel) is int and tunnel >= m.TUNNEL_PARTS
+            await coordinator.tunnels.resume(registration.runner_id, self, joins_parts=joins_parts)
         self._tasks.append(self._start(self._push_work(), "pushing work"))
         log.info(
             "runner %s connected (%s, %d slots, websocket)",

@@ -52,6 +52,7 @@ class _Runner:
     requests: dict[str, TunnelRequest] = field(default_factory=dict)
     flushing: asyncio.Lock = field(default_factory=asyncio.Lock)
     link: LiveLink | None = None  # the socket resumed last; messages go there
+    joins_parts: bool = False  # its Init says it joins a WebSocket message sent in parts
 
 
 class TunnelRequest:
@@ -74,6 +75,11 @@ class TunnelRequest:
                 await self.acked.wait()
             runner.ledger.send(part)
         await self._hub.flush(self.runner_id)
+
+    @property
+    def joins_parts(self) -> bool:
+        """May a WebSocket message go to the runner in several chunks (``more``)?"""
+        return self._hub.runner(self.runner_id).joins_parts
 
     def started(self) -> bool:
         """Has the runner taken the request start (its actor's port answered)?"""
@@ -166,12 +172,13 @@ class TunnelHub:
 
     # ---- the runner's sockets (called by socket.py) ----------------------------------------
 
-    async def resume(self, runner_id: str, link: LiveLink) -> None:
+    async def resume(self, runner_id: str, link: LiveLink, *, joins_parts: bool = False) -> None:
         """A socket of the runner registered: from now on messages go there, beginning with
         everything the runner has not acknowledged (the last socket may have lost it)."""
         runner = self.runner(runner_id)
         async with runner.flushing:
             runner.link = link
+            runner.joins_parts = joins_parts
             runner.ledger.rewind()
             for ack in runner.ledger.acks():
                 await link.send_message(ack)

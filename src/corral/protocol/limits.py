@@ -27,6 +27,9 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024  # a WebSocket frame the coordinator reads
 # The tunnel (gateway ⇄ actor): a body travels in chunks, and a sender may be at most a
 # window of unacknowledged bytes ahead of what its receiver has consumed.
 MAX_TUNNEL_CHUNK_BYTES = 64 * 1024
+# A tunnelled WebSocket message, whole (larger ones are split into chunks, then joined):
+# a larger one closes the WebSocket with 1009.
+MAX_TUNNEL_WS_MESSAGE_BYTES = 1024 * 1024
 TUNNEL_WINDOW_BYTES = 1024 * 1024
 MAX_TUNNEL_HEADER_BYTES = 64 * 1024  # a request's or response's header names and values
 MAX_TUNNEL_REQUEST_ID_CHARS = 64

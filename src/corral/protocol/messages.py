@@ -53,6 +53,9 @@ from corral.protocol.limits import (
 )
 
 PROTOCOL_VERSION = 1
+# What each end's Init says in ``metadata.tunnel``: 1, it takes tunnel messages; 2
+# (TUNNEL_PARTS), a WebSocket message may also come in several chunks (``more``).
+TUNNEL_PARTS = 2
 INT64_MAX = 2**63 - 1  # every integer on the wire fits the store's columns
 
 # WebSocket close codes and the reasons that travel with them.
@@ -145,11 +148,13 @@ class ToServerStopping:
 
 @dataclass(frozen=True, slots=True)
 class ToServerKvRequest:
-    """One operation on an actor's key-value store; ``op`` is ``{"op": "get"|"put"|...}``."""
+    """One operation on an actor's key-value store; ``op`` is ``{"op": "get"|"put"|...}``.
+    ``generation``: the actor's generation that asked (a runner before it sends none)."""
 
     request_id: int
     actor_id: str
     op: dict[str, Any]
+    generation: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,12 +218,15 @@ class ToClientRequestStart:
 
 @dataclass(frozen=True, slots=True)
 class ToClientRequestChunk:
-    """Part of the request body; for a WebSocket, one message (``text``: a text frame)."""
+    """Part of the request body; for a WebSocket, one message (``text``: a text frame), or
+    part of one that continues in the next chunk (``more``: only to a runner whose Init
+    says ``tunnel`` ≥ ``TUNNEL_PARTS``)."""
 
     request_id: str
     seq: int
     data: bytes
     text: bool
+    more: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,10 +259,14 @@ class ToServerResponseStart:
 
 @dataclass(frozen=True, slots=True)
 class ToServerResponseChunk:
+    """Part of the response body, or a WebSocket message (or part of one: ``more``, only
+    to a coordinator whose Init says ``tunnel`` ≥ ``TUNNEL_PARTS``)."""
+
     request_id: str
     seq: int
     data: bytes
     text: bool
+    more: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,6 +430,11 @@ def _bool(frame: _Frame, name: str) -> bool:
     return value
 
 
+def _more(frame: _Frame) -> bool:
+    """``more`` is optional: a peer before ``TUNNEL_PARTS`` never sends it."""
+    return "more" in frame and _bool(frame, "more")
+
+
 def _request_id(frame: _Frame) -> str:
     value = _of(frame, "request_id", str)
     if not 0 < len(value) <= MAX_TUNNEL_REQUEST_ID_CHARS:
@@ -522,13 +539,16 @@ _TO_SERVER: dict[str, Callable[[_Frame], ToServerMessage]] = {
     "ToServerPing": lambda f: ToServerPing(_num(f, "ts")),
     "ToServerStopping": lambda f: ToServerStopping(),
     "ToServerKvRequest": lambda f: ToServerKvRequest(
-        _int(f, "request_id", minimum=1), _of(f, "actor_id", str), _tagged(f, "op", "op")
+        _int(f, "request_id", minimum=1),
+        _of(f, "actor_id", str),
+        _tagged(f, "op", "op"),
+        None if f.get("generation") is None else _int(f, "generation"),
     ),
     "ToServerResponseStart": lambda f: ToServerResponseStart(
         _request_id(f), _int(f, "seq"), _int(f, "status", 100, 599), _headers(f)
     ),
     "ToServerResponseChunk": lambda f: ToServerResponseChunk(
-        _request_id(f), _int(f, "seq"), _data(f), _bool(f, "text")
+        _request_id(f), _int(f, "seq"), _data(f), _bool(f, "text"), _more(f)
     ),
     "ToServerResponseEnd": lambda f: ToServerResponseEnd(_request_id(f), _int(f, "seq")),
     "ToServerResponseAbort": lambda f: ToServerResponseAbort(
@@ -550,7 +570,7 @@ _TO_CLIENT: dict[str, Callable[[_Frame], ToClientMessage]] = {
     ),
     "ToClientRequestStart": _request_start,
     "ToClientRequestChunk": lambda f: ToClientRequestChunk(
-        _request_id(f), _int(f, "seq"), _data(f), _bool(f, "text")
+        _request_id(f), _int(f, "seq"), _data(f), _bool(f, "text"), _more(f)
     ),
     "ToClientRequestEnd": lambda f: ToClientRequestEnd(_request_id(f), _int(f, "seq")),
     "ToClientRequestAbort": lambda f: ToClientRequestAbort(_request_id(f), _int(f, "seq")),

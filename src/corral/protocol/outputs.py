@@ -157,6 +157,7 @@ class KvRequested:
     request_id: int
     actor_id: str
     op: dict[str, Any]
+    generation: int | None = None  # the generation that asked, if the runner said
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,6 +155,7 @@ class RunnerConnection:
         self._stop_margin_s = stop_margin_s
         self._defaults = (default_lost_threshold_s, default_ping_interval_s, default_ack_interval_s)
         self.lost_threshold_s, self.ping_interval_s, self.ack_interval_s = self._defaults
+        self.coordinator_joins_parts = False  # may a WebSocket message go in parts (``more``)?
         self._state = ConnectionState.IDLE
         self._runner_id: RunnerId | None = None
         self._last_command_idx = 0
@@ -241,13 +242,14 @@ class RunnerConnection:
         return tuple(self._kv)
 
     def kv_request(
-        self, actor_id: str, op: dict[str, Any], now: float
+        self, actor_id: str, op: dict[str, Any], now: float, *, generation: int | None = None
     ) -> tuple[int, list[RunnerOutput]]:
-        """Ask for a KV operation; its answer comes as ``KvAnswered`` with this id."""
+        """Ask for a KV operation (for that ``generation`` of the actor); its answer comes
+        as ``KvAnswered`` with this id."""
         if self._state is ConnectionState.CLOSED:
             raise IllegalTransition("the runner connection is closed for good")
         self._kv_ids += 1
-        request = wire.ToServerKvRequest(self._kv_ids, actor_id, dict(op))
+        request = wire.ToServerKvRequest(self._kv_ids, actor_id, dict(op), generation)
         self._kv[request.request_id] = request
         return request.request_id, [Send(request)] if self._state is ConnectionState.ACTIVE else []
 
@@ -441,6 +443,8 @@ class RunnerConnection:
         self.lost_threshold_s = _seconds(meta, "runner_lost_threshold", self._defaults[0])
         self.ping_interval_s = _seconds(meta, "ping_interval", self._defaults[1])
         self.ack_interval_s = _seconds(meta, "ack_interval", self._defaults[2])
+        tunnel = meta.get("tunnel")
+        self.coordinator_joins_parts = type(tunnel) is int and tunnel >= wire.TUNNEL_PARTS
         self._events.skip_past(message.last_event_idx)
         self._events.acknowledge(message.last_event_idx)
         self._move(ConnectionState.ACTIVE)

@@ -95,6 +95,7 @@ class ServerSession:
             "runner_lost_threshold": lost_threshold_s,
             "ping_interval": ping_interval_s,
             "ack_interval": ack_interval_s,
+            "tunnel": wire.TUNNEL_PARTS,  # it joins a WebSocket message sent in parts
         }
         self._init: wire.ToServerInit | None = None
         self._runner_id: RunnerId | None = None
@@ -157,7 +158,9 @@ class ServerSession:
             self._move(SessionState.DRAINING)
             return [Stopping()]
         if isinstance(message, wire.ToServerKvRequest):
-            return [KvRequested(message.request_id, message.actor_id, message.op)]
+            return [
+                KvRequested(message.request_id, message.actor_id, message.op, message.generation)
+            ]
         if isinstance(message, _TUNNEL):
             return [Tunnelled(message)]
         assert_never(message)

@@ -53,7 +53,7 @@ ACCEPT_POLL_S = 0.001  # how often a starting actor's PORT is tried: the cold wa
 ACCEPT_PROBE_TIMEOUT_S = 0.05  # a loopback connect that takes longer: try again later
 IDLE_CHECK_S = 1.0
 
-KvCall = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+KvCall = Callable[[str, dict[str, Any], int], Awaitable[dict[str, Any]]]  # actor, op, generation
 
 
 @dataclass
@@ -334,7 +334,7 @@ class ActorHost:
             if self._kv is None:
                 return _refusal(501, "kv_unavailable", "KV needs the WebSocket transport")
             try:
-                return JSONResponse(await self._kv(hosted.actor_id, body))
+                return JSONResponse(await self._kv(hosted.actor_id, body, hosted.generation))
             except CorralError as exc:
                 status = 413 if exc.code == "payload_too_large" else 409
                 if exc.code == "invalid_request":

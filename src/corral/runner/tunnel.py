@@ -1,7 +1,7 @@
 """The runner's end of the tunnel: a request the gateway sent for an actor goes to the
 actor's local port, and its response comes back, both streamed (seed 002).
 
-    ToClientRequestStart ──▶ port_of(actor, generation) ──▶ httpx, streaming ──▶ the actor
+    ToClientRequestStart ──▶ port_of(actor, generation) ──▶ HTTP/1.1, streaming ──▶ the actor
     ToClientRequestChunk … ToClientRequestEnd ──▶ the request body, as the actor reads it
     ToServerResponseStart, …Chunk (≤ 64 KiB, within the window), …End ◀── the response
 
@@ -11,7 +11,8 @@ never saw it, so the gateway may find the actor again and retry. A failure once 
 may have seen it is a 502 (before the response started) or a ``ToServerResponseAbort``
 (after), never retried. ``ToClientRequestAbort`` (the client went away) closes the
 connection to the actor. A WebSocket upgrade (``websocket``) opens one to the actor: its
-messages are the chunks both ways (101 once open; the end closes it). Numbering,
+messages are the chunks both ways, a large one in several (101 once open; the end closes
+it). Numbering,
 acknowledgements and replay are the link's (``RunnerConnection``); this module only moves
 bytes.
 """
@@ -25,20 +26,21 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import httpx
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.typing import Subprotocol
 
 from corral.protocol import messages as wire
-from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES
+from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES, MAX_TUNNEL_WS_MESSAGE_BYTES
 from corral.protocol.runner import TunnelReply
+from corral.runner.actor_http import ActorBroke, ActorClient, ActorRefused
 
 log = logging.getLogger("corral.runner")
 
 ERROR_HEADER = "x-corral-error"
 ACTOR_NOT_HERE = "actor_not_here"  # not on this runner (or another generation): retry elsewhere
 ACTOR_UNREACHABLE = "actor_unreachable"  # its port refused the connection: it never saw it
+WS_CLOSE_TOO_BIG = 1009
 ACTOR_FAILED = "actor_failed"  # the connection broke once the actor may have seen the request
 # Hop-by-hop headers (RFC 9110 §7.6.1) and Host: they belong to one connection, not the message.
 HOP_BY_HOP = frozenset(
@@ -76,6 +78,10 @@ class TunnelLink(Protocol):
 
     def tunnel_forget(self, request_id: str) -> None: ...
 
+    def tunnel_joins_parts(self) -> bool:
+        """May a WebSocket message go to the coordinator in several chunks (``more``)?"""
+        ...
+
 
 def forwarded(headers: wire.Headers) -> list[tuple[str, str]]:
     return [(name, value) for name, value in headers if name.lower() not in HOP_BY_HOP]
@@ -94,14 +100,9 @@ class RunnerTunnel:
         self._ports = ports
         self._link = link
         self._forwards: dict[str, _Forward] = {}
-        # No pool limit and no read timeout: an actor may stream (server-sent events) for
-        # as long as its client listens.
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=5.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-            follow_redirects=False,
-            trust_env=False,
-        )
+        # No read timeout: an actor may stream (server-sent events) for as long as its
+        # client listens.
+        self._client = ActorClient()
 
     @property
     def open_requests(self) -> int:
@@ -176,32 +177,30 @@ class RunnerTunnel:
         request_id = start.request_id
         names = {name.lower() for name, _ in start.headers}
         has_body = "content-length" in names or "transfer-encoding" in names
-        request = self._client.build_request(
-            start.method,
-            f"http://127.0.0.1:{port}{start.path}",
-            headers=forwarded(start.headers),
-            content=self._body(forward) if has_body else None,
-        )
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.ConnectError:
+            response = await self._client.send(
+                port,
+                start.method,
+                start.path,
+                forwarded(start.headers),
+                self._body(forward) if has_body else None,
+            )
+        except ActorRefused:
             # Refused: the actor's process is gone or not listening; it never saw this.
             self._answer_error(request_id, 503, ACTOR_UNREACHABLE, "the actor's port refused")
             return
-        except httpx.TransportError as exc:
-            self._answer_error(request_id, 502, ACTOR_FAILED, f"the actor failed: {exc!r}")
+        except ActorBroke as exc:
+            self._answer_error(request_id, 502, ACTOR_FAILED, f"the actor failed: {exc}")
             return
         try:
-            headers = tuple(
-                (k, v) for k, v in response.headers.multi_items() if k not in HOP_BY_HOP
-            )
-            self._send(wire.ToServerResponseStart(request_id, 0, response.status_code, headers))
-            async for data in response.aiter_raw(MAX_TUNNEL_CHUNK_BYTES):
+            headers = tuple((k, v) for k, v in response.headers if k not in HOP_BY_HOP)
+            self._send(wire.ToServerResponseStart(request_id, 0, response.status, headers))
+            async for data in response.chunks(MAX_TUNNEL_CHUNK_BYTES):
                 await self._room_for(forward, len(data))
                 self._send(wire.ToServerResponseChunk(request_id, 0, data, False))
             self._send(wire.ToServerResponseEnd(request_id, 0))
-        except httpx.TransportError as exc:
-            reason = f"the actor's response broke off: {exc!r}"
+        except ActorBroke as exc:
+            reason = f"the actor's response broke off: {exc}"
             self._send(wire.ToServerResponseAbort(request_id, 0, ACTOR_FAILED, reason))
         finally:
             await response.aclose()
@@ -227,7 +226,7 @@ class RunnerTunnel:
                 f"ws://127.0.0.1:{port}{start.path}",
                 additional_headers=headers,
                 subprotocols=[Subprotocol(p) for p in protocols] or None,
-                max_size=MAX_TUNNEL_CHUNK_BYTES,
+                max_size=self._ws_message_limit(),
                 open_timeout=10,
             )
         except OSError:
@@ -247,9 +246,12 @@ class RunnerTunnel:
         try:
             async for message in actor:
                 data = message.encode() if isinstance(message, str) else message
-                await self._room_for(forward, len(data))
                 text = isinstance(message, str)
-                self._send(wire.ToServerResponseChunk(request_id, 0, data, text))
+                for at in range(0, max(len(data), 1), MAX_TUNNEL_CHUNK_BYTES):
+                    part = data[at : at + MAX_TUNNEL_CHUNK_BYTES]
+                    more = at + MAX_TUNNEL_CHUNK_BYTES < len(data)
+                    await self._room_for(forward, len(part))
+                    self._send(wire.ToServerResponseChunk(request_id, 0, part, text, more))
             self._send(wire.ToServerResponseEnd(request_id, 0))
         except websockets.ConnectionClosedError as exc:
             reason = f"the actor's WebSocket broke: {exc!r}"
@@ -259,11 +261,26 @@ class RunnerTunnel:
             await actor.close()
 
     async def _to_actor(self, forward: _Forward, actor: ClientConnection) -> None:
-        """The client's messages to the actor; the client closing closes it."""
+        """The client's messages to the actor (joined from their chunks); the client
+        closing closes it."""
+        parts: list[bytes] = []
         while (chunk := await forward.body.get()) is not None:
-            await actor.send(chunk.data.decode() if chunk.text else chunk.data)
+            parts.append(chunk.data)
             self._link.tunnel_consumed(chunk.request_id, chunk.seq, len(chunk.data), final=False)
+            if sum(map(len, parts)) > MAX_TUNNEL_WS_MESSAGE_BYTES:
+                await actor.close(WS_CLOSE_TOO_BIG, "message over the tunnel's limit")
+                return
+            if chunk.more:
+                continue
+            data, parts = b"".join(parts), []
+            await actor.send(data.decode() if chunk.text else data)
         await actor.close()
+
+    def _ws_message_limit(self) -> int:
+        """The largest WebSocket message the actor may send: one chunk unless the
+        coordinator joins parts."""
+        joins = self._link.tunnel_joins_parts()
+        return MAX_TUNNEL_WS_MESSAGE_BYTES if joins else MAX_TUNNEL_CHUNK_BYTES
 
     async def _body(self, forward: _Forward) -> AsyncIterator[bytes]:
         # The actor's port answered: the gateway may send the body now (until then it may

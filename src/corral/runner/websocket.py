@@ -72,7 +72,7 @@ class WebSocketTransport:
             total_slots=settings.slots,
             labels=settings.labels,
             # tunnel: the gateway may send requests for our actors through this link.
-            metadata={"hostname": socket.gethostname(), "tunnel": 1},
+            metadata={"hostname": socket.gethostname(), "tunnel": wire.TUNNEL_PARTS},
             rng=rng or random.Random(),
             max_backoff_s=settings.max_backoff_s,
             # Our processes must be gone (SIGTERM, grace, SIGKILL) before the lease ends.
@@ -177,10 +177,13 @@ class WebSocketTransport:
 
     # ---- actors' key-value state ---------------------------------------------------------
 
-    async def kv(self, actor_id: str, op: dict[str, Any]) -> dict[str, Any]:
-        """One KV operation (see ``corral.store.kv``); waits through reconnects. Raises
-        ``CorralError`` when it is refused, or ``lease_lost`` when the work had to stop."""
-        request_id, outputs = self.conn.kv_request(actor_id, op, time.time())
+    async def kv(
+        self, actor_id: str, op: dict[str, Any], generation: int | None = None
+    ) -> dict[str, Any]:
+        """One KV operation (see ``corral.store.kv``) of that ``generation`` of the actor;
+        waits through reconnects. Raises ``CorralError`` when it is refused, or
+        ``lease_lost`` when the work had to stop."""
+        request_id, outputs = self.conn.kv_request(actor_id, op, time.time(), generation=generation)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._kv[request_id] = future
         self._run(outputs)
@@ -206,6 +209,9 @@ class WebSocketTransport:
 
     def tunnel_forget(self, request_id: str) -> None:
         self.conn.tunnel_forget(request_id)
+
+    def tunnel_joins_parts(self) -> bool:
+        return self.conn.coordinator_joins_parts
 
     # ---- the socket ----------------------------------------------------------------------
 

@@ -110,10 +110,14 @@ class ActorStore:
             )
         return None if row is None else Placement(ActorId(actor_id), *_placed(row))
 
-    def placed_on(self, actor_id: str, runner_id: str) -> bool:
-        """Is the actor placed on ``runner_id``? (Only that runner may use its KV.)"""
-        return (placement := self.placement(actor_id)) is not None and (
-            placement.runner_id == runner_id
+    def placed_on(self, actor_id: str, runner_id: str, generation: int | None = None) -> bool:
+        """Is the actor placed on ``runner_id`` (and as ``generation``, if given)? Only that
+        runner, for that generation, may use its KV."""
+        placement = self.placement(actor_id)
+        return (
+            placement is not None
+            and placement.runner_id == runner_id
+            and generation in (None, placement.generation)
         )
 
     def known(self, name: str, pool: str) -> bool:

@@ -61,6 +61,8 @@ def kv_sent(outputs: list[object]) -> list[ToServerKvRequest]:
 def test_the_wire_format_round_trips() -> None:
     request = ToServerKvRequest(7, "act_1", PUT)
     assert decode(encode(request), side="server") == request
+    of_a_generation = ToServerKvRequest(8, "act_1", PUT, generation=3)
+    assert decode(encode(of_a_generation), side="server") == of_a_generation
     response = ToClientKvResponse(7, {"ok": True, "values": [None]})
     assert decode(encode(response), side="client") == response
 
@@ -126,6 +128,8 @@ def test_the_session_hands_requests_to_its_pump_and_answers_them() -> None:
     session.registered(RID, 0, [], T0)
     out = session.receive(ToServerKvRequest(3, "act_1", GET), T0)
     assert out == [KvRequested(3, "act_1", GET)]
+    out = session.receive(ToServerKvRequest(5, "act_1", GET, generation=2), T0)
+    assert out == [KvRequested(5, "act_1", GET, generation=2)]
     assert session.kv_answered(3, OK) == [Send(ToClientKvResponse(3, OK))]
     session.evict()
     assert session.kv_answered(4, OK) == []  # the socket is gone: the runner asks again

@@ -39,7 +39,12 @@ from corral.protocol.server import ServerSession, SessionState
 
 T0 = 1_000.0
 RID = RunnerId("rnr_000000000001")
-META = {"runner_lost_threshold": 15.0, "ping_interval": 3.0, "ack_interval": 300.0}
+META = {
+    "runner_lost_threshold": 15.0,
+    "ping_interval": 3.0,
+    "ack_interval": 300.0,
+    "tunnel": 2,
+}
 
 
 def hello(runner_id: str | None = None, last_command_idx: int = 0, version: int = 1) -> Any:
@@ -98,7 +103,11 @@ def test_metadata_carries_the_session_settings() -> None:
     session.receive(hello(), T0)
     [greeting] = session.registered(RID, 0, [], T0)
     assert greeting == Send(
-        ToClientInit(RID, 0, {"runner_lost_threshold": 20, "ping_interval": 2, "ack_interval": 60})
+        ToClientInit(
+            RID,
+            0,
+            {"runner_lost_threshold": 20, "ping_interval": 2, "ack_interval": 60, "tunnel": 2},
+        )
     )
 
 

@@ -61,6 +61,7 @@ def sent(outputs: list[object]) -> list[object]:
         START,
         ToClientRequestChunk("req_1", 1, b"\x00\xffbody", False),
         ToClientRequestChunk("req_1", 1, "héllo".encode(), True),
+        ToClientRequestChunk("req_1", 1, b"part of a message", False, more=True),
         ToClientRequestEnd("req_1", 2),
         ToClientRequestAbort("req_1", 3),
         ToClientTunnelAck("req_1", 4),
@@ -75,6 +76,7 @@ def test_messages_to_the_runner_round_trip(message: object) -> None:
     [
         ToServerResponseStart("req_1", 0, 200, (("content-type", "text/plain"),)),
         ToServerResponseChunk("req_1", 1, bytes(range(256)), False),
+        ToServerResponseChunk("req_1", 1, b"part of a message", True, more=True),
         ToServerResponseEnd("req_1", 2),
         ToServerResponseAbort("req_1", 3, "actor_gone", "the actor exited"),
         ToServerTunnelAck("req_1", 0),
@@ -94,6 +96,8 @@ def test_messages_to_the_coordinator_round_trip(message: object) -> None:
         '{"v":1,"type":"ToServerTunnelAck","request_id":"","seq":0}',
         '{"v":1,"type":"ToServerResponseEnd","request_id":"r","seq":-1}',
         '{"v":1,"type":"ToServerResponseChunk","request_id":"r","seq":0,"data":"","text":0}',
+        '{"v":1,"type":"ToServerResponseChunk","request_id":"r","seq":0,"data":"","text":false,'
+        '"more":1}',
     ],
 )
 def test_malformed_tunnel_frames_are_refused(frame: str) -> None:
@@ -232,3 +236,9 @@ def test_the_session_hands_tunnel_messages_to_the_pump_once_registered() -> None
     session.registered(RID, 0, (), T0)
     reply = ToServerResponseChunk("req_1", 1, b"x", False)
     assert session.receive(reply, T0) == [Tunnelled(reply)]
+
+
+def test_a_chunk_without_more_is_a_whole_message() -> None:
+    """What a runner or coordinator before TUNNEL_PARTS sends: no ``more``."""
+    frame = '{"v":1,"type":"ToServerResponseChunk","request_id":"r","seq":0,"data":"","text":false}'
+    assert decode(frame, side="server") == ToServerResponseChunk("r", 0, b"", False, more=False)
