@@ -2,7 +2,7 @@
 
 Measures, on SQLite:
   process start  the actor's own start: its command spawned → its PORT accepts a connection
-                 (what no gateway can make faster), p50/p99
+                 (what no gateway can make faster), p50/p99, measured before each cold wake
   cold wake      a sleeping actor → the first byte of its answer through the gateway
                  (wake, placement, start command, process start, running, tunnel), p50/p99;
                  its overhead is this less the process start
@@ -68,21 +68,18 @@ def wait(predicate: object, timeout: float = 30.0, what: str = "") -> None:
         time.sleep(0.002)
 
 
-def process_start(samples: int, workdir: Path) -> list[float]:
+def process_start(workdir: Path) -> float:
     """The actor's command alone: spawn → its port accepts."""
-    times = []
-    for _ in range(samples):
-        port = free_port()
-        env = {**os.environ, "PORT": str(port), "MARKERS": str(workdir / "markers")}
-        started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, str(ACTOR)], env=env)
-        try:
-            wait(lambda port=port: accepts(port), what="the actor's port")
-            times.append(time.perf_counter() - started)
-        finally:
-            proc.terminate()
-            proc.wait()
-    return times
+    port = free_port()
+    env = {**os.environ, "PORT": str(port), "MARKERS": str(workdir / "markers")}
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, str(ACTOR)], env=env)
+    try:
+        wait(lambda: accepts(port), what="the actor's port")
+        return time.perf_counter() - started
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -203,9 +200,14 @@ def actor_state(http: httpx.Client, actor_id: str) -> str:
     return str(http.get(f"/actors/{actor_id}").json()["state"])
 
 
-def cold_wakes(http: httpx.Client, actor_id: str, samples: int) -> list[float]:
-    times = []
+def cold_wakes(
+    http: httpx.Client, actor_id: str, samples: int, workdir: Path
+) -> tuple[list[float], list[float]]:
+    """Cold wakes, each after a start of the actor's process alone (interleaved: on a
+    loaded machine the two drift together), as (process starts, wakes)."""
+    starts, times = [], []
     for i in range(samples):
+        starts.append(process_start(workdir))
         http.post(f"/actors/{actor_id}/sleep").raise_for_status()
         wait(lambda: actor_state(http, actor_id) == "sleeping" and
              http.get(f"/actors/{actor_id}").json()["runner_id"] is None,
@@ -214,7 +216,7 @@ def cold_wakes(http: httpx.Client, actor_id: str, samples: int) -> list[float]:
         with http.stream("GET", f"/gateway/{actor_id}/hit/cold{i}") as response:
             next(response.iter_raw())
             times.append(time.perf_counter() - started)
-    return times
+    return starts, times
 
 
 def warm(http: httpx.Client, url: str, count: int) -> list[float]:
@@ -249,7 +251,6 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        print("process start   ", percentiles(process_start(args.cold, workdir)))
         with (
             cluster(workdir) as (url, pids),
             httpx.Client(base_url=url, headers=AUTH, timeout=60) as http,
@@ -259,7 +260,11 @@ def main() -> None:
             created.raise_for_status()
             actor_id = created.json()["actor_id"]
             wait(lambda: actor_state(http, actor_id) == "running", what="the actor running")
-            print("cold wake       ", percentiles(cold_wakes(http, actor_id, args.cold)))
+            starts, wakes = cold_wakes(http, actor_id, args.cold, workdir)
+            print("process start   ", percentiles(starts))
+            print("cold wake       ", percentiles(wakes))
+            overheads = [wake - start for start, wake in zip(starts, wakes, strict=True)]
+            print("cold overhead   ", percentiles(overheads), "(each wake less the start before)")
             http.get(f"/gateway/{actor_id}/hit/warmup").raise_for_status()
             gateway = f"{url}/gateway/{actor_id}"
             port = int(http.get(f"/gateway/{actor_id}/port").text)
