@@ -28,12 +28,14 @@ import heapq
 import itertools
 import json
 import random
+import re
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,7 @@ class Soak:
         self.rng = random.Random(seed)
         self.figures = Figures()
         self.pg = PgCluster(free_port())
+        self.db_url = self.pg.url.rsplit("/", 1)[0] + "/corral"
         self.cluster = Cluster(root)
         self.ledger_path = root / "ledger.txt"
         self.coordinators: list[Coordinator] = []
@@ -134,11 +137,39 @@ class Soak:
 
     # ---- set up and tear down ------------------------------------------------------------
 
+    def _note(self, what: str) -> None:
+        """The faults' log (``faults.log``), to read beside the processes' logs."""
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+        with open(self.root / "faults.log", "a") as log:
+            log.write(f"{stamp} {what}\n")
+
+    def post_mortem(self, violations: list[str]) -> Path:
+        """The stored history of the runs a violation names (their events, the runners),
+        kept beside the logs: the database goes with the soak."""
+        run_ids = sorted({m for v in violations for m in re.findall(r"run_[0-9a-f]{12}", v)})
+        path = self.root / "post-mortem.json"
+        with psycopg.connect(self.db_url) as conn:
+            runners = conn.execute("SELECT id, name, state FROM runners").fetchall()
+            events = conn.execute(
+                "SELECT run_id, at, runner_id, data FROM events WHERE kind = 'run' "
+                "AND run_id = ANY(%s) ORDER BY seq",
+                (run_ids,),
+            ).fetchall()
+        record = {
+            "runners": [list(r) for r in runners],
+            "events": [
+                [run_id, datetime.fromtimestamp(at, UTC).isoformat(), runner_id, json.loads(data)]
+                for run_id, at, runner_id, data in events
+            ],
+        }
+        path.write_text(json.dumps(record, indent=1))
+        return path
+
     def open(self) -> None:
         self.pg.create()
         with psycopg.connect(self.pg.url, autocommit=True) as conn:
             conn.execute("CREATE DATABASE corral")
-        db = self.pg.url.rsplit("/", 1)[0] + "/corral"
+        db = self.db_url
         for name in ("coordinator-a", "coordinator-b"):
             coordinator = Coordinator(
                 name,
@@ -216,7 +247,7 @@ class Soak:
     def check(self, *, settled: bool) -> Verdict:
         runs = self._all_runs()
         entries: list[Entry] = read_entries(self.ledger_path, self.cluster.ledger_path)
-        with psycopg.connect(self.pg.url.rsplit("/", 1)[0] + "/corral") as conn:
+        with psycopg.connect(self.db_url) as conn:
             names = dict(conn.execute("SELECT id, name FROM runners").fetchall())
             events: dict[str, list[dict[str, Any]]] = {}
             for run_id, at, runner_id, data in conn.execute(
@@ -440,6 +471,7 @@ class Soak:
         for proc in [*self.coordinators, *self.runners]:
             if proc.name not in self.down and not proc.alive():
                 self.figures.unplanned_exits[proc.name] += 1
+                self._note(f"{proc.name} exited by itself; starting it again")
                 proc.kill()  # reaps it
                 proc.start()
 
@@ -452,10 +484,12 @@ class Soak:
         self.down.add(runner.name)
         runner.kill()
         self.figures.runner_kills += 1
+        self._note(f"killed {runner.name}")
 
         def restart() -> None:
             runner.start()
             self.down.discard(runner.name)
+            self._note(f"started {runner.name}")
             self.disruptions.append(Disruption("kill", runner.name, start, time.time()))
 
         return self.rng.uniform(0.3, 3.0), restart
@@ -472,6 +506,7 @@ class Soak:
         self.figures.runner_cutoffs += 1
         long = self.rng.random() < 0.4
         self.figures.long_cutoffs += long
+        self._note(f"cut off {name}" + (" (past its lease)" if long else ""))
         seconds = self.rng.uniform(
             *((LOST_AFTER_S + 1, LOST_AFTER_S + 4) if long else (0.3, LOST_AFTER_S / 2))
         )
@@ -479,13 +514,18 @@ class Soak:
         def heal() -> None:
             for proxy in proxies:
                 proxy.refusing = False
+            self._note(f"reconnected {name}")
             self.disruptions.append(Disruption("cut-off", name, start, time.time()))
 
         return seconds, heal
 
     def _cut_link(self) -> None:
-        proxy = self.rng.choice([p for proxies in self.proxies.values() for p in proxies])
-        self.figures.link_cuts += proxy.cut_all(self.rng.choice(CUT_MODES))
+        runner, proxies = self.rng.choice(list(self.proxies.items()))
+        proxy = self.rng.choice(proxies)
+        mode = self.rng.choice(CUT_MODES)
+        cut = proxy.cut_all(mode)
+        self.figures.link_cuts += cut
+        self._note(f"cut {cut} links of {runner} to coordinator {proxies.index(proxy)} ({mode})")
 
     def _kill_coordinator(self) -> tuple[float, Callable[[], None]] | None:
         candidates = [c for c in self.coordinators if c.name not in self.down]
@@ -496,11 +536,15 @@ class Soak:
         coordinator.kill()
         self.figures.coordinator_kills += 1
         start = time.time()
-        others_down = len(candidates) == 1
+        # The other one killed, or started again but not answering yet (a start takes
+        # seconds): no runner can reach either.
+        others_down = any(not c.healthy() for c in self.coordinators if c is not coordinator)
+        self._note(f"killed {coordinator.name}" + (" (the other is down)" if others_down else ""))
 
         def restart() -> None:
             coordinator.start()
             self.down.discard(coordinator.name)
+            self._note(f"started {coordinator.name}")
             if others_down:  # both were down a while: every runner was cut off
                 self.disruptions.append(
                     Disruption("both coordinators down", None, start, time.time())
@@ -512,14 +556,30 @@ class Soak:
         if "postgres" in self.down:
             return None
         self.down.add("postgres")
-        self.pg.stop(self.rng.choice(("fast", "immediate")))
+        mode = self.rng.choice(("fast", "immediate"))
+        self.pg.stop(mode)
+        self._note(f"stopped PostgreSQL ({mode})")
+        start = time.time()
 
-        def start() -> None:
+        def restart() -> None:
             self.pg.start()
             self.down.discard("postgres")
+            self._note("started PostgreSQL")
+            # Nothing is stored while the database is away: a runner hears no answer to its
+            # reports, and once that lasted its lease, it stops its work and the run is
+            # started again. That is an outage that cut every runner off — a runner's last
+            # answer may be a heartbeat before it began, and answers take a moment to
+            # resume after it: counted from 2 s short of the threshold.
+            if time.time() - start >= LOST_AFTER_S - 2.0:
+                self.disruptions.append(Disruption("PostgreSQL down", None, start, time.time()))
             self.figures.postgres_restarts += 1
 
-        return self.rng.uniform(0.3, 2.0), start
+        # Now and then longer than the lost-runner threshold: leases run out while nothing
+        # can be stored, and runs start again as new attempts, never beside the old ones.
+        long = self.rng.random() < 0.3
+        return self.rng.uniform(
+            *((LOST_AFTER_S + 1, LOST_AFTER_S + 3) if long else (0.3, 2.0))
+        ), restart
 
     def _all_up(self) -> None:
         for coordinator in self.coordinators:
@@ -566,6 +626,7 @@ def soak(
             if figures.calm_s[-1][1] > 30:
                 report(f"slow to end after the chaos: {'; '.join(figures.last_open[:8])}")
             if verdict.violations:
+                report(f"post-mortem: {the_soak.post_mortem(verdict.violations)}")
                 break  # later rounds would only repeat it; the logs are kept
     finally:
         the_soak.close()

@@ -15,6 +15,7 @@ from e2e_support import (
     kill_runner_mid_run,
     wait_until,
 )
+from faultproxy import FaultProxy
 
 
 def test_kill_runner_mid_run_reclaims(cluster: Cluster, tmp_path: Path) -> None:
@@ -166,3 +167,38 @@ def test_runner_survives_coordinator_absence(cluster: Cluster) -> None:
     assert run["status"] == "completed", run
     assert run["runner_id"] == runner_id
     assert runner.alive()
+
+
+def test_a_long_poll_runner_cut_off_stops_its_run_before_another_starts_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Cut off behind half-open sockets (its requests hang, unanswered), a long-poll runner
+    stops its run before the coordinator, declaring it lost, gives the run to another
+    runner: the two attempts never work at once. (Found by the chaos soak: the runner went
+    on for as long as it could not reach the coordinator, beside the next attempt.)"""
+    ticks, release = tmp_path / "ticks", tmp_path / "go"
+    script = (
+        f"while [ ! -e {release} ]; do "
+        f'echo "$CORRAL_RUN_ATTEMPT $(date +%s.%N)" >> {ticks}; sleep 0.05; done'
+    )
+    coordinator = cluster.start_coordinator()
+    with FaultProxy(coordinator.port) as proxy:
+        cluster.start_runner("cut-off", slots=1, url=proxy.url)
+        run_id = cluster.client.create_run("command", command=["sh", "-c", script])["run_id"]
+        wait_until(lambda: attempt_ticks(ticks, 1), 30, what="attempt 1 to tick")
+        cluster.start_runner("other", slots=1)
+        proxy.refusing = True
+        proxy.cut_all("server")  # the runner's sockets stay open, and silent
+
+        # Long enough for an attempt 1 still alive to tick beside it.
+        wait_until(lambda: len(attempt_ticks(ticks, 2)) >= 10, 30, what="attempt 2 to tick")
+        release.touch()
+        run = cluster.wait_run(run_id, timeout=30)
+    assert (run["status"], run["attempts"]) == ("completed", 2), run
+    assert max(attempt_ticks(ticks, 1)) < min(attempt_ticks(ticks, 2))
+
+
+def attempt_ticks(path: Path, attempt: int) -> list[float]:
+    """When the ticking command's attempt ``attempt`` ticked."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [float(t) for a, t in (line.split() for line in lines) if a == str(attempt)]

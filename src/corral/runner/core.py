@@ -227,9 +227,13 @@ class RunnerCore:
             attempt.abandon()
 
     def stop_all_work(self) -> None:
-        """The coordinator has given our runs (and actors) to others (we were away too long)."""
+        """The coordinator may be giving our runs (and actors) to others (we were away too
+        long): what still runs is stopped and reports nothing more. An attempt whose work
+        is done keeps its final report: the coordinator takes it only if the run is still
+        ours (not given to another runner meanwhile), so done work is not done again."""
         for attempt in list(self.attempts.values()):
-            attempt.abandon("runner lost")
+            if attempt.report is None:
+                attempt.abandon("runner lost")
         self.actors.stop_all(now=True)
 
     async def _execute(self, attempt: Attempt) -> None:

@@ -29,6 +29,9 @@ class Registration:
     heartbeat_interval_s: float
     poll_timeout_s: float
     abandon: list[RunId]
+    # After this long without hearing from the runner, the coordinator declares it lost
+    # (None: an older coordinator that does not say).
+    lost_after_s: float | None = None
 
 
 class HttpLink:
@@ -116,6 +119,7 @@ class HttpLink:
             heartbeat_interval_s=float(data["heartbeat_interval_s"]),
             poll_timeout_s=float(data["poll_timeout_s"]),
             abandon=[RunId(r) for r in data["abandon"]],
+            lost_after_s=None if data.get("lost_after_s") is None else float(data["lost_after_s"]),
         )
 
     async def agent_token(self, runner_id: RunnerId, run_id: RunId, attempt: int) -> str:
@@ -151,13 +155,17 @@ class HttpLink:
             return []
         return [Indexed(int(c["idx"]), dict(c["body"])) for c in response.json()["commands"]]
 
-    async def heartbeat(self, runner_id: RunnerId, held: list[Held]) -> list[RunId]:
-        """Tell what it holds; the answer: the runs of those that are no longer its own."""
+    async def heartbeat(
+        self, runner_id: RunnerId, held: list[Held], timeout_s: float | None = None
+    ) -> list[RunId]:
+        """Tell what it holds; the answer: the runs of those that are no longer its own.
+        ``timeout_s``: how long to wait for it (None: the client's default)."""
         body = {
             "runner_id": runner_id,
             "held": [{"run_id": h.run_id, "attempt": h.attempt} for h in held],
         }
-        data = (await self._call("POST", "/runner/heartbeat", json=body)).json()
+        response = await self._call("POST", "/runner/heartbeat", json=body, timeout=timeout_s)
+        data = response.json()
         return [RunId(r) for r in data["abandon"]]
 
     async def deregister(self, runner_id: RunnerId) -> None:

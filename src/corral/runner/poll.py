@@ -5,6 +5,8 @@
                last one it handled, which that acknowledges
     heartbeat  tells the coordinator it is alive and which runs it holds; the answer says
                which it no longer holds (those are stopped at once)
+    lease      stops all work when no heartbeat was answered for the lease (``lease.py``):
+               by then the coordinator may be giving the runs to other runners
     outbox     reports, batched into POST /runner/events
 
 Every call survives the coordinator's absence: retried forever with capped, jittered
@@ -18,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -26,6 +29,7 @@ from corral.backoff import backoff_delay
 from corral.errors import CorralError, LeaseLost, NotFound
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import Indexed
+from corral.runner.lease import Lease
 from corral.runner.link import HttpLink, LinkDown
 from corral.runner.outbox import Outbox
 from corral.runner.settings import RunnerSettings
@@ -34,6 +38,7 @@ from corral.runner.transport import Host
 log = logging.getLogger("corral.runner")
 T = TypeVar("T")
 MAX_CANCELLED_EARLY = 1000
+LEASE_LOOK_S = 1.0  # the lease loop looks at least this often
 
 
 class PollTransport:
@@ -50,6 +55,8 @@ class PollTransport:
         self._registered = asyncio.Event()
         self._register_lock = asyncio.Lock()
         self._poller: asyncio.Task[None] | None = None
+        # Our processes must be gone (SIGTERM, grace, SIGKILL) before the lease ends.
+        self.lease = Lease(stop_margin_s=settings.kill_grace_s + 1.0)
         self._commands_done = 0  # its commands handled up to here (the control cursor)
         # Runs cancelled before their claim's answer came (the two come by two requests):
         # each is cancelled as it starts. Bounded: a claim whose answer was lost never comes.
@@ -69,6 +76,7 @@ class PollTransport:
             self._poller,
             asyncio.create_task(self._unending("control", self._control_loop)),
             asyncio.create_task(self._unending("heartbeat", self._heartbeat_loop)),
+            asyncio.create_task(self._unending("lease", self._lease_loop)),
             asyncio.create_task(self._unending("outbox", self.reports.run)),
         ]
         try:
@@ -114,17 +122,20 @@ class PollTransport:
         async with self._register_lock:
             registration = await self._retry(
                 "register",
-                lambda: self.link.register(
-                    name=self.settings.name,
-                    hostname=socket.gethostname(),
-                    labels=list(self.settings.labels),
-                    slots=self.settings.slots,
-                    version=__version__,
-                    runner_id=self.runner_id,
-                    held=self.host.held(),
+                lambda: self._answered(
+                    self.link.register(
+                        name=self.settings.name,
+                        hostname=socket.gethostname(),
+                        labels=list(self.settings.labels),
+                        slots=self.settings.slots,
+                        version=__version__,
+                        runner_id=self.runner_id,
+                        held=self.host.held(),
+                    )
                 ),
                 refusal_is_final=True,
             )
+            self.lease.threshold_s = registration.lost_after_s
             if self.runner_id and registration.runner_id != self.runner_id:
                 log.warning(
                     "coordinator forgot runner %s; now %s", self.runner_id, registration.runner_id
@@ -174,6 +185,14 @@ class PollTransport:
             del self._cancelled_early[run_id]
             self.host.cancel(run_id)
 
+    async def _answered(self, call: Awaitable[T]) -> T:
+        """A call by which the coordinator hears we are alive (a registration, a
+        heartbeat): once answered, the lease runs from when it was sent."""
+        sent_at = time.monotonic()
+        answer = await call
+        self.lease.heard(sent_at)
+        return answer
+
     async def _retry(
         self, what: str, call: Callable[[], Awaitable[T]], *, refusal_is_final: bool = False
     ) -> T:
@@ -190,10 +209,13 @@ class PollTransport:
             except (LinkDown, CorralError) as exc:
                 if refusal_is_final and isinstance(exc, CorralError):
                     raise
-                delay = backoff_delay(failures, cap=self.settings.max_backoff_s)
+                backoff_s = backoff_delay(failures, cap=self.settings.max_backoff_s)
+                delay = self.lease.retry_in(time.monotonic(), backoff_s)
                 why = "coordinator unreachable" if isinstance(exc, LinkDown) else "refused"
                 log.warning("%s: %s (%s); retry in %.1fs", what, why, exc, delay)
-                failures += 1
+                # The quick tries that fit inside the lease are not rounds of the backoff:
+                # once the lease is gone it goes on from where it was, not from its cap.
+                failures += delay == backoff_s
                 await asyncio.sleep(delay)
 
     # ---- loops ---------------------------------------------------------------------------
@@ -228,9 +250,46 @@ class PollTransport:
             await asyncio.sleep(self.heartbeat_interval_s)
             try:
                 abandon = await self._retry(
-                    "heartbeat", lambda: self.link.heartbeat(self.rid, self.host.held())
+                    "heartbeat",
+                    lambda: self._answered(
+                        self.link.heartbeat(
+                            self.rid, self.host.held(), timeout_s=self.lease.answer_wait_s()
+                        )
+                    ),
                 )
             except (NotFound, LeaseLost):
                 await self._reregister()  # declared lost while we were away
                 continue
             self._abandon(abandon)
+
+    async def _lease_loop(self) -> None:
+        while True:
+            ends_at = self.lease.ends_at()
+            now = time.monotonic()
+            if ends_at is None or now < ends_at:
+                # Woken early at worst (an answer moved the end on): look again.
+                wait = LEASE_LOOK_S if ends_at is None else min(LEASE_LOOK_S, ends_at - now)
+                await asyncio.sleep(wait)
+                continue
+            if not self.lease.lapse(now):
+                continue
+            # Seen late, the runner itself was not running (suspended, starved): its work
+            # went on all the while, and whether it is still its own is the coordinator's
+            # to say — one heartbeat asks. Seen on time, the link is down: stop now.
+            if now - ends_at > LEASE_LOOK_S and await self._heartbeat_once():
+                continue
+            if self.host.held():
+                log.warning("no heartbeat answered for the lease: stopping all work")
+                self.host.stop_all_work()
+
+    async def _heartbeat_once(self) -> bool:
+        """One heartbeat, not retried: True if answered (the lease runs again, and the
+        runs that are no longer ours are stopped)."""
+        try:
+            abandon = await self._answered(
+                self.link.heartbeat(self.rid, self.host.held(), self.lease.answer_wait_s())
+            )
+        except (LinkDown, CorralError):
+            return False
+        self._abandon(abandon)
+        return True

@@ -1,0 +1,161 @@
+"""A long-poll runner's lease (``corral.runner.lease``): its runs stay its own until a
+threshold after the last answered registration or heartbeat, less the time stopping takes;
+then ``PollTransport`` stops all its work, before the coordinator gives it to others."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from corral.ids import RunId, RunnerId
+from corral.runner.lease import Lease
+from corral.runner.link import LinkDown, Registration
+from corral.runner.poll import PollTransport
+from corral.runner.settings import RunnerSettings
+from corral.runners import Held
+
+
+def test_the_lease_runs_from_the_last_answered_call_less_the_stop_margin() -> None:
+    lease = Lease(stop_margin_s=6.0)
+    assert lease.ends_at() is None  # nothing answered yet
+    lease.threshold_s = 20.0
+    lease.heard(100.0)
+    assert lease.ends_at() == 114.0  # 20 s less the 6 s that stopping takes
+    lease.heard(99.0)  # the answer to an older request: the lease does not go back
+    assert lease.ends_at() == 114.0
+    lease.threshold_s = 3.0
+    assert lease.ends_at() == 102.0  # the margin is at most a third of the threshold
+
+
+def test_it_lapses_once_and_an_answer_starts_it_again() -> None:
+    lease = Lease(stop_margin_s=1.0)
+    lease.threshold_s = 5.0
+    lease.heard(0.0)
+    assert not lease.lapse(3.9)
+    assert lease.lapse(4.0)
+    assert not lease.lapse(10.0)  # told once
+    assert lease.ends_at() is None
+    lease.heard(2.0)  # sent before it lapsed, answered after: it counts from 2
+    assert lease.ends_at() == 6.0
+    assert lease.lapse(10.0)
+    lease.heard(11.0)
+    assert lease.ends_at() == 15.0
+
+
+def test_without_a_threshold_no_lease_is_kept() -> None:
+    lease = Lease(stop_margin_s=1.0)  # an older coordinator did not say its threshold
+    lease.heard(0.0)
+    assert not lease.lapse(1e9)
+    assert lease.answer_wait_s() is None
+    assert lease.retry_in(5.0, backoff_s=30.0) == 30.0
+
+
+def test_waits_fit_inside_the_lease() -> None:
+    lease = Lease(stop_margin_s=1.0)
+    lease.threshold_s = 9.0
+    lease.heard(0.0)  # ends at 8
+    assert lease.answer_wait_s() == 4.0  # a hanging heartbeat gives up at half the lease
+    assert lease.retry_in(0.0, backoff_s=30.0) == 2.0  # a quarter of what is left
+    assert lease.retry_in(0.0, backoff_s=0.5) == 0.5
+    assert lease.retry_in(7.99, backoff_s=30.0) == 0.1  # never busy-looping
+    lease.threshold_s = 1.5
+    assert lease.answer_wait_s() == 1.0  # never less than a second
+
+
+class SilentLink:
+    """Registers the runner (lost after 0.3 s), then answers no heartbeat."""
+
+    def __init__(self, *, answering: bool) -> None:
+        self.answering = answering
+        self.heartbeats = 0
+        self.answered_for_a_while = asyncio.Event()  # 45 heartbeats: three leases and more
+
+    async def register(self, **_: Any) -> Registration:
+        return Registration(RunnerId("rnr_1"), 0.02, 30.0, abandon=[], lost_after_s=0.3)
+
+    async def heartbeat(
+        self, runner_id: RunnerId, held: list[Held], timeout_s: float | None = None
+    ) -> list[RunId]:
+        self.heartbeats += 1
+        if not self.answering:
+            raise LinkDown("unreachable")
+        await asyncio.sleep(0.005)  # an answer takes a moment
+        if self.heartbeats >= 45:
+            self.answered_for_a_while.set()
+        return []
+
+    async def poll(self, *_: Any) -> list[dict[str, Any]]:
+        await asyncio.Event().wait()
+        return []
+
+    async def control(self, *_: Any) -> list[Any]:
+        await asyncio.Event().wait()
+        return []
+
+    async def deregister(self, runner_id: RunnerId) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+class HoldingHost:
+    """Holds one run until told to stop all work."""
+
+    def __init__(self) -> None:
+        self.stopped = asyncio.Event()
+
+    def held(self) -> list[Held]:
+        return [] if self.stopped.is_set() else [Held(RunId("run_a"), 1)]
+
+    def stop_all_work(self) -> None:
+        self.stopped.set()
+
+    async def slot_freed(self) -> None:
+        await asyncio.Event().wait()
+
+    @property
+    def free_slots(self) -> int:
+        return 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("answering", [False, True])
+async def test_a_runner_unheard_past_its_lease_stops_its_work(answering: bool) -> None:
+    link, host = SilentLink(answering=answering), HoldingHost()
+    transport = PollTransport(host, RunnerSettings(), link=link)  # type: ignore[arg-type]
+    await transport.open()
+    serving = asyncio.create_task(transport.serve())
+    try:
+        if answering:  # heartbeats answered for three leases: the work goes on
+            await asyncio.wait_for(link.answered_for_a_while.wait(), 10.0)
+            assert not host.stopped.is_set()
+        else:  # the lease (0.3 s less a third) runs out: stopped at once
+            await asyncio.wait_for(host.stopped.wait(), 10.0)
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+
+
+@pytest.mark.anyio
+async def test_a_runner_that_was_not_running_asks_the_coordinator_before_stopping() -> None:
+    """Suspended past its lease (the whole process, its event loop too), the runner could
+    stop nothing meanwhile; on waking it asks with a heartbeat, and the coordinator, which
+    still counts it in, answers: the work goes on."""
+    link, host = SilentLink(answering=True), HoldingHost()
+    transport = PollTransport(host, RunnerSettings(), link=link)  # type: ignore[arg-type]
+    await transport.open()
+    serving = asyncio.create_task(transport.serve())
+    try:
+        await asyncio.sleep(0.1)
+        time.sleep(1.5)  # noqa: ASYNC251 (suspended: nothing runs, the 0.2 s lease ends)
+        link.answered_for_a_while.clear()
+        link.heartbeats = 0
+        await asyncio.wait_for(link.answered_for_a_while.wait(), 10.0)
+        assert not host.stopped.is_set()
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
