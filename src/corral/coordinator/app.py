@@ -110,13 +110,14 @@ def create_app(
     )
     # Any route may answer these (the body limit and the parameter checks are app-wide).
     errors = error_responses(400, 404, 409, 413, 422, 503)
+    # First: routes are matched in order, and every request to an actor comes this way.
+    app.include_router(gateway.router)
     app.include_router(api_clients.router, responses=errors)
     app.include_router(api_runners.router, responses=errors)
     app.include_router(api_tasks.router, responses=errors)
     app.include_router(compat_ao.router, responses=errors)
     app.include_router(compat_ao.token_router, responses=errors)
     app.include_router(socket.router)
-    app.include_router(gateway.router)
     app.include_router(api_pools.router, responses=errors)
     app.include_router(api_tokens.router, responses=errors)
     app.include_router(api_actors.router, responses=errors)
