@@ -13,7 +13,7 @@ Measures, for each store:
               the machine here, which a browser elsewhere would not)
 
     python benchmarks/events.py [--subscribers 50] [--samples 200] [--runs 3000]
-                                [--db sqlite|postgres|both]
+                                [--db sqlite|postgres|both] [--drain]
 """
 
 from __future__ import annotations
@@ -41,15 +41,23 @@ from dispatch import (
 from httpx_sse import aconnect_sse
 
 
-async def subscribe(url: str, count: int) -> list[float]:
+async def subscribe(url: str, count: int, drain: bool = False) -> list[float]:
     """``count`` streams; each first event of a run: arrival − its ``at`` (ms). Until
-    stdin closes."""
+    stdin closes. ``drain``: read the bytes and parse nothing (no samples)."""
     samples: list[float] = []
     opened = 0
     all_open = asyncio.Event()
 
     async def one(client: httpx.AsyncClient) -> None:
         nonlocal opened
+        if drain:
+            async with client.stream("GET", "/events", params={"kind": "run"}) as response:
+                opened += 1
+                if opened == count:
+                    all_open.set()
+                async for _ in response.aiter_raw():
+                    pass
+            return
         seen: set[str] = set()
         async with aconnect_sse(client, "GET", "/events", params={"kind": "run"}) as source:
             opened += 1
@@ -78,10 +86,11 @@ async def subscribe(url: str, count: int) -> list[float]:
 class Subscribers:
     """The subscribers' process, attached until ``close``; then their samples."""
 
-    def __init__(self, url: str, count: int, workdir: Path) -> None:
+    def __init__(self, url: str, count: int, workdir: Path, drain: bool = False) -> None:
         self.out = workdir / f"samples-{time.monotonic_ns()}.json"
+        how = "--drain" if drain else "--subscribe"
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--subscribe", url, str(count), str(self.out)],
+            [sys.executable, __file__, how, url, str(count), str(self.out)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -109,11 +118,13 @@ def measure_latency(url: str, samples: int) -> None:
             time.sleep(0.02)  # one change at a time: the stream's latency, not a queue's
 
 
-def throughput(db: str, workdir: Path, runs: int, subscribers: int) -> tuple[Throughput, float]:
+def throughput(
+    db: str, workdir: Path, runs: int, subscribers: int, drain: bool = False
+) -> tuple[Throughput, float]:
     """Runs/s, and the CPU (% of one core) the subscribers' own process used meanwhile: it
     shares the machine with the coordinator, its database and the runners."""
     with cluster(db, 4, 8, workdir, "websocket", NOOP_RUNNER) as target:
-        attached = Subscribers(target.url, subscribers, workdir) if subscribers else None
+        attached = Subscribers(target.url, subscribers, workdir, drain) if subscribers else None
         try:
             before, start = attached.cpu() if attached else 0.0, time.monotonic()
             measured = measure_throughput(target, runs)
@@ -130,6 +141,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--runs", type=int, default=3000)
     parser.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
+    parser.add_argument(
+        "--drain",
+        action="store_true",
+        help="in the throughput phase the subscribers read the bytes and parse nothing, as "
+        "if they ran elsewhere: the coordinator's own cost, less the machine they share",
+    )
     args = parser.parse_args()
     kinds = ["sqlite", "postgres"] if args.db == "both" else [args.db]
     lines = []
@@ -144,7 +161,9 @@ def main() -> None:
             with database(kind, workdir) as db:
                 alone, _ = throughput(db, workdir, args.runs, 0)
             with database(kind, workdir) as db:
-                watched, subscribers_cpu = throughput(db, workdir, args.runs, args.subscribers)
+                watched, subscribers_cpu = throughput(
+                    db, workdir, args.runs, args.subscribers, args.drain
+                )
         cost = 100 * (1 - watched.runs_per_s / alone.runs_per_s)
         # Under a shared machine's load the rates swing; CPU per run holds up better.
         per_run = [t.coordinator_cpu * 10 / t.runs_per_s for t in (alone, watched)]  # ms
@@ -161,8 +180,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--subscribe":
-        found = asyncio.run(subscribe(sys.argv[2], int(sys.argv[3])))
+    if len(sys.argv) == 5 and sys.argv[1] in ("--subscribe", "--drain"):
+        found = asyncio.run(subscribe(sys.argv[2], int(sys.argv[3]), sys.argv[1] == "--drain"))
         Path(sys.argv[4]).write_text(json.dumps(found))
     else:
         main()
