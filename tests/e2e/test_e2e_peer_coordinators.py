@@ -10,6 +10,8 @@ gateway of one forwards a request for an actor whose runner is connected to the 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import signal
 import sys
 import time
@@ -18,7 +20,9 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+import websockets
 from e2e_support import TOKEN, Cluster, Coordinator, JsonClient, Proc, wait_until
+from websockets.typing import Subprotocol
 
 from corral.coordinator.peers import FORWARDED_HEADER as FORWARDED
 
@@ -182,14 +186,34 @@ def test_sigterm_on_a_coordinator_moves_its_runners_at_once_and_kills_no_run(
         via_b.close()
 
 
-def counter_config(root: Path, markers: Path) -> Path:
+def actors_config(root: Path, markers: Path) -> Path:
+    """Two kinds: ``counter`` (HTTP) and ``echo`` (WebSocket only)."""
     config = root / "actors.toml"
-    actor = Path(__file__).with_name("counter_actor.py")
+    counter = Path(__file__).with_name("counter_actor.py")
+    echo = Path(__file__).with_name("echo_ws_actor.py")
     config.write_text(
-        f'[actors.counter]\ncommand = ["{sys.executable}", "{actor}"]\n'
+        f'[actors.counter]\ncommand = ["{sys.executable}", "{counter}"]\n'
         f'env = {{ MARKERS = "{markers}" }}\n'
+        f'[actors.echo]\ncommand = ["{sys.executable}", "{echo}"]\n'
     )
     return config
+
+
+async def echoed_through(url: str, actor_id: str, text: str) -> tuple[str | None, object, int]:
+    """A WebSocket to the echo actor through ``url``'s gateway: its subprotocol, the echo
+    of ``text``, and the code it closed with after ``bye``."""
+    address = url.replace("http://", "ws://") + f"/gateway/{actor_id}/"
+    async with websockets.connect(
+        address,
+        additional_headers={"authorization": f"Bearer {TOKEN}"},
+        subprotocols=[Subprotocol("echo")],
+    ) as ws:
+        await ws.send(text)
+        echoed = await asyncio.wait_for(ws.recv(), 30)
+        await ws.send("bye")
+        with contextlib.suppress(websockets.ConnectionClosed):
+            await asyncio.wait_for(ws.recv(), 30)
+        return ws.subprotocol, echoed, ws.close_code or 0
 
 
 def test_the_gateway_forwards_to_the_coordinator_holding_the_runner_and_follows_it(
@@ -201,17 +225,21 @@ def test_the_gateway_forwards_to_the_coordinator_holding_the_runner_and_follows_
     a, b = peers(cluster, pg_url, pg_schema)
     markers = cluster.root / "markers"
     markers.touch()
-    config = counter_config(cluster.root, markers)
+    config = actors_config(cluster.root, markers)
     cluster.start_runner("host", url=f"{b.url},{a.url}", extra=[*WS, "--config", str(config)])
     runner_id = cluster.wait_runner("host")
     via_a = JsonClient(a.url, TOKEN)
     http_a = httpx.Client(base_url=a.url, headers={"authorization": f"Bearer {TOKEN}"}, timeout=30)
     try:
         actor_id = via_a.call("POST", "/actors", json={"name": "counter", "key": "c"})["actor_id"]
+        echo_id = via_a.call("POST", "/actors", json={"name": "echo", "key": "e"})["actor_id"]
         wait_until(
-            lambda: via_a.call("GET", f"/actors/{actor_id}")["state"] == "running",
+            lambda: (
+                {via_a.call("GET", f"/actors/{i}")["state"] for i in (actor_id, echo_id)}
+                == {"running"}
+            ),
             30,
-            what="the actor running",
+            what="the actors running",
         )
 
         def owner() -> str | None:
@@ -225,6 +253,7 @@ def test_the_gateway_forwards_to_the_coordinator_holding_the_runner_and_follows_
         assert (echoed.status_code, echoed.content) == (200, body)
         by_key = http_a.get("/gateway/counter/hit/three", params={"key": "c"})
         assert (by_key.status_code, by_key.text) == (200, "three")
+        assert asyncio.run(echoed_through(a.url, echo_id, "hello")) == ("echo", "hello", 1000)
         # Marked as forwarded by a peer, a request is never forwarded again: A says the
         # runner is not here, and the peer that sent it would look again.
         marked = http_a.get(f"/gateway/{actor_id}/hit/never", headers={FORWARDED: b.url})

@@ -23,7 +23,7 @@ A request for an actor whose runner is connected to another coordinator (several
 PostgreSQL database) is forwarded to that one, streamed both ways (``peers.py``); if it
 answers that the runner is not there (it moved), or cannot be reached (it died: the
 runner is re-owned by the next coordinator it connects to), the gateway looks again for
-up to the runner-lost threshold. WebSocket upgrades are not forwarded yet.
+up to the runner-lost threshold. WebSocket upgrades are forwarded the same way.
 
 A request body is sent only once the runner has the actor's port (it acknowledged the
 request start), so a retry never needs what the client has already sent. Errors have
@@ -38,11 +38,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Annotated, Any, Protocol
 from urllib.parse import parse_qsl, urlencode
 
-import httpx
 from fastapi import APIRouter, Request, WebSocket
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
@@ -72,9 +70,7 @@ RUNNER_NOT_HERE = "runner_not_here"
 _NOT_FORWARDED = (HOP_BY_HOP - {"transfer-encoding"}) | {"authorization"}
 # Never passed back: the coordinator's server writes its own.
 _NOT_RETURNED = HOP_BY_HOP | {"date", "server"}
-# Not passed to the coordinator a request is forwarded to (its client writes its own; the
-# caller's token goes: the peer checks it too).
-_NOT_TO_PEER = HOP_BY_HOP | {"transfer-encoding", FORWARDED_HEADER}
+_FORWARDED = FORWARDED_HEADER.encode("latin-1")
 _GATEWAY_PARAMS = ("key", "create", "pool")
 _BODY_QUEUE_CHUNKS = 4  # client body read ahead of the tunnel (then the client waits)
 WS_CLOSE_NORMAL = 1000
@@ -136,7 +132,14 @@ async def gateway_websocket(
 ) -> None:
     """A WebSocket to the actor (woken if need be), tunnelled message by message."""
     coordinator = websocket.app.state.coordinator
-    forward = Forward(coordinator.actors, coordinator.tunnels, target, path, coordinator.settings)
+    forward = Forward(
+        coordinator.actors,
+        coordinator.tunnels,
+        target,
+        path,
+        coordinator.settings,
+        peers=coordinator.peers,
+    )
     await forward.websocket(websocket)
 
 
@@ -156,7 +159,8 @@ class Forward(Response):
         super().__init__()
         self.actors = actors
         self.tunnels = tunnels
-        self.peers = peers  # None: requests are never forwarded (a WebSocket, for now)
+        self.peers = peers  # None: requests are never forwarded to another coordinator
+        self.elsewhere_until: float | None = None  # looking for the runner's coordinator
         self.target = target
         self.path = path
         self.lost_after_s = float(settings.ws_lost_after_s)
@@ -214,31 +218,18 @@ class Forward(Response):
         has_body = any(
             name in (b"content-length", b"transfer-encoding") for name, _ in scope["headers"]
         )
-        forwarded = any(name.decode("latin-1") == FORWARDED_HEADER for name, _ in scope["headers"])
         attempt = 0
-        elsewhere_until: float | None = None  # looking for the runner's coordinator until
         while True:
             placement = await self._connectable(actor_id)
             runner_id = placement.runner_id
-            if not self.tunnels.reachable(runner_id) and self.peers is not None:
-                if forwarded:  # never forwarded twice: the coordinator that sent it looks again
-                    raise Unavailable(
-                        f"runner {runner_id} is not connected here", code=RUNNER_NOT_HERE
-                    )
-                peer = await self.peers.holding(runner_id)
-                if peer is not None:
-                    if await self._through_peer(peer, actor_id, path, scope, send, has_body):
-                        return
-                    # It moved, or its coordinator died: it is re-owned when it reconnects.
-                    self.tunnels.placements.forget(actor_id)
-                    now = time.monotonic()
-                    elsewhere_until = elsewhere_until or now + self.lost_after_s
-                    if now > elsewhere_until:
-                        raise Unavailable(
-                            f"runner {runner_id}'s coordinator did not answer", code="tunnel_lost"
-                        )
-                    await asyncio.sleep(PEER_RETRY_S)
-                    continue
+            if (peer := await self._peer(runner_id, scope)) is not None:
+                assert self.peers is not None
+                upload = self.upload if has_body else None
+                forwarded = f"{peer}/gateway/{actor_id}{path}"
+                if await self.peers.forward(forwarded, scope, send, upload, self.gone):
+                    return
+                await self._look_again(actor_id, runner_id)
+                continue
             request = self.tunnels.open(runner_id)
             try:
                 start = wire.ToClientRequestStart(
@@ -266,75 +257,29 @@ class Forward(Response):
                     self.pumping = None
                 request.close()
 
-    async def _through_peer(
-        self, peer: str, actor_id: str, path: str, scope: Scope, send: Send, has_body: bool
-    ) -> bool:
-        """Forward the request to the coordinator holding the runner's socket, and stream
-        its answer back. False if it could not be reached or does not have the runner
-        (before any of the body went: the caller looks again); once the body has gone,
-        those are ``tunnel_lost``."""
-        assert self.peers is not None
-        body_sent = False
+    async def _peer(self, runner_id: str, scope: Scope) -> str | None:
+        """The other coordinator to forward to: None if the runner's socket is here (or
+        the store knows of none: it may come here). A request a peer forwarded is never
+        forwarded again (``runner_not_here``: that peer looks again)."""
+        if self.peers is None or self.tunnels.reachable(runner_id):
+            return None
+        if any(name == _FORWARDED for name, _ in scope["headers"]):
+            raise Unavailable(f"runner {runner_id} is not connected here", code=RUNNER_NOT_HERE)
+        return await self.peers.holding(runner_id)
 
-        async def body() -> AsyncIterator[bytes]:
-            nonlocal body_sent
-            while (data := await self.upload.get()) is not None:
-                body_sent = True
-                yield data
-
-        headers = [
-            (name, value)
-            for name, value in scope["headers"]
-            if name.decode("latin-1").lower() not in _NOT_TO_PEER
-        ]
-        headers.append((FORWARDED_HEADER.encode(), self.peers.own_url.encode("latin-1")))
-        client = self.peers.client
-        outgoing = client.build_request(
-            scope["method"],
-            f"{peer}/gateway/{actor_id}{path}",
-            headers=headers,
-            content=body() if has_body else None,
-        )
-        try:
-            response = await client.send(outgoing, stream=True)
-        except httpx.TransportError as exc:
-            log.info("gateway: coordinator %s not reached (%s)", peer, exc)
-            if body_sent:
-                raise Unavailable(f"coordinator {peer} went away", code="tunnel_lost") from exc
-            return False
-        try:
-            if response.status_code == 503 and ERROR_HEADER in response.headers and not body_sent:
-                return False
-            relay = asyncio.ensure_future(self._relay_peer(response, send))
-            gone = asyncio.ensure_future(self.gone.wait())
-            try:
-                await asyncio.wait({relay, gone}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                gone.cancel()
-                if not relay.done():  # the client left: closing the stream tells the peer
-                    relay.cancel()
-            if not relay.cancelled():
-                relay.result()
-            return True
-        finally:
-            await response.aclose()
-
-    async def _relay_peer(self, response: httpx.Response, send: Send) -> None:
-        self.responded = True
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status_code,
-                "headers": [
-                    (name, value)
-                    for name, value in response.headers.raw
-                    if name.decode("latin-1").lower() not in _NOT_RETURNED
-                ],
-            }
-        )
-        async for chunk in response.aiter_raw():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    async def _look_again(self, actor_id: str, runner_id: str) -> None:
+        """The runner's coordinator did not have it (it moved) or was not reached (it died:
+        the runner is re-owned when it reconnects): look again shortly, for at most the
+        runner-lost threshold."""
+        self.tunnels.placements.forget(actor_id)
+        now = time.monotonic()
+        if self.elsewhere_until is None:
+            self.elsewhere_until = now + self.lost_after_s
+        if now > self.elsewhere_until:
+            raise Unavailable(
+                f"runner {runner_id}'s coordinator did not answer", code="tunnel_lost"
+            )
+        await asyncio.sleep(PEER_RETRY_S)
 
     async def _start(
         self, request: TunnelRequest, start: wire.ToClientRequestStart, has_body: bool
@@ -445,8 +390,15 @@ class Forward(Response):
                 for name, value in scope["headers"]
                 if name.decode("latin-1").lower() not in _NOT_FORWARDED
             )
-            for attempt in range(MAX_ATTEMPTS):
+            attempt = 0
+            while True:
                 placement = await self._connectable(actor_id)
+                if (peer := await self._peer(placement.runner_id, scope)) is not None:
+                    assert self.peers is not None
+                    if await self.peers.websocket(ws, peer, actor_id, path):
+                        return
+                    await self._look_again(actor_id, placement.runner_id)
+                    continue
                 request = self.tunnels.open(placement.runner_id)
                 try:
                     start = wire.ToClientRequestStart(
@@ -459,6 +411,7 @@ class Forward(Response):
                         self.tunnels.placements.forget(actor_id)
                     if _retryable(first) and attempt + 1 < MAX_ATTEMPTS:
                         await asyncio.sleep(RETRY_BASE_S * 2**attempt)
+                        attempt += 1
                         continue
                     if not isinstance(first, wire.ToServerResponseStart) or first.status != 101:
                         await ws.close(WS_CLOSE_TRY_AGAIN, "the actor refused the WebSocket")
@@ -474,6 +427,12 @@ class Forward(Response):
                 finally:
                     request.close()
         except CorralError as exc:
+            if exc.code == RUNNER_NOT_HERE and "websocket.http.response" in scope.get(
+                "extensions", {}
+            ):  # as an HTTP answer: the peer that forwarded it tells it from a refusal
+                denial = JSONResponse(exc.to_dict(), 503, headers={ERROR_HEADER: exc.code})
+                await ws.send_denial_response(denial)
+                return
             await ws.close(WS_CLOSE_TRY_AGAIN, exc.code)
         except ClientGone:
             pass
