@@ -132,12 +132,7 @@ class ActorStore:
     def wanted_slots(self, pool: str) -> int:
         """Slots the pool's actors want: placed ones and queued ones (for autoscaling)."""
         with self.db.transaction(write=False) as tx:
-            row = tx.one(
-                "SELECT (SELECT COUNT(*) FROM actor_placements p JOIN actors a "
-                "ON a.id = p.actor_id WHERE a.pool = ?) + "
-                "(SELECT COUNT(*) FROM actor_queue WHERE pool = ?) AS n",
-                (pool, pool),
-            )
+            row = tx.one(WANTED_SLOTS, (pool, pool))
         return int(row["n"]) if row else 0
 
     # ---- changes -------------------------------------------------------------------------
@@ -374,6 +369,14 @@ class ActorStore:
         return None if row is None else _actor_from_row(row)
 
 
+# Placed actors are few, sleeping ones may be many: count from the placements, looking each
+# actor up by its key. (SQLite, without statistics, chose to scan every actor of the pool;
+# a CROSS JOIN keeps its tables in the order written there, and is an inner join elsewhere.)
+WANTED_SLOTS = (
+    "SELECT (SELECT COUNT(*) FROM actor_placements p CROSS JOIN actors a "
+    "WHERE a.id = p.actor_id AND a.pool = ?) + "
+    "(SELECT COUNT(*) FROM actor_queue WHERE pool = ?) AS n"
+)
 _SELECT = (
     "SELECT a.*, p.runner_id AS placed_runner_id FROM actors a "
     "LEFT JOIN actor_placements p ON p.actor_id = a.id"
