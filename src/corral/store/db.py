@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import psycopg
 import psycopg_pool
+from psycopg import pq
 from psycopg.rows import dict_row
 
 from corral.errors import InvalidRequest, Unavailable
@@ -222,7 +223,10 @@ class _PostgresTx:
             cur = self._conn.execute(sql.replace("?", "%s"), tuple(params))
         except (psycopg.DataError, UnicodeEncodeError) as exc:
             raise _unstorable(exc) from exc
-        if cur.description is None:
+        # Whether rows came back, from the result's status: ``cur.description`` would build
+        # a Column for each of them first (tens of µs a statement, several statements a run).
+        result = cur.pgresult
+        if result is None or result.status != pq.ExecStatus.TUPLES_OK:
             return []
         return cur.fetchall()
 
