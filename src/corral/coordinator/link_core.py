@@ -451,7 +451,9 @@ class LinkCore:
         (runner_lost) when the runner was declared lost or stopped meanwhile: it must
         connect again."""
         commands = self.store.commands
-        with self.store.db.transaction():  # one commit for the claim and the read
+        # One commit for the claim and the read; flat: the claim's own transaction joins it
+        # (a savepoint would cost PostgreSQL two round trips, and a failure ends both anyway).
+        with self.store.db.transaction(flat=True):
             added = (
                 commands.claim_into_commands(runner_id, now, _start_body, request.finishing)
                 if request.claim
