@@ -11,6 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 from api_fixtures import HEADERS, TOKEN, live_server, with_token
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
 
 from corral.cli.plan_progress import PlanChanges
 from corral.client import Client, NewTask
@@ -59,3 +61,19 @@ def test_closing_it_ends_its_stream_at_once(url: str) -> None:
         while subscribers() != 0:
             assert time.monotonic() < end, "the stream stayed open"
             time.sleep(0.02)
+
+
+def test_without_a_working_stream_it_still_says_changed_now_and_then() -> None:
+    """A coordinator without GET /events (404: asked on a timer) or whose stream fails
+    (500: asked at each attempt to open it again): the watch goes on either way."""
+    app = FastAPI()
+
+    @app.get("/events")
+    async def broken() -> PlainTextResponse:
+        return PlainTextResponse("no", status_code=500)
+
+    with live_server(app) as broken_url, live_server(FastAPI()) as bare_url:
+        for url in (broken_url, bare_url):
+            with PlanChanges(url, TOKEN, "prj_000000000000") as changes:
+                for _ in range(3):
+                    assert changes.wait(STEP_S), url

@@ -16,6 +16,7 @@ a live table is redrawn every second in between, from what was read, for its clo
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import socket
 import threading
@@ -57,6 +58,7 @@ REDRAW_S = 1.0  # the live table's clocks move this often, without asking the co
 RECONNECT_MAX_S = 5.0
 
 State = dict[str, Any]
+log = logging.getLogger("corral.cli")
 
 
 def colored(status: str) -> str:
@@ -127,7 +129,12 @@ class PlanChanges:
                 delay = 0.2
             except (httpx.HTTPError, OSError):  # the coordinator went away, or we shut it
                 pass
+            except Exception:  # anything else: never leave the watch without news
+                log.exception("following the plan's events failed; trying again")
             self._socket = None
+            # While there is no stream, the state is read at each attempt: a stream refused
+            # for good (say, a proxy that cuts it) slows the progress shown, never stops it.
+            self.changed.set()
             self._stopping.wait(delay)
             delay = min(delay * 2, RECONNECT_MAX_S)
 
