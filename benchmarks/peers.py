@@ -268,24 +268,28 @@ def print_table(rows: list[tuple[str, str, Figures]], args: argparse.Namespace) 
         "ratios: corral/peer, corral control (ctl) and corral `true` (true) against each "
         "peer; below 1 is better for latency, above 1 for jobs/s."
     )
-    header = (
-        f"{'store':<9} {'system':<32} {'p50 ms':>8} {'p99 ms':>8} {'jobs/s':>7}"
-        f"  {'p50 ctl':>7} {'true':>6} {'p99 ctl':>7} {'true':>6} {'jobs/s ctl':>10} {'true':>6}"
+    ratios = ["p50 ctl", "p50 true", "p99 ctl", "p99 true", "j/s ctl", "j/s true"]
+    print(f"{'':<78}corral/peer: ctl = corral control, true = corral `true`")
+    print(
+        f"{'store':<9} {'system':<36} {'p50 ms':>8} {'p99 ms':>8} {'jobs/s':>7}  "
+        + " ".join(f"{r:>8}" for r in ratios)
     )
-    print(header)
     for store in dict.fromkeys(r[0] for r in rows):
         of_store = [r for r in rows if r[0] == store]
         ctl = next(f for s, n, f in of_store if n.startswith("corral control"))
         true = next(f for s, n, f in of_store if n.startswith("corral `true`"))
         for _, name, f in of_store:
-            line = f"{store:<9} {name:<32} {f.p50:>8.1f} {f.p99:>8.1f} {f.jobs_per_s:>7.0f}"
+            line = f"{store:<9} {name:<36} {f.p50:>8.1f} {f.p99:>8.1f} {f.jobs_per_s:>7.0f}"
             if not name.startswith("corral"):
-                line += (
-                    f"  {ratio(ctl.p50, f.p50):>7} {ratio(true.p50, f.p50):>6}"
-                    f" {ratio(ctl.p99, f.p99):>7} {ratio(true.p99, f.p99):>6}"
-                    f" {ratio(ctl.jobs_per_s, f.jobs_per_s):>10}"
-                    f" {ratio(true.jobs_per_s, f.jobs_per_s):>6}"
-                )
+                pairs = [
+                    (ctl.p50, f.p50),
+                    (true.p50, f.p50),
+                    (ctl.p99, f.p99),
+                    (true.p99, f.p99),
+                    (ctl.jobs_per_s, f.jobs_per_s),
+                    (true.jobs_per_s, f.jobs_per_s),
+                ]
+                line += "  " + " ".join(f"{ratio(c, peer):>8}" for c, peer in pairs)
             print(line)
 
 
