@@ -7,9 +7,13 @@ coordinator are read and dropped). Like the real runner, it asks for no compress
 sends no transport-level keepalive pings. Once all are
 connected and a settling pause is over, it samples the coordinator's CPU
 (/proc/<pid>/stat utime+stime) over the measurement window and its RSS
-(/proc/<pid>/status VmRSS).
+(/proc/<pid>/status VmRSS). Then, with the idle sockets still open, a real ``corral
+runner`` (1 slot, a label of its own) joins and runs that need its label are dispatched one
+at a time: POST /runs → the run's process has started, p50 and p99 (every new run wakes
+every socket's push loop, so this is where N sockets cost a dispatch).
 
     python benchmarks/idle_sockets.py [--sockets 1000] [--measure 30] [--settle 10]
+                                      [--dispatch-samples 30]
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ import argparse
 import asyncio
 import os
 import resource
+import signal
+import subprocess
 import time
 from pathlib import Path
 
 import httpx
-from served import corral_serve
+from dispatch import first_line_then_end, pct
+from served import CORRAL, corral_serve
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -134,6 +141,8 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
         listed = (await http.get("/runners")).json()["runners"]
     active = sum(r["state"] == "active" for r in listed)
 
+    dispatch = await asyncio.to_thread(probe_dispatch, url, args.dispatch_samples)
+
     for task in lives:
         task.cancel()
     await asyncio.gather(*lives, return_exceptions=True)
@@ -162,8 +171,51 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
         f"  runners active in the store      {active:8d} / {args.sockets}; "
         f"sockets closed by the coordinator: {len(closed)}"
     )
+    if dispatch:
+        print(
+            f"  dispatch to a real runner        {pct(dispatch, 50):8.1f} ms p50, "
+            f"{pct(dispatch, 99):.1f} ms p99 ({len(dispatch)} runs, one at a time)"
+        )
     print(f"  1-min load average at the end    {os.getloadavg()[0]:8.1f}")
     print(f"  client CPU overall               {time.process_time() - client_cpu0:8.1f} s")
+
+
+def probe_dispatch(url: str, samples: int, warmup: int = 5) -> list[float]:
+    """POST /runs → the run's process started (ms), to a real runner beside the idle ones."""
+    if samples <= 0:
+        return []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update(CORRAL_URL=url, CORRAL_TOKEN=TOKEN)
+    runner = subprocess.Popen(
+        [CORRAL, "runner", "--name", "probe", "--slots", "1", "--labels", "probe"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    body = {"type": "command", "command": ["date", "+%s.%N"], "labels": ["probe"]}
+    latencies = []
+    try:
+        with httpx.Client(base_url=url, timeout=60, headers=AUTH) as client:
+            end = time.monotonic() + 60
+            while not any(
+                r["name"] == "probe" and r["state"] == "active"
+                for r in client.get("/runners").json()["runners"]
+            ):
+                if time.monotonic() > end:
+                    raise RuntimeError("the probe runner did not register")
+                time.sleep(0.1)
+            for i in range(warmup + samples):
+                sent = time.time()
+                run_id = client.post("/runs", json=body).json()["run_id"]
+                first, run = first_line_then_end(client, run_id)
+                assert run["status"] == "completed", run
+                if i >= warmup:
+                    latencies.append((float(first) - sent) * 1000)
+    finally:
+        os.killpg(runner.pid, signal.SIGTERM)
+        runner.wait(20)
+    return latencies
 
 
 def main() -> None:
@@ -172,6 +224,9 @@ def main() -> None:
     parser.add_argument("--measure", type=float, default=30.0, help="seconds of measurement")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds before measuring")
     parser.add_argument("--batch", type=int, default=50, help="sockets opened at once")
+    parser.add_argument(
+        "--dispatch-samples", type=int, default=30, help="runs dispatched to a real runner"
+    )
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = min(hard, max(soft, 2 * args.sockets + 256))
