@@ -143,11 +143,11 @@ class Soak:
         with open(self.root / "faults.log", "a") as log:
             log.write(f"{stamp} {what}\n")
 
-    def post_mortem(self, violations: list[str]) -> Path:
+    def post_mortem(self, violations: list[str], round_no: int) -> Path:
         """The stored history of the runs a violation names (their events, the runners),
         kept beside the logs: the database goes with the soak."""
         run_ids = sorted({m for v in violations for m in re.findall(r"run_[0-9a-f]{12}", v)})
-        path = self.root / "post-mortem.json"
+        path = self.root / f"post-mortem-round{round_no}.json"
         with psycopg.connect(self.db_url) as conn:
             runners = conn.execute("SELECT id, name, state FROM runners").fetchall()
             events = conn.execute(
@@ -615,19 +615,21 @@ def soak(
             f"{len(the_soak.runners)} runners up ({time.monotonic() - figures.started:.0f}s)"
         )
         deadline = figures.started + minutes * 60 if minutes is not None else None
+        reported: set[str] = set()
         while (rounds is None or figures.rounds < rounds) and (
             deadline is None or time.monotonic() < deadline
         ):
-            seen = len(figures.violations)
             verdict = the_soak.round(round_s, runs_per_s=runs_per_s)
-            for violation in verdict.violations[seen:]:
+            # Each check covers every run so far: a violation is told the first time.
+            new = [v for v in verdict.violations if v not in reported]
+            reported.update(new)
+            for violation in new:
                 report(f"VIOLATION (round {figures.rounds}): {violation}")
             report(figures.line())
             if figures.calm_s[-1][1] > 30:
                 report(f"slow to end after the chaos: {'; '.join(figures.last_open[:8])}")
-            if verdict.violations:
-                report(f"post-mortem: {the_soak.post_mortem(verdict.violations)}")
-                break  # later rounds would only repeat it; the logs are kept
+            if new:
+                report(f"post-mortem: {the_soak.post_mortem(new, figures.rounds)}")
     finally:
         the_soak.close()
     return figures
