@@ -23,7 +23,6 @@ prints its figures:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import heapq
 import itertools
 import json
@@ -59,7 +58,7 @@ from faultproxy import CUT_MODES, FaultProxy
 from pg_cluster import PgCluster
 from tasks_helpers import TaskRepo
 
-from corral.errors import Conflict, CorralError, InvalidRequest, NotFound
+from corral.errors import Conflict, CorralError, InvalidRequest
 
 # The coordinators declare a runner lost after this long without news of it: a runner cut
 # off for longer loses its runs, which start again elsewhere as new attempts.
@@ -374,32 +373,25 @@ class Soak:
             self.jobs.append(job)
             self.figures.created[kind] += 1
 
-    def _send_cancels(self, *, all_due: bool = False) -> None:
+    def _send_cancels(self, runs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Cancel the runs due for it. ``runs``: every run (the calm after a round: all are
+        due, and a run whose creation was not answered is found by its key)."""
         now = time.monotonic()
+        by_key = {job_key(r): run_id for run_id, r in (runs or {}).items()}
         for job in self.jobs:
-            if job.cancel_at is None or job.cancelled or (now < job.cancel_at and not all_due):
+            if job.cancel_at is None or job.cancelled or (now < job.cancel_at and runs is None):
                 continue
-            run_id = job.run_id or self._find_run_id(job.key)
-            if run_id is None:
+            job.run_id = job.run_id or by_key.get(job.key)
+            if job.run_id is None:
                 continue
-            job.run_id = run_id
             client = self.rng.choice(self.clients)
             try:
-                client.cancel_run(run_id)
+                client.cancel_run(job.run_id)
                 job.cancelled = True
             except Conflict:
                 job.cancelled = True  # it ended already: the check says whether as it should
-            except NotFound:
-                continue
             except CorralError:
                 continue  # tried again on the next turn
-
-    def _find_run_id(self, key: str) -> str | None:
-        with contextlib.suppress(CorralError):
-            for run in self._all_runs().values():
-                if job_key(run) == key:
-                    return str(run["run_id"])
-        return None
 
     def _all_runs(self) -> dict[str, dict[str, Any]]:
         """Every run, through whichever coordinator answers."""
@@ -421,8 +413,8 @@ class Soak:
         """Until every run is final (the cancels due are sent)."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         while time.monotonic() < deadline:
-            self._send_cancels(all_due=True)
             runs = self._all_runs()
+            self._send_cancels(runs)
             still = [r for r in runs.values() if r["status"] not in TERMINAL]
             if still:
                 self.figures.last_open = [
