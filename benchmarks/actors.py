@@ -2,7 +2,8 @@
 
 Measures, on SQLite:
   process start  the actor's own start: its command spawned → its PORT accepts a connection
-                 (what no gateway can make faster), p50/p99, measured before each cold wake
+                 → the first byte of its first answer (what no gateway can make faster),
+                 p50/p99, measured before each cold wake
   cold wake      a sleeping actor → the first byte of its answer through the gateway
                  (wake, placement, start command, process start, running, tunnel), p50/p99;
                  its overhead is this less the process start
@@ -69,13 +70,16 @@ def wait(predicate: object, timeout: float = 30.0, what: str = "") -> None:
 
 
 def process_start(workdir: Path) -> float:
-    """The actor's command alone: spawn → its port accepts."""
+    """The actor's command alone: spawn → its port accepts → the first byte of its first
+    answer (a first request costs an actor more than later ones: lazy imports)."""
     port = free_port()
     env = {**os.environ, "PORT": str(port), "MARKERS": str(workdir / "markers")}
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, str(ACTOR)], env=env)
     try:
         wait(lambda: accepts(port), what="the actor's port")
+        with httpx.stream("GET", f"http://127.0.0.1:{port}/hit/start") as response:
+            next(response.iter_raw())
         return time.perf_counter() - started
     finally:
         proc.terminate()
