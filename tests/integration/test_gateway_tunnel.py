@@ -222,6 +222,24 @@ async def test_a_request_and_its_response_go_through_the_tunnel(world: World) ->
     assert by_key.json()["hits"] == 2 and by_key.json()["query"] == "z=3"
 
 
+async def test_a_request_without_a_body_reaches_the_runner_as_one_message(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    received: list[object] = []
+    receive = world.transport.conn.receive
+
+    def recording(message: Any, now: float) -> Any:
+        received.append(message)
+        return receive(message, now)
+
+    monkeypatch.setattr(world.transport.conn, "receive", recording)
+    assert (await world.client.get(f"/gateway/{ACTOR}/count/one")).json()["hits"] == 1
+    tunnelled = [m for m in received if type(m).__name__.startswith("ToClientRequest")]
+    assert [(type(m).__name__, getattr(m, "end", None)) for m in tunnelled] == [
+        ("ToClientRequestStart", True)  # no ToClientRequestEnd after it
+    ]
+
+
 async def test_head_is_forwarded_and_answered_without_a_body(world: World) -> None:
     response = await world.client.head(f"/gateway/{ACTOR}/count/h")
     assert response.status_code == 200

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Annotated, Any, Protocol
 from urllib.parse import parse_qsl, urlencode
 
@@ -287,7 +288,10 @@ class Forward(Response):
         """Send the request, its body once the runner has the actor (``_pump_body``); the
         first reply."""
         if not has_body:
-            await request.send(start, wire.ToClientRequestEnd(request.request_id, 0))
+            if request.joins_parts:  # it takes a request that ends with its start
+                await request.send(replace(start, end=True))
+            else:
+                await request.send(start, wire.ToClientRequestEnd(request.request_id, 0))
             return await self._next(request)
         await request.send(start)
         replies = asyncio.ensure_future(self._next(request))

@@ -52,7 +52,9 @@ class _Runner:
     requests: dict[str, TunnelRequest] = field(default_factory=dict)
     flushing: asyncio.Lock = field(default_factory=asyncio.Lock)
     link: LiveLink | None = None  # the socket resumed last; messages go there
-    joins_parts: bool = False  # its Init says it joins a WebSocket message sent in parts
+    # Its Init says tunnel ≥ TUNNEL_PARTS: it joins a WebSocket message sent in parts, and
+    # takes a request without a body as its start alone.
+    joins_parts: bool = False
 
 
 class TunnelRequest:
@@ -78,7 +80,8 @@ class TunnelRequest:
 
     @property
     def joins_parts(self) -> bool:
-        """May a WebSocket message go to the runner in several chunks (``more``)?"""
+        """May a WebSocket message go to the runner in several chunks (``more``), and a
+        request without a body as its start alone (``end``)?"""
         return self._hub.runner(self.runner_id).joins_parts
 
     def started(self) -> bool:

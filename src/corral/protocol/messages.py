@@ -54,7 +54,8 @@ from corral.protocol.limits import (
 
 PROTOCOL_VERSION = 1
 # What each end's Init says in ``metadata.tunnel``: 1, it takes tunnel messages; 2
-# (TUNNEL_PARTS), a WebSocket message may also come in several chunks (``more``).
+# (TUNNEL_PARTS), a WebSocket message may also come in several chunks (``more``), and a
+# request without a body in its start alone (``end``).
 TUNNEL_PARTS = 2
 INT64_MAX = 2**63 - 1  # every integer on the wire fits the store's columns
 
@@ -214,6 +215,7 @@ class ToClientRequestStart:
     path: str  # with its query string
     headers: Headers
     websocket: bool
+    end: bool = False  # no body: nothing follows (to a runner at ``TUNNEL_PARTS``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,6 +476,7 @@ def _request_start(f: _Frame) -> ToClientRequestStart:
         _of(f, "path", str),
         _headers(f),
         _bool(f, "websocket"),
+        "end" in f and _bool(f, "end"),
     )
 
 

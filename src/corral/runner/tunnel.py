@@ -113,6 +113,8 @@ class RunnerTunnel:
         """A new tunnel message (each once, in order: the link sees to that)."""
         if isinstance(message, wire.ToClientRequestStart):
             forward = _Forward(message)
+            if message.end:  # no body, and no ToClientRequestEnd to say so
+                forward.body.put_nowait(None)
             self._forwards[message.request_id] = forward
             forward.task = asyncio.get_running_loop().create_task(self._forward(forward))
             return

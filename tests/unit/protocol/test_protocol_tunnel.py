@@ -62,6 +62,7 @@ def sent(outputs: list[object]) -> list[object]:
         ToClientRequestChunk("req_1", 1, b"\x00\xffbody", False),
         ToClientRequestChunk("req_1", 1, "héllo".encode(), True),
         ToClientRequestChunk("req_1", 1, b"part of a message", False, more=True),
+        ToClientRequestStart("req_2", 0, "act_1", 1, "GET", "/", (), False, end=True),
         ToClientRequestEnd("req_1", 2),
         ToClientRequestAbort("req_1", 3),
         ToClientTunnelAck("req_1", 4),
