@@ -37,6 +37,7 @@ from corral.protocol import messages as m
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PING_S = 3.0
+DISPATCH_WARMUP = 5  # runs dispatched to the real runner before the measured ones
 TOKEN = "crl_bench-admin-token"  # CORRAL_TOKEN of the coordinator it starts
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -141,7 +142,11 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
         listed = (await http.get("/runners")).json()["runners"]
     active = sum(r["state"] == "active" for r in listed)
 
+    cpu_before_dispatch = cpu_seconds(pid)
     dispatch = await asyncio.to_thread(probe_dispatch, url, args.dispatch_samples)
+    dispatch_cpu_ms = (
+        1000 * (cpu_seconds(pid) - cpu_before_dispatch) / max(1, len(dispatch) + DISPATCH_WARMUP)
+    )
 
     for task in lives:
         task.cancel()
@@ -174,13 +179,14 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
     if dispatch:
         print(
             f"  dispatch to a real runner        {pct(dispatch, 50):8.1f} ms p50, "
-            f"{pct(dispatch, 99):.1f} ms p99 ({len(dispatch)} runs, one at a time)"
+            f"{pct(dispatch, 99):.1f} ms p99 ({len(dispatch)} runs, one at a time); "
+            f"coordinator CPU {dispatch_cpu_ms:.1f} ms per run dispatched"
         )
     print(f"  1-min load average at the end    {os.getloadavg()[0]:8.1f}")
     print(f"  client CPU overall               {time.process_time() - client_cpu0:8.1f} s")
 
 
-def probe_dispatch(url: str, samples: int, warmup: int = 5) -> list[float]:
+def probe_dispatch(url: str, samples: int, warmup: int = DISPATCH_WARMUP) -> list[float]:
     """POST /runs → the run's process started (ms), to a real runner beside the idle ones."""
     if samples <= 0:
         return []
