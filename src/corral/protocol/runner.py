@@ -173,6 +173,7 @@ class RunnerConnection:
         self._work_stopped = False  # StopAllWork was output since the last successful Init
         self._connect_at = 0.0  # when the current socket's Init was sent
         self._lease_at: float | None = None  # the coordinator had heard from us at this time
+        self._init_answered_at = 0.0  # when the current socket's ToClientInit came
         # Timers as absolute deadlines; None when not running.
         self._ping_at: float | None = None
         self._ack_at: float | None = None
@@ -380,8 +381,14 @@ class RunnerConnection:
     def _silent_at(self) -> float | None:
         if self._state not in _LINKED:
             return None
-        heard = self._connect_at if self._state is ConnectionState.CONNECTING else self._lease_at
-        return None if heard is None else heard + self.silence_s
+        if self._state is ConnectionState.CONNECTING:
+            heard = self._connect_at
+        else:
+            # A socket just up is silent for no longer than since its Init was answered:
+            # the lease counts from when the Init was sent, but a slow answer (a loaded
+            # coordinator) must not leave the first ping too little time to come back.
+            heard = max(self._lease_at or 0.0, self._init_answered_at)
+        return heard + self.silence_s
 
     def tick(self, now: float) -> list[RunnerOutput]:
         out: list[RunnerOutput] = []
@@ -459,6 +466,7 @@ class RunnerConnection:
         self._attempt = 0
         self._holding_on = False
         self._lease_at = self._connect_at  # it registered us after our Init was sent
+        self._init_answered_at = now
         self._lost_at = self._reconnect_at = None
         self._work_stopped = False
         self._ping_at = now + self._ping_every_s()

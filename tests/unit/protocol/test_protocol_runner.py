@@ -452,6 +452,20 @@ def test_a_silent_socket_is_dropped_and_work_stops_a_margin_before_the_lease_end
     assert runner.tick(T0 + 13) == [StopAllWork()]  # T0 + 3 + 10, before the coordinator's 18
 
 
+def test_a_slow_answer_to_the_init_leaves_the_first_ping_time_to_come_back() -> None:
+    # Found by the chaos soak: an Init answered long after it was sent (a loaded
+    # coordinator), the first ping due a third of the lease after that. Counted from the
+    # Init sent, the silence window (6 s) ended before that ping (T0 + 4 + 3.3) could be
+    # answered, and a healthy socket was dropped — then a database outage kept the runner
+    # from connecting again within its lease, and its runs were started again elsewhere.
+    runner = make(stop_margin_s=6.0)
+    runner.connect(T0)
+    assert runner.receive(init(), T0 + 4) == [Connected(RunnerId(RID), fresh=True)]
+    assert not any(isinstance(o, Closed) for o in runner.tick(T0 + 6.5))  # not dropped
+    answered_pings(runner, 7, 60)
+    assert runner.state is ConnectionState.ACTIVE
+
+
 def test_a_dropped_silent_socket_that_reconnects_in_time_keeps_its_identity_and_work() -> None:
     runner = connected(T0)
     runner.receive(ToClientCommands((command(1),)), T0)
