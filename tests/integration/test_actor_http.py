@@ -76,12 +76,14 @@ async def test_a_kept_alive_connection_is_reused() -> None:
     await client.aclose()
 
 
-async def test_a_connection_the_actor_closed_is_not_reused() -> None:
-    async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_head(reader)  # answers as HTTP/1.1 (keep-alive), then closes anyway
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-        await writer.drain()
+async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers as HTTP/1.1 (keep-alive), then closes anyway (as an actor that exits)."""
+    await read_head(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+    await writer.drain()
 
+
+async def test_a_connection_the_actor_closed_is_not_reused() -> None:
     client = ActorClient()
     server = Server(once)
     async with server as port:
@@ -138,4 +140,18 @@ async def test_a_body_of_unknown_length_goes_chunked_and_the_answer_streams_back
         received = b"".join([part async for part in response.chunks(4096)])
         await response.aclose()
     assert received == b"".join(bytes([i]) * 10_000 for i in range(20))
+    await client.aclose()
+
+
+async def test_connections_an_actor_closed_are_let_go_when_another_is_asked() -> None:
+    """An actor that went to sleep is never asked on its port again: its kept connection
+    must not hold a file descriptor for ever."""
+    client = ActorClient(prune_every_s=0.0)
+    async with Server(once) as gone_port:
+        assert (await read_all(client, gone_port, "/a"))[0] == 200
+        (kept,) = client._idle[gone_port]
+        await wait_until(lambda: not kept.usable(), what="the actor's close read")
+    async with Server(keep_alive) as port:
+        assert (await read_all(client, port, "/b"))[0] == 200
+    assert gone_port not in client._idle and kept.writer.is_closing()
     await client.aclose()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import h11
@@ -25,6 +26,7 @@ import h11
 CONNECT_TIMEOUT_S = 5.0
 READ_BYTES = 64 * 1024
 IDLE_PER_PORT = 8  # kept-alive connections per actor port
+PRUNE_EVERY_S = 1.0  # how often kept connections the actors closed are let go
 
 
 class ActorRefused(Exception):
@@ -109,8 +111,10 @@ class ActorResponse:
 
 
 class ActorClient:
-    def __init__(self) -> None:
+    def __init__(self, *, prune_every_s: float = PRUNE_EVERY_S) -> None:
         self._idle: dict[int, list[_Connection]] = {}  # by port, the newest last
+        self._prune_every_s = prune_every_s
+        self._pruned_at = time.monotonic()
 
     async def send(
         self,
@@ -164,6 +168,19 @@ class ActorClient:
             idle.append(conn)
         else:
             conn.close()
+        if time.monotonic() - self._pruned_at >= self._prune_every_s:
+            self._prune()
+
+    def _prune(self) -> None:
+        """Close kept connections their actor closed (it slept or stopped, and its port may
+        never be asked again): they would hold a file descriptor each until then."""
+        self._pruned_at = time.monotonic()
+        for port, idle in list(self._idle.items()):
+            for conn in [c for c in idle if not c.usable()]:
+                idle.remove(conn)
+                conn.close()
+            if not idle:
+                del self._idle[port]
 
     async def aclose(self) -> None:
         for idle in self._idle.values():
