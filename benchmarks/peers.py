@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import sqlite3
 import subprocess
 import sys
@@ -158,6 +159,9 @@ def dbos_queue(kind: str, db: str, polling_s: float, samples: int, jobs: int) ->
         queue = DBOS.register_queue("bench", polling_interval_sec=polling_s)
         latencies = []
         for i in range(WARMUP + samples):
+            # Arrive at a random point of the queue's polling cycle: one job right after the
+            # last one's result would arrive at the same point of it every time.
+            time.sleep(random.uniform(0, polling_s))
             sent = time.time()
             started = queue.enqueue(noop).get_result()
             if i >= WARMUP:
