@@ -123,8 +123,13 @@ def test_ctrl_c_leaves_the_run_running_and_says_how_to_cancel_it(
 
 
 def test_logs_follow_reconnects_across_a_coordinator_restart(
-    cluster: Cluster, runner: Runner, tmp_path: Path
+    cluster: Cluster, tmp_path: Path
 ) -> None:
+    # The run must outlive the restart: with the short default threshold the long-poll
+    # runner's lease (the threshold less a margin) could run out while the coordinator is
+    # down, and the runner would rightly stop the run and see it started again.
+    cluster.start_coordinator(lost_after_s=15.0)
+    cluster.start_runner("runner-a")
     gate = tmp_path / "gate"
     script = f'echo before; while [ ! -e "{gate}" ]; do sleep 0.05; done; echo after'
     run_id = cluster.client.create_run(type="command", command=["sh", "-c", script])["run_id"]
