@@ -25,6 +25,11 @@ def _environment(cluster: Cluster, run_id: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("{"))
 
 
+def _corral_variables(seen: dict[str, str]) -> set[str]:
+    """The CORRAL_* names a run sees: its own identity, never the runner's token or URL."""
+    return {name for name in seen if name.startswith("CORRAL_")}
+
+
 def test_runs_see_only_the_allowed_environment(cluster: Cluster, tmp_path: Path) -> None:
     # An agent CLI that prints its environment (on stderr) and a successful result.
     agent = tmp_path / "env-agent"
@@ -43,7 +48,7 @@ def test_runs_see_only_the_allowed_environment(cluster: Cluster, tmp_path: Path)
     assert "PATH" in seen and "HOME" in seen
     for name in ("ANTHROPIC_API_KEY", "AWS_SECRET_ACCESS_KEY", "DATABASE_PASSWORD"):
         assert name not in seen, f"{name} leaked into a command run"
-    assert not [name for name in seen if name.startswith("CORRAL_")], seen
+    assert _corral_variables(seen) == {"CORRAL_RUN_ID", "CORRAL_RUN_ATTEMPT"}, seen
 
     started = cluster.client.create_run(type="start_session", prompt="hi", env={"RUN_VAR": "a"})
     seen = _environment(cluster, started["run_id"])
@@ -51,4 +56,4 @@ def test_runs_see_only_the_allowed_environment(cluster: Cluster, tmp_path: Path)
     assert seen["AWS_SECRET_ACCESS_KEY"] == "aws-e2e-secret"  # and its provider's (Bedrock)
     assert seen["RUN_VAR"] == "a" and seen["LET_ME_THROUGH"] == "passed"
     assert "DATABASE_PASSWORD" not in seen
-    assert not [name for name in seen if name.startswith("CORRAL_")], seen
+    assert _corral_variables(seen) == {"CORRAL_RUN_ID", "CORRAL_RUN_ATTEMPT"}, seen
