@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import subprocess
 import termios
 import threading
@@ -68,3 +69,7 @@ class Terminal:
 def _own_terminal() -> None:
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    # As an interactive shell does for the job it runs: Ctrl-C interrupts it, even when the
+    # tests themselves were started in the background, where SIGINT is ignored and the
+    # command would inherit that.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
