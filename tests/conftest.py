@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -53,8 +54,22 @@ def pg_schema(pg_url: str) -> Iterator[str]:
     try:
         yield schema
     finally:
-        with psycopg.connect(pg_url, autocommit=True, connect_timeout=10) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        _drop_schema(pg_url, schema)
+
+
+def _drop_schema(pg_url: str, schema: str) -> None:
+    """Drop a test's schema. A process of the test still ending (a coordinator being
+    stopped) may hold locks the drop waits for in the other order: PostgreSQL then ends the
+    drop as a deadlock's victim, and the drop is simply tried again."""
+    for attempt in range(10):
+        try:
+            with psycopg.connect(pg_url, autocommit=True, connect_timeout=10) as conn:
+                conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+            return
+        except psycopg.errors.DeadlockDetected:
+            if attempt == 9:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 @pytest.fixture(params=DIALECTS)
