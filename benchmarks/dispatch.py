@@ -190,9 +190,12 @@ def first_line_then_end(client: httpx.Client, run_id: str) -> tuple[str, dict[st
     raise RuntimeError(f"the log stream of {run_id} ended without its end")
 
 
-def measure_latency(url: str, samples: int, warmup: int = 10) -> list[float]:
+def measure_latency(
+    url: str, samples: int, warmup: int = 10, labels: list[str] | None = None
+) -> list[float]:
+    """POST /runs → the run's process started (ms), one run at a time."""
     latencies = []
-    body = {"type": "command", "command": ["date", "+%s.%N"]}
+    body = {"type": "command", "command": ["date", "+%s.%N"], "labels": labels or []}
     with httpx.Client(base_url=url, timeout=30, headers=AUTH) as client:
         for i in range(warmup + samples):
             sent = time.time()

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import httpx
-from dispatch import first_line_then_end, pct
+from dispatch import measure_latency, pct
 from served import CORRAL, corral_serve
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -199,8 +199,6 @@ def probe_dispatch(url: str, samples: int, warmup: int = DISPATCH_WARMUP) -> lis
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    body = {"type": "command", "command": ["date", "+%s.%N"], "labels": ["probe"]}
-    latencies = []
     try:
         with httpx.Client(base_url=url, timeout=60, headers=AUTH) as client:
             end = time.monotonic() + 60
@@ -211,17 +209,10 @@ def probe_dispatch(url: str, samples: int, warmup: int = DISPATCH_WARMUP) -> lis
                 if time.monotonic() > end:
                     raise RuntimeError("the probe runner did not register")
                 time.sleep(0.1)
-            for i in range(warmup + samples):
-                sent = time.time()
-                run_id = client.post("/runs", json=body).json()["run_id"]
-                first, run = first_line_then_end(client, run_id)
-                assert run["status"] == "completed", run
-                if i >= warmup:
-                    latencies.append((float(first) - sent) * 1000)
+        return measure_latency(url, samples, warmup, labels=["probe"])
     finally:
         os.killpg(runner.pid, signal.SIGTERM)
         runner.wait(20)
-    return latencies
 
 
 def main() -> None:
