@@ -162,6 +162,32 @@ async def test_two_coordinators_racing_reconcile_never_both_act(tmp_path: Path) 
             assert (await other.coordinator.reconcile_once()).lost_runners == [late]
 
 
+async def test_after_a_restart_a_runner_the_other_coordinator_could_hear_is_lost_in_time(
+    tmp_path: Path,
+) -> None:
+    """A is restarted while B stays up: a runner silent since before the restart is lost a
+    threshold after it fell silent (B was up to hear it), not a threshold after A's
+    restart — even when the restarted A holds the reconciler's lease."""
+    clock = FakeClock()
+    with backend_url("postgres", tmp_path) as url:
+        settings = CoordinatorSettings(db_url=url, lost_after_s=30.0)
+        async with running_api(settings, clock=clock) as b:
+            async with running_api(settings, clock=clock) as a:
+                runner = await a.register("runner")
+                run_id = await a.create_command("sleep", "60")
+                await a.claim_one(runner)
+                await a.coordinator.reconcile_once()
+                clock.advance(20.0)  # the runner went silent; A stops and starts again
+            async with running_api(settings, clock=clock) as a:
+                clock.advance(LEASE_S + 6.0)  # the runner is silent for 31 s, A up for 11 s
+                assert not (await a.coordinator.reconcile_once()).changed
+                assert a.coordinator.reconciling  # B said nothing since it started
+                await b.coordinator.reconcile_once()  # B says it is up (it holds no lease)
+                assert not b.coordinator.reconciling
+                done = await a.coordinator.reconcile_once()
+                assert (done.lost_runners, done.requeued) == ([runner], [run_id])
+
+
 async def test_retention_is_done_by_the_coordinator_holding_the_reconcilers_lease(
     tmp_path: Path,
 ) -> None:

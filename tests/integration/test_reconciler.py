@@ -104,6 +104,25 @@ async def test_a_silent_runner_is_lost_and_its_run_goes_to_another(
         assert not (await api.coordinator.reconcile_once()).changed
 
 
+async def test_a_restarted_coordinator_gives_a_silent_runner_a_threshold_from_its_start(
+    settings: CoordinatorSettings, clock: FakeClock
+) -> None:
+    """The only coordinator was down: no one could hear the runner, so after the restart
+    it has a whole threshold to check in, even though its last heartbeat is older."""
+    async with running_api(settings, clock=clock) as api:
+        run_id, runner_a = await started_on_runner_a(api)
+        clock.advance(10.0)  # the runner goes silent; 10 s later the coordinator stops
+        assert not (await api.coordinator.reconcile_once()).changed
+    clock.advance(LOST_AFTER)
+    async with running_api(settings, clock=clock) as api:
+        assert not (await api.coordinator.reconcile_once()).changed
+        clock.advance(LOST_AFTER - 1)
+        assert not (await api.coordinator.reconcile_once()).changed
+        clock.advance(2.0)
+        done = await api.coordinator.reconcile_once()
+        assert (done.lost_runners, done.requeued) == ([runner_a], [run_id])
+
+
 async def test_a_lost_run_without_attempts_left_fails_naming_the_runner(
     settings: CoordinatorSettings, clock: FakeClock
 ) -> None:

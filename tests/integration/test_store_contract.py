@@ -16,7 +16,7 @@ from corral.errors import IllegalTransition, InvalidRequest, LeaseLost, NotFound
 from corral.ids import RunId, RunnerId
 from corral.runners import Held, Runner, RunnerState, RunnerSync
 from corral.runs import AgentSpec, NewRun, Run, RunReport, RunStatus, RunType
-from corral.store import LogLine, Reconciled, Store
+from corral.store import LogLine, Reconciled, Store, coordinators
 from corral.store import reconcile as reconcile_module
 from corral.store.commands import Command
 from corral.store.db import migrate
@@ -839,6 +839,32 @@ def test_reconcile_takes_runs_back_from_a_silent_runner(store: Store) -> None:
 
     retaken = claim_one(store, alive, later + 2)
     assert retaken.attempts == 2
+
+
+def test_a_runner_is_lost_only_when_a_coordinator_was_up_to_hear_it(store: Store) -> None:
+    """The reconciling coordinator just started (``up_since``): a runner silent for a
+    threshold is lost if another coordinator was up through that threshold of its silence
+    (it had someone to talk to), and not if every coordinator was down for part of it."""
+    heard = register(store, name="heard")
+    unheard = register(store, name="unheard", now=NOW + 20)
+    now = NOW + LOST_AFTER + 5
+    # "b" was up from long before to just now: heard for a threshold of both silences.
+    # "old" went down 1 s after "heard" fell silent; "a" is the one reconciling.
+    coordinators.beat(store.db, "old", NOW - 100, NOW + 1)
+    coordinators.beat(store.db, "a", now - 1, now)
+    assert not store.reconcile(
+        now, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE, up_since=now - 1
+    ).changed
+    coordinators.beat(store.db, "b", NOW - 100, NOW + 10)
+    coordinators.beat(store.db, "b", NOW - 50, now - 0.5)  # a later beat keeps its start
+    done = store.reconcile(now, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE, up_since=now - 1)
+    assert done.lost_runners == [heard.id]  # silent from NOW: "b" heard 34.5 s of it
+    assert store.runners.get(unheard.id).state is RunnerState.ACTIVE  # from NOW + 20: 14.5 s
+    # Alone, the reconciling coordinator gives a runner a whole threshold from its start.
+    later = now - 1 + LOST_AFTER + 1
+    assert store.reconcile(
+        later, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE, up_since=now - 1
+    ).lost_runners == [unheard.id]
 
 
 def test_reconcile_times_out_overdue_runs(store: Store) -> None:

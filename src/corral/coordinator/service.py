@@ -49,7 +49,7 @@ from corral.ids import RunId, RunnerId
 from corral.protocol.messages import CLOSE_POLICY_VIOLATION
 from corral.runners import Held, Runner, RunnerState, RunnerSync
 from corral.runs import AgentSpec, Run
-from corral.store import LogEntry, Reconciled, Store, leases
+from corral.store import LogEntry, Reconciled, Store, coordinators, leases
 from corral.store.commands import Command
 from corral.store.events import EventStore
 from corral.store.leases import RECONCILER
@@ -105,7 +105,7 @@ class Coordinator:
             store.tokens, settings.token, cache_s=settings.token_cache_s, now=clock.now
         )
         self._runner_tokens: dict[str, str] = {}  # runner id → its token id (never changes)
-        self.started_at = clock.now()  # runners' silence counts from here (reconcile_once)
+        self.started_at = clock.now()  # up since (store/coordinators.py)
         self._claimable_seen_at = 0.0  # the reconciler's last look for claimable runs
         self.node = secrets.token_hex(8)  # its name as a lease holder (store/leases.py)
         self._delivering = asyncio.Lock()  # one callback delivery at a time in this process
@@ -348,6 +348,7 @@ class Coordinator:
         try:
             if pinged := self.connections.take_pinged():
                 await self.in_thread(self.store.runners.touch, pinged, now)
+            await self.in_thread(coordinators.beat, self.store.db, self.node, self.started_at, now)
             await self.in_thread(leases.release, self.store.db, RECONCILER, self.node)
         except Exception:  # the database is away: the runners must still be told
             log.exception("stopping: could not write heartbeats or give up the lease")
@@ -392,6 +393,8 @@ class Coordinator:
         # WebSocket runners ping every few seconds: their heartbeats are written together.
         if pinged := self.connections.take_pinged():
             await self.in_thread(self.store.runners.touch, pinged, now)
+        # Every coordinator says it is up (a runner is lost only when one was up to hear it).
+        await self.in_thread(coordinators.beat, self.store.db, self.node, self.started_at, now)
         done = Reconciled()
         # What must happen once (declaring runners lost, ending overdue runs, retries,
         # actors' ticks, retention) is done by the coordinator holding the reconciler's lease.
@@ -413,8 +416,9 @@ class Coordinator:
         return done
 
     async def _reconcile_held(self, now: float) -> Reconciled:
-        # No runner could heartbeat while no coordinator was up: after a restart, each
-        # gets its whole threshold to check in before it is declared lost.
+        # No runner could heartbeat while no coordinator was up: after a restart, each gets
+        # its whole threshold to check in before it is declared lost — unless another
+        # coordinator was up to hear it all along (``store/coordinators.py``).
         done = await self.in_thread(
             self.store.reconcile,
             now,

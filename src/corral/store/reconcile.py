@@ -40,9 +40,12 @@ def reconcile(
 ) -> Reconciled:
     """Declare silent runners lost and take their runs back; end runs past their timeout.
 
-    A runner is silent past its own threshold (or ``lost_after_s``). ``up_since``: when
-    this coordinator started; no runner could reach it before, so none is declared lost
-    until a whole threshold has passed since then.
+    A runner is silent past its own threshold (or ``lost_after_s``), and it had a
+    coordinator to talk to for that whole threshold of its silence: this one, up since
+    ``up_since``, or another that said it was up (``store/coordinators.py``). A runner
+    has no one to talk to while every coordinator is down: after a restart of them all, each
+    runner gets its whole threshold to check in; after a restart of one while another was
+    up, a runner silent all along is lost a threshold after it fell silent.
     Idempotent: running it twice, or from two coordinators, changes nothing more.
     """
     result = Reconciled()
@@ -50,8 +53,14 @@ def reconcile(
         silent = tx.execute(
             f"SELECT id, state FROM runners WHERE state IN ({sql_list(ALIVE)}) "
             "AND last_heartbeat_at < ? - COALESCE(lost_after_s, ?) "
-            "AND ? < ? - COALESCE(lost_after_s, ?) ORDER BY id " + db.lock_rows(),
-            (now, lost_after_s, up_since, now, lost_after_s),
+            "AND (? < ? - COALESCE(lost_after_s, ?) OR EXISTS ("
+            # a coordinator up for a threshold of its silence: from the later of its start
+            # and the runner's last heartbeat to its last pass
+            "SELECT 1 FROM coordinators c "
+            "WHERE c.seen_at - COALESCE(runners.lost_after_s, ?) > c.up_since "
+            "AND c.seen_at - COALESCE(runners.lost_after_s, ?) > runners.last_heartbeat_at)) "
+            "ORDER BY id " + db.lock_rows(),
+            (now, lost_after_s, up_since, now, lost_after_s, lost_after_s, lost_after_s),
         )
         for runner in silent:
             rid = RunnerId(runner["id"])

@@ -15,7 +15,8 @@ parents (``corral.store.callbacks``); 11 events of actors, pools and a task's st
 each pool's demand as its autoscaler last saw it (``corral.store.event_triggers``); 12 a
 drain asked through any coordinator reaches the runner through the one holding its
 socket: the grace it was given; 13 agent tokens' run and expiry; 14 the coordinator
-holding each runner's socket (the gateway forwards requests for its actors there).
+holding each runner's socket (the gateway forwards requests for its actors there); 15
+the coordinators that are up, and since when (``corral.store.coordinators``).
 """
 
 from __future__ import annotations
@@ -361,6 +362,18 @@ ALTER TABLE tokens ADD COLUMN expires_at {real};
         # The URL of the coordinator that registered the runner's socket last (its
         # advertised URL): the gateway of another coordinator forwards requests there.
         "ALTER TABLE runners ADD COLUMN coordinator_url TEXT;\n",
+    ),
+    (
+        15,
+        # Each coordinator process: up from up_since (its start) to seen_at (its last
+        # reconciler pass). A runner is lost only when one was up to hear it.
+        """
+CREATE TABLE coordinators (
+    node     TEXT PRIMARY KEY,
+    up_since {real} NOT NULL,
+    seen_at  {real} NOT NULL
+);
+""",
     ),
 ]
 
