@@ -7,13 +7,17 @@ Measures, for each store:
               arrival (wall clock) minus the change's time (``at``, taken in the change's
               transaction): p50, p99 over runs × subscribers
   throughput  the dispatch benchmark's control plane (4 runners x 8 slots whose runs start
-              no process: noop_runner.py): runs/s without subscribers, then with them (a new
-              coordinator and database each), and the coordinator's CPU (and per run: the
-              figure that holds up on a loaded machine; the subscribers' own process shares
-              the machine here, which a browser elsewhere would not)
+              no process: noop_runner.py): runs/s without subscribers, then with them,
+              --rounds times in turn; each measure on a coordinator and database of its own
+              (none sees another's runs); the coordinator's CPU per run (the figure that
+              holds up on a loaded machine), the subscribers' process's CPU (it shares the
+              machine here, which a browser elsewhere would not: by default it reads the
+              bytes and parses nothing), and how many streams the coordinator ended early
+              (dropped as slow consumers: 0, or the figure is not what it says)
 
-    python benchmarks/events.py [--subscribers 50] [--samples 200] [--runs 3000]
-                                [--db sqlite|postgres|both] [--drain]
+    python benchmarks/events.py [--subscribers 50] [--samples 200] [--runs 5000] [--rounds 3]
+                                [--db sqlite|postgres|both] [--parse] [--no-latency]
+                                [--profile DIR]
 """
 
 from __future__ import annotations
@@ -21,11 +25,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from dispatch import (
@@ -40,23 +49,29 @@ from dispatch import (
 )
 from httpx_sse import aconnect_sse
 
+PY_SPY = str(Path(sys.executable).parent / "py-spy")  # pip install py-spy (for --profile)
 
-async def subscribe(url: str, count: int, drain: bool = False) -> list[float]:
-    """``count`` streams; each first event of a run: arrival − its ``at`` (ms). Until
-    stdin closes. ``drain``: read the bytes and parse nothing (no samples)."""
+
+async def subscribe(url: str, count: int, drain: bool = False) -> dict[str, object]:
+    """``count`` streams until stdin closes; each first event of a run: arrival − its
+    ``at`` (ms). ``drain``: read the bytes and parse nothing (no samples). Also how many
+    streams ended early (dropped as slow consumers: the server ends such a stream)."""
     samples: list[float] = []
     opened = 0
+    ended = 0
+    received = 0  # bytes
     all_open = asyncio.Event()
 
     async def one(client: httpx.AsyncClient) -> None:
-        nonlocal opened
+        nonlocal opened, ended, received
         if drain:
             async with client.stream("GET", "/events", params={"kind": "run"}) as response:
                 opened += 1
                 if opened == count:
                     all_open.set()
-                async for _ in response.aiter_raw():
-                    pass
+                async for chunk in response.aiter_raw():
+                    received += len(chunk)
+            ended += 1
             return
         seen: set[str] = set()
         async with aconnect_sse(client, "GET", "/events", params={"kind": "run"}) as source:
@@ -64,6 +79,7 @@ async def subscribe(url: str, count: int, drain: bool = False) -> list[float]:
             if opened == count:
                 all_open.set()
             async for message in source.aiter_sse():
+                received += len(message.data)
                 if message.event != "run":
                     continue
                 arrived = time.time()
@@ -71,6 +87,7 @@ async def subscribe(url: str, count: int, drain: bool = False) -> list[float]:
                 if event["run_id"] not in seen:
                     seen.add(event["run_id"])
                     samples.append((arrived - event["at"]) * 1000)
+        ended += 1
 
     limits = httpx.Limits(max_connections=count + 1)
     async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=None, limits=limits) as client:
@@ -80,11 +97,11 @@ async def subscribe(url: str, count: int, drain: bool = False) -> list[float]:
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         for stream in streams:
             stream.cancel()
-    return samples
+    return {"samples": samples, "ended": ended, "bytes": received}
 
 
 class Subscribers:
-    """The subscribers' process, attached until ``close``; then their samples."""
+    """The subscribers' process, attached until ``close``; then what they saw."""
 
     def __init__(self, url: str, count: int, workdir: Path, drain: bool = False) -> None:
         self.out = workdir / f"samples-{time.monotonic_ns()}.json"
@@ -102,12 +119,12 @@ class Subscribers:
     def cpu(self) -> float:
         return cpu_seconds(self.proc.pid)
 
-    def close(self) -> list[float]:
+    def close(self) -> dict[str, Any]:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         self.proc.wait(60)
-        samples: list[float] = json.loads(self.out.read_text())
-        return samples
+        seen: dict[str, Any] = json.loads(self.out.read_text())
+        return seen
 
 
 def measure_latency(url: str, samples: int) -> None:
@@ -118,65 +135,152 @@ def measure_latency(url: str, samples: int) -> None:
             time.sleep(0.02)  # one change at a time: the stream's latency, not a queue's
 
 
+@dataclass
+class Phase:
+    """One throughput measure: its own coordinator, runners and fresh database."""
+
+    measured: Throughput
+    subscribers_cpu: float  # % of one core, the subscribers' process
+    ended_early: int  # streams the coordinator ended during the measure (slow consumers)
+    megabytes: float  # what the subscribers received, in all
+
+    @property
+    def cpu_ms_per_run(self) -> float:
+        return self.measured.coordinator_cpu * 10 / self.measured.runs_per_s
+
+
 def throughput(
-    db: str, workdir: Path, runs: int, subscribers: int, drain: bool = False
-) -> tuple[Throughput, float]:
-    """Runs/s, and the CPU (% of one core) the subscribers' own process used meanwhile: it
-    shares the machine with the coordinator, its database and the runners."""
-    with cluster(db, 4, 8, workdir, "websocket", NOOP_RUNNER) as target:
-        attached = Subscribers(target.url, subscribers, workdir, drain) if subscribers else None
+    kind: str, runs: int, subscribers: int, drain: bool, profile: Path | None = None
+) -> Phase:
+    """The dispatch benchmark's control plane on a fresh database (nothing left over from
+    another phase), with ``subscribers`` streams attached (0: none). ``profile``: py-spy
+    records the coordinator meanwhile, into this file (collapsed stacks)."""
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        database(kind, Path(tmp)) as db,
+        cluster(db, 4, 8, Path(tmp), "websocket", NOOP_RUNNER) as target,
+    ):
+        attached = Subscribers(target.url, subscribers, Path(tmp), drain) if subscribers else None
+        seen: dict[str, Any] = {}
         try:
+            spy = None
+            if profile is not None:
+                spy = subprocess.Popen(
+                    [
+                        PY_SPY,
+                        "record",
+                        "--pid",
+                        str(target.coordinator_pid),
+                        "--format",
+                        "raw",
+                        "--rate",
+                        "200",
+                        "--nonblocking",
+                        "--gil",
+                        "--output",
+                        str(profile),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                time.sleep(1)  # py-spy attached
             before, start = attached.cpu() if attached else 0.0, time.monotonic()
             measured = measure_throughput(target, runs)
             used = (attached.cpu() if attached else 0.0) - before
-            return measured, 100 * used / (time.monotonic() - start)
+            elapsed = time.monotonic() - start
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(30)
         finally:
             if attached is not None:
-                attached.close()
+                seen = attached.close()
+    return Phase(
+        measured, 100 * used / elapsed, int(seen.get("ended", 0)), seen.get("bytes", 0) / 1e6
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--subscribers", type=int, default=50)
     parser.add_argument("--samples", type=int, default=200)
-    parser.add_argument("--runs", type=int, default=3000)
+    parser.add_argument("--runs", type=int, default=5000)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="pairs of throughput measures (alone, then with the subscribers), each on a "
+        "fresh coordinator and database: the median of each is reported",
+    )
     parser.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
     parser.add_argument(
-        "--drain",
+        "--parse",
         action="store_true",
-        help="in the throughput phase the subscribers read the bytes and parse nothing, as "
-        "if they ran elsewhere: the coordinator's own cost, less the machine they share",
+        help="in the throughput phase the subscribers parse every event (by default they read "
+        "the bytes and parse nothing, as a browser elsewhere would cost this machine nothing)",
+    )
+    parser.add_argument("--no-latency", action="store_true", help="the throughput phase alone")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="py-spy records the coordinator during each throughput measure, into this "
+        "directory (collapsed stacks, one file a measure; pip install py-spy)",
     )
     args = parser.parse_args()
     kinds = ["sqlite", "postgres"] if args.db == "both" else [args.db]
-    lines = []
+    print(f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for kind in kinds:
-        with tempfile.TemporaryDirectory() as tmp:
-            workdir = Path(tmp)
-            with database(kind, workdir) as db, cluster(db, 1, 1, workdir, "websocket") as c:
-                attached = Subscribers(c.url, args.subscribers, workdir)
+        latencies: list[float] = []
+        if not args.no_latency:
+            with (
+                tempfile.TemporaryDirectory() as tmp,
+                database(kind, Path(tmp)) as db,
+                cluster(db, 1, 1, Path(tmp), "websocket") as c,
+            ):
+                attached = Subscribers(c.url, args.subscribers, Path(tmp))
                 measure_latency(c.url, args.samples)
                 time.sleep(1)  # the last events reach every subscriber
-                latencies = attached.close()
-            with database(kind, workdir) as db:
-                alone, _ = throughput(db, workdir, args.runs, 0)
-            with database(kind, workdir) as db:
-                watched, subscribers_cpu = throughput(
-                    db, workdir, args.runs, args.subscribers, args.drain
+                latencies = attached.close()["samples"]
+            print(
+                f"{kind:8}  latency p50 {pct(latencies, 50):6.2f} ms  p99 "
+                f"{pct(latencies, 99):6.2f} ms  ({len(latencies)} samples, "
+                f"{args.subscribers} subscribers)",
+                flush=True,
+            )
+        alone: list[Phase] = []
+        watched: list[Phase] = []
+        for n in range(args.rounds):
+            profiles = [
+                args.profile / f"{kind}-{name}-{n}.txt" if args.profile else None
+                for name in ("alone", "watched")
+            ]
+            if args.profile:
+                args.profile.mkdir(parents=True, exist_ok=True)
+            alone.append(throughput(kind, args.runs, 0, not args.parse, profiles[0]))
+            watched.append(
+                throughput(kind, args.runs, args.subscribers, not args.parse, profiles[1])
+            )
+            for name, phase in (("alone", alone[-1]), ("watched", watched[-1])):
+                t = phase.measured
+                print(
+                    f"  {kind} {name:8} {t.runs_per_s:6.0f} runs/s  coordinator "
+                    f"{t.coordinator_cpu:3.0f} % ({phase.cpu_ms_per_run:.3f} ms a run)  "
+                    f"machine {t.machine_cpu:3.0f} %  subscribers' process "
+                    f"{phase.subscribers_cpu:3.0f} %, {phase.megabytes:.0f} MB, "
+                    f"{phase.ended_early} streams ended early  "
+                    f"(load {os.getloadavg()[0]:.2f})",
+                    flush=True,
                 )
-        cost = 100 * (1 - watched.runs_per_s / alone.runs_per_s)
-        # Under a shared machine's load the rates swing; CPU per run holds up better.
-        per_run = [t.coordinator_cpu * 10 / t.runs_per_s for t in (alone, watched)]  # ms
-        lines.append(
-            f"{kind:8}  latency p50 {pct(latencies, 50):6.2f} ms  p99 {pct(latencies, 99):6.2f} ms"
-            f"  ({len(latencies)} samples)  |  control plane {alone.runs_per_s:6.0f} runs/s "
-            f"alone, {watched.runs_per_s:6.0f} with {args.subscribers} subscribers "
-            f"({cost:+.1f} % cost); coordinator CPU {alone.coordinator_cpu:.0f} % → "
-            f"{watched.coordinator_cpu:.0f} % ({per_run[0]:.2f} → {per_run[1]:.2f} ms a run), "
-            f"subscribers' process {subscribers_cpu:.0f} %, "
-            f"machine {alone.machine_cpu:.0f} % → {watched.machine_cpu:.0f} %"
+        rate = [statistics.median(p.measured.runs_per_s for p in ps) for ps in (alone, watched)]
+        per_run = [statistics.median(p.cpu_ms_per_run for p in ps) for ps in (alone, watched)]
+        print(
+            f"{kind:8}  {args.runs} runs x {args.rounds} rounds, medians: {rate[0]:6.0f} runs/s "
+            f"alone, {rate[1]:6.0f} with {args.subscribers} subscribers "
+            f"({100 * (1 - rate[1] / rate[0]):+.1f} % cost); coordinator CPU "
+            f"{per_run[0]:.3f} → {per_run[1]:.3f} ms a run "
+            f"({100 * (per_run[1] / per_run[0] - 1):+.1f} %)",
+            flush=True,
         )
-        print(lines[-1], flush=True)
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
