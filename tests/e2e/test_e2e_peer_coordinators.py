@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import httpx
+import psycopg
 import pytest
 import websockets
 from e2e_support import TOKEN, Cluster, Coordinator, JsonClient, Proc, wait_until
@@ -28,6 +29,7 @@ from corral.coordinator.peers import FORWARDED_HEADER as FORWARDED
 
 pytestmark = pytest.mark.postgres
 WS = ["--transport", "websocket"]
+THRESHOLD_S = 12.0  # a runner's lost threshold, where a test waits for one
 
 
 def held_until_released(root: Path, name: str) -> list[str]:
@@ -51,9 +53,14 @@ def restart(cluster: Cluster, coordinator: Coordinator) -> None:
     cluster.reset_client()
 
 
+def schema_url(pg_url: str, pg_schema: str) -> str:
+    """The URL of the test's PostgreSQL schema."""
+    return f"{pg_url}{'&' if '?' in pg_url else '?'}options={quote(f'-csearch_path={pg_schema}')}"
+
+
 def peers(cluster: Cluster, pg_url: str, pg_schema: str) -> tuple[Coordinator, Coordinator]:
     """Two coordinators on the test's PostgreSQL schema."""
-    db = f"{pg_url}{'&' if '?' in pg_url else '?'}options={quote(f'-csearch_path={pg_schema}')}"
+    db = schema_url(pg_url, pg_schema)
     return cluster.start_coordinator(db=db), cluster.start_coordinator(db=db)
 
 
@@ -269,3 +276,71 @@ def test_the_gateway_forwards_to_the_coordinator_holding_the_runner_and_follows_
     finally:
         http_a.close()
         via_a.close()
+
+
+def newest_coordinator(db: str) -> str | None:
+    """The node name of the coordinator that started last, once it has made a pass."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        row = conn.execute("SELECT node FROM coordinators ORDER BY up_since DESC").fetchone()
+    return None if row is None else str(row[0])
+
+
+def hand_the_reconciler_to(db: str, holder: str, for_s: float) -> None:
+    """Give the reconciler's lease to ``holder`` for ``for_s`` (a coordinator renews it)."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE coordinator_leases SET holder = %s, expires_at = %s WHERE name = 'reconciler'",
+            (holder, time.time() + for_s),
+        )
+
+
+def test_a_runner_killed_before_a_coordinator_restart_is_lost_a_threshold_after_the_kill(
+    cluster: Cluster, pg_url: str, pg_schema: str
+) -> None:
+    """A runner is killed; half a threshold later A is killed and started again while B
+    stays up, and the new A holds the reconciler's lease (as it may, winning it when the
+    old one's lease ends: the test holds it meanwhile and hands it to the new A). The
+    runner's runs start again a threshold after the kill — B was up to hear it — or as
+    soon as the new A reconciles, not a threshold after A's restart."""
+    lost_after = ["--runner-lost-threshold", str(THRESHOLD_S)]
+    db = schema_url(pg_url, pg_schema)
+    a, b = (
+        cluster.start_coordinator(db=db, lost_after_s=THRESHOLD_S, extra=lost_after)
+        for _ in range(2)
+    )
+    doomed = cluster.start_runner("doomed", url=f"{a.url},{b.url}", slots=2, extra=WS)
+    root = cluster.root
+    names = ["held0", "held1"]
+    via_b = JsonClient(b.url, TOKEN)
+    try:
+        runs = [via_b.create_run("command", command=held_until_released(root, n)) for n in names]
+        wait_until(lambda: all(starts_of(root, n) == 1 for n in names), 30, what="every start")
+        doomed.send(signal.SIGKILL)
+        assert doomed.wait(10) == -signal.SIGKILL
+        killed_at = time.monotonic()
+        cluster.start_runner("spare", url=b.url, slots=2, extra=WS)  # to run them again
+        # Half a threshold later, A is killed and started again: counting only itself as
+        # able to hear the runner, the new A would wait a threshold from its start.
+        time.sleep(max(0.0, killed_at + THRESHOLD_S / 2 - time.monotonic()))
+        before = newest_coordinator(db)
+        hand_the_reconciler_to(db, "the test", 60.0)  # neither A nor B reconciles now
+        a.kill()
+        restarted_at = time.monotonic()
+        a.start()
+        a.wait_ready()
+        new_a = wait_until(lambda: (n := newest_coordinator(db)) != before and n, 30)
+        hand_the_reconciler_to(db, new_a, 5.0)
+        wait_until(lambda: all(starts_of(root, n) == 2 for n in names), 60, what="restarts")
+        started_again = time.monotonic()
+        print(
+            f"started again {started_again - killed_at:.1f} s after the kill, "
+            f"{started_again - restarted_at:.1f} s after A's restart (threshold {THRESHOLD_S} s)"
+        )
+        assert started_again < restarted_at + THRESHOLD_S  # not a threshold after the restart
+        for name in names:
+            (root / f"{name}.go").touch()
+        for run in runs:
+            finished = cluster.wait_run(run["run_id"], timeout=60)
+            assert (finished["status"], finished["attempts"]) == ("completed", 2), finished
+    finally:
+        via_b.close()
