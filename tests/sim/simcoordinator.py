@@ -24,6 +24,7 @@ from simnet import CLOSE, Socket
 from simrunner import ACK_INTERVAL_S, LOST_AFTER_S, PING_INTERVAL_S
 from simstore import CrashingStore
 
+from corral.coordinator.actors import kv_request
 from corral.coordinator.connections import Connections
 from corral.coordinator.link_core import (
     ApplyEvents,
@@ -39,7 +40,16 @@ from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import CorralError
 from corral.protocol import messages as wire
-from corral.protocol.outputs import Alive, Close, CommandsAcked, Register, Send, Stopping
+from corral.protocol.outputs import (
+    Alive,
+    Close,
+    CommandsAcked,
+    KvRequested,
+    Register,
+    Send,
+    Stopping,
+    Tunnelled,
+)
 from corral.store import Store
 
 if TYPE_CHECKING:
@@ -198,6 +208,27 @@ class SimCoordinator:
                         "draining", lambda: core.draining(rid, world.now), lambda _: None
                     )
                 )
+            elif isinstance(out, KvRequested):
+                # On the store worker, in order with the events (socket.py's _work).
+                rid = link.runner_id
+                link.work.append(
+                    lambda rid=rid, out=out, link=link: self.op(
+                        "kv",
+                        lambda: kv_request(
+                            self.store,  # type: ignore[arg-type]
+                            rid,
+                            out.actor_id,
+                            out.op,
+                            world.now,
+                            generation=out.generation,
+                        ),
+                        lambda result: self.handle(
+                            link, link.channel.kv_answered(out.request_id, result)
+                        ),
+                    )
+                )
+            elif isinstance(out, Tunnelled):
+                pass  # no gateway in the simulation
             elif isinstance(out, PushWork):
                 link.wake = True
             elif isinstance(out, Wake):
@@ -252,6 +283,8 @@ class SimCoordinator:
             self.handle(evicted, evicted.channel.evict())
         link.pushing = True
         self.handle(link, link.channel.registered(reg, world.now))
+        for topic in reg.woken:  # actors placed on it as it connected
+            self.notify(topic)
 
     def pushed(self, link: SimPump, result: Pushed | CorralError) -> None:
         if isinstance(result, CorralError):
@@ -314,6 +347,10 @@ class SimCoordinator:
         )
         if done.changed:
             self.world.log(f"reconcile: lost {done.lost_runners}, requeued {done.requeued}")
+        if self.world.with_actors:  # thresholds, backoffs, alarms, lost and drained runners
+            changes = self.store.actors.tick(now)
+            for runner_id in changes.runners:
+                self.notify(runner_topic(runner_id))
         if self.store.runs.has_claimable(now):  # as reconcile_once: only then are pollers woken
             self.notify(RUNS_AVAILABLE)
         self.next_reconcile = now + self.settings.reconcile_interval_s

@@ -7,6 +7,14 @@ old one — ``runner/core.py`` today ignores that one too, see the report); it
 reports ``started`` soon after and ``finished`` when its time is up; ``cancel_run`` stops
 it with a ``cancelled`` report, ``abandon_run`` and ``StopAllWork`` stop it silently. As
 in the real core, an attempt is held until its final report is acknowledged.
+
+A runner of an actor world also hosts actors (``runner/actors.py``): ``start_actor`` makes a
+``SimActor`` (a repeated command is ignored; a newer generation kills the older one), which
+reports ``running`` a moment later; ``stop_actor`` makes it exit a little later with status
+0; ``StopAllWork`` and a crash kill them all at once. During the storm a running actor,
+now and then, asks to sleep or to stop, crashes, exits, sets an alarm or writes its KV
+(through ``RunnerConnection.kv_request``, as the runner's local API does: the request is
+kept and asked again after a reconnect until answered, whatever became of the actor).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from corral.protocol.outputs import (
     Closed,
     Connected,
     Execute,
+    KvAnswered,
     Reconnect,
     RunnerOutput,
     Send,
@@ -49,9 +58,26 @@ class SimAttempt:
     report_idx: int | None = None  # the final report, held until acknowledged
 
 
+@dataclass(eq=False)
+class SimActor:
+    """One generation of one actor in a runner process (the invariant: never two live)."""
+
+    actor_id: str
+    generation: int
+    identity: str  # the runner id it was started under (what its KV writes name)
+    start_at: float  # it accepts connections then: reports running
+    next_at: float  # its next doing of its own (storm only)
+    running: bool = False  # reported running
+    stop_at: float | None = None  # told to stop: it exits then, status 0
+    writes: int = 0
+
+
 class RunnerProcess:
-    def __init__(self, world: World, host: int, incarnation: int, slots: int) -> None:
+    def __init__(
+        self, world: World, host: int, incarnation: int, slots: int, actor_slots: int = 0
+    ) -> None:
         self.slots = slots
+        self.actor_slots = actor_slots
         self.world = world
         self.host = host
         self.label = f"r{host}.{incarnation}"
@@ -67,9 +93,12 @@ class RunnerProcess:
             default_lost_threshold_s=LOST_AFTER_S,
             default_ping_interval_s=PING_INTERVAL_S,
             default_ack_interval_s=ACK_INTERVAL_S,
+            actor_names=("echo",) if actor_slots else (),
+            actor_slots=actor_slots,
         )
         self.socket: Any = None  # simnet.Socket: the one the pump reads now
         self.attempts: dict[str, SimAttempt] = {}
+        self.actors: dict[str, SimActor] = {}
         self.last_executed: dict[str | None, int] = {}  # by runner id
         self.alive = True
         self.over = False  # closed for good: finish the work, then exit
@@ -134,6 +163,9 @@ class RunnerProcess:
             elif isinstance(out, StopAllWork):
                 world.log(f"{self.label} StopAllWork")
                 self.stop_running()
+                self.kill_actors()
+            elif isinstance(out, KvAnswered):
+                world.kv_answered(self, out.request_id, out.result)
             elif isinstance(out, Reconnect):
                 if self.socket is None:
                     self.connect()
@@ -158,6 +190,9 @@ class RunnerProcess:
         self.last_executed[identity] = command.idx
         body = command.body
         kind = body["type"]
+        if kind in ("start_actor", "stop_actor"):
+            self.execute_actor(command.idx, body)
+            return
         run_id = str(body["run"]["run_id"] if kind == "start_run" else body["run_id"])
         held = self.attempts.get(run_id)
         world.log(f"{self.label} executes #{command.idx} {kind} {run_id}")
@@ -188,6 +223,102 @@ class RunnerProcess:
             held.running = False
             del self.attempts[run_id]
 
+    # ---- the actors ----------------------------------------------------------------------
+
+    def execute_actor(self, idx: int, body: dict[str, Any]) -> None:
+        world = self.world
+        actor_id, generation = str(body["actor_id"]), int(body["generation"])
+        held = self.actors.get(actor_id)
+        world.log(f"{self.label} executes #{idx} {body['type']} {actor_id}/{generation}")
+        if body["type"] == "stop_actor":
+            if held is not None and held.generation == generation and held.stop_at is None:
+                held.stop_at = world.now + world.rng.uniform(0.0, 1.0)
+            return
+        if held is not None and held.generation >= generation:
+            world.log(f"{self.label} already runs {actor_id}/{held.generation}: start ignored")
+            return
+        if held is not None:  # an older generation still here: killed (ActorHost.start)
+            self.actor_ended(held, 137)
+        rng, now = world.rng, world.now
+        start_at = now + (0.0 if rng.random() < 0.5 else rng.uniform(0.0, 1.0))
+        assert self.conn.runner_id is not None
+        self.actors[actor_id] = SimActor(
+            actor_id, generation, self.conn.runner_id, start_at, start_at + rng.expovariate(0.5)
+        )
+        world.actor_started(self, actor_id, generation)
+
+    def actor_ended(self, actor: SimActor, code: int) -> None:
+        """Its process is gone: say so (``stopped`` with its exit status)."""
+        del self.actors[actor.actor_id]
+        self.world.log(f"{self.label} actor {actor.actor_id}/{actor.generation} exits {code}")
+        self.send(
+            {"type": "actor_state", "actor_id": actor.actor_id,
+             "generation": actor.generation, "state": "stopped", "code": code}
+        )  # fmt: skip
+        if actor.running and self.world.rng.random() < 0.25:
+            # A call to the local API it made just before it ended: the API had checked
+            # the generation was there, and asks after the end was reported.
+            self.kv_write(actor)
+
+    def kill_actors(self) -> None:
+        for actor in list(self.actors.values()):
+            self.actor_ended(actor, 137)
+
+    def actor_progress(self) -> None:
+        world = self.world
+        now = world.now
+        for actor in list(self.actors.values()):
+            if actor.stop_at is not None:
+                if now >= actor.stop_at:
+                    self.actor_ended(actor, 0)
+                continue
+            if not actor.running:
+                if now >= actor.start_at:
+                    actor.running = True
+                    self.actor_event(actor, {"type": "actor_state", "state": "running"})
+                continue
+            if now < actor.next_at:
+                continue
+            actor.next_at = now + world.rng.expovariate(0.5)
+            if now < world.storm_end:
+                self.actor_does(actor)
+            elif world.rng.random() < 0.3:
+                self.kv_write(actor)
+
+    def actor_does(self, actor: SimActor) -> None:
+        """Something a running actor does of its own, now and then, during the storm."""
+        rng, now = self.world.rng, self.world.now
+        roll = rng.random()
+        if roll < 0.35:
+            self.kv_write(actor)
+        elif roll < 0.5:
+            self.actor_event(actor, {"type": "actor_intent", "intent": "sleep"})
+        elif roll < 0.58:
+            self.actor_event(actor, {"type": "actor_intent", "intent": "stop"})
+        elif roll < 0.7:
+            self.actor_ended(actor, 1)  # it crashes
+        elif roll < 0.75:
+            self.actor_ended(actor, 0)  # it exits by itself
+        elif roll < 0.85:
+            at = now + rng.uniform(0.5, 10.0) if rng.random() < 0.8 else None
+            self.actor_event(actor, {"type": "actor_alarm", "at": at})
+
+    def actor_event(self, actor: SimActor, body: dict[str, Any]) -> None:
+        self.send({**body, "actor_id": actor.actor_id, "generation": actor.generation})
+
+    def kv_write(self, actor: SimActor) -> None:
+        """A KV put naming who writes it: the world checks it against the placement."""
+        if self.conn.state is ConnectionState.CLOSED:
+            return  # closed for good: the runner is on its way out
+        actor.writes += 1
+        value = f"{actor.identity}/{actor.generation}/{actor.writes}"
+        op = {"op": "put", "entries": {"w": value}}
+        _, outputs = self.conn.kv_request(
+            actor.actor_id, op, self.world.now, generation=actor.generation
+        )
+        self.world.count("kv writes")
+        self.carry_out(outputs)
+
     # ---- the attempts --------------------------------------------------------------------
 
     def progress(self) -> None:
@@ -203,7 +334,10 @@ class RunnerProcess:
                 attempt.running = False
                 rate_limited = self.world.rng.random() < 0.1
                 self.report(attempt, "pending" if rate_limited else "completed")
-        if self.leave_at is not None and (not self.attempts or now >= self.leave_at):
+        self.actor_progress()
+        if self.leave_at is not None and (
+            (not self.attempts and not self.actors) or now >= self.leave_at
+        ):
             self.leave()
         elif self.over and not any(a.running for a in self.attempts.values()):
             self.attempts.clear()  # its reports can never be acknowledged now
@@ -214,6 +348,11 @@ class RunnerProcess:
         for a in self.attempts.values():
             if a.running:
                 times.append(a.finish_at if a.started_sent else a.start_at)
+        for actor in self.actors.values():
+            if actor.stop_at is not None:
+                times.append(actor.stop_at)
+            else:
+                times.append(actor.next_at if actor.running else actor.start_at)
         return min((t for t in times if t is not None), default=None)
 
     def report(self, attempt: SimAttempt, status: str) -> None:
@@ -264,12 +403,15 @@ class RunnerProcess:
 
     def leave(self) -> None:
         self.stop_running()
+        for actor in list(self.actors.values()):  # SIGTERM at the end of the grace
+            self.actor_ended(actor, 0)
         self.carry_out(self.conn.shutdown(self.world.now))
         self.close_socket(wire.REASON_RUNNER_SHUTDOWN)
         self.world.process_exited(self, "drained")
 
     def crash(self) -> None:
         self.attempts.clear()
+        self.actors.clear()
         if self.socket is not None:
             sock, self.socket = self.socket, None
             self.world.cut(sock)

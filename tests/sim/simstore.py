@@ -4,6 +4,8 @@
   part of opening a store).
 - A trigger (test instrumentation only) logs every run status change into
   ``sim_transitions``: the invariants read it to count how often each effect happened.
+  Two more log every KV write that was applied into ``sim_kv_writes``, with the placement
+  its actor had in the same transaction.
 - ``CrashingStore`` wraps the store the coordinator uses: armed with a budget of ``k``
   calls, the ``k+1``-th raises ``CoordinatorCrashed`` before it runs. A crash of the
   coordinator in the middle of a multi-transaction operation (events applied, but
@@ -39,6 +41,24 @@ BEGIN
     INSERT INTO sim_transitions (run_id, old, new, attempts, runner)
     VALUES (NEW.id, OLD.status, NEW.status, NEW.attempts, COALESCE(NEW.runner_id, OLD.runner_id));
 END""",
+    """
+CREATE TABLE sim_kv_writes (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    actor_id   TEXT NOT NULL,
+    value      TEXT NOT NULL,
+    runner_id  TEXT,
+    generation INTEGER
+)""",
+    *(
+        f"""
+CREATE TRIGGER sim_kv_{when} AFTER {when.upper()} ON actor_kv
+BEGIN
+    INSERT INTO sim_kv_writes (actor_id, value, runner_id, generation)
+    SELECT NEW.actor_id, NEW.value, p.runner_id, p.generation
+    FROM (SELECT 1) LEFT JOIN actor_placements p ON p.actor_id = NEW.actor_id;
+END"""
+        for when in ("insert", "update")
+    ),
 )
 
 

@@ -24,6 +24,22 @@ Invariants:
 - liveness: once the faults stop (the coordinator back up, hosts reachable, crashed
   runners restarted), every run ends: completed, or cancelled if a client asked.
 
+An actor world (``with_actors``) also has actors: runners host a kind in actor slots,
+clients create actors and wake, sleep and destroy them through the store's API, the actor
+processes come and go (``simrunner``), and the coordinator's reconcile ticks the actors'
+timers. More invariants, also after every step:
+- never two live generations: no actor has a process in two runner processes at once;
+- no KV write is applied but from the runner and generation the actor is placed on (a
+  trigger logs each applied write beside the placement of its transaction);
+- the tables agree with the lifecycle (a placement exactly for a placed actor, with its
+  generation, within its runner's slots; the queue exactly the pending actors), and the
+  pool's wanted slots (what the autoscaler counts) never drift from the placed and
+  queued actors;
+- liveness: once the faults stop, every actor a client asks for (a wake, again when it
+  stopped while asked, at most ``MAX_REWAKES`` times more, as the gateway does) ends
+  connectable — running in the store, and its process running that generation on the
+  runner it is placed on — unless it was destroyed; capacity exists for all of them.
+
 What is modelled rather than real: the two pumps (``SocketPump``, the runner's
 ``WebSocketTransport`` and core), the network, and processes. Each model follows its
 module, with the differences said in its docstring.
@@ -44,9 +60,13 @@ from typing import Any
 
 from simcoordinator import SimCoordinator, settings
 from simnet import CLOSE, Socket
-from simrunner import LOST_AFTER_S, RunnerProcess
+from simrunner import LOST_AFTER_S, RunnerProcess, SimActor
 from simstore import open_copy, sequential_ids
 
+from corral.actors import lifecycle as lc
+from corral.actors.lifecycle import ALWAYS_PLACED, ActorState, CrashPolicy
+from corral.actors.model import NewActor
+from corral.coordinator.gateway import MAX_REWAKES
 from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
 from corral.errors import IllegalTransition
 from corral.runs import TERMINAL, TRANSITIONS, NewRun, RunStatus, RunType
@@ -71,7 +91,7 @@ class Outcome:
 
 
 class World:
-    def __init__(self, seed: int, store: Any) -> None:
+    def __init__(self, seed: int, store: Any, with_actors: bool = False) -> None:
         self.seed = seed
         self.rng = rng = random.Random(seed)
         self.now = T0
@@ -120,6 +140,25 @@ class World:
         # A second connection: its data_version changes when the store commits a write.
         self.watch = sqlite3.connect(store.db.path, isolation_level=None)
         self.data_version = -1
+        # Actors (an actor world only: a world of runs draws nothing more from its rng).
+        self.with_actors = with_actors
+        self.actor_slots = [0] * self.hosts
+        self.actor_ids: list[str] = []
+        self.kv_seq = 0
+        self.calm = False  # the faults are over and every runner is back: clients insist
+        self.asked: dict[str, int] = {}  # wakes a client sent each actor since the calm
+        self.stopping_when_woken: set[str] = set()
+        self.gone_at_calm = 0
+        if with_actors:
+            self.actor_slots = [rng.randint(1, 2) for _ in range(self.hosts)]
+            n_actors = rng.randint(1, sum(self.actor_slots))  # capacity for all of them
+            for i in range(n_actors):
+                self.client_plan.append((T0 + rng.uniform(0.0, 2.0), "actor", i))
+            for _ in range(rng.randint(0, 12)):
+                at = T0 + rng.uniform(0.0, self.storm_end - T0)
+                what = rng.choices(["wake", "sleep", "destroy"], [6, 3, 0.3])[0]
+                self.client_plan.append((at, what, rng.randrange(n_actors)))
+            self.client_plan.sort()
 
     # ---- the trace -----------------------------------------------------------------------
 
@@ -150,14 +189,26 @@ class World:
                 self.coordinator.sweep()
             self.sockets = [s for s in self.sockets if _in_use(s)]
             self.check()
-            if self.now >= self.storm_end and self.finished():
+            if self.with_actors and self.now >= self.storm_end:
+                self.begin_calm()
+            if (
+                self.now >= self.storm_end
+                and self.finished()
+                and (not self.with_actors or self.actors_connectable())
+            ):
                 break
             if self.now > self.quiet_limit:
                 stuck = [r for r, s in self.status.items() if s not in _TERMINAL]
-                self.violation(
-                    "liveness: runs not ended after the quiet phase: "
-                    + "; ".join(f"{r} ({' → '.join(self.history[r])})" for r in stuck)
-                )
+                if stuck:
+                    self.violation(
+                        "liveness: runs not ended after the quiet phase: "
+                        + "; ".join(f"{r} ({' → '.join(self.history[r])})" for r in stuck)
+                    )
+                if self.with_actors and self.now > self.quiet_limit + self.actors_may_wait():
+                    self.violation(
+                        "liveness: actors not connectable after the quiet phase: "
+                        + self.stuck_actors()
+                    )
             if self.step_no > MAX_STEPS:
                 self.violation("the world did not settle within the step limit")
         self.final_check()
@@ -314,6 +365,9 @@ class World:
     # ---- clients -------------------------------------------------------------------------
 
     def client(self, kind: str, i: int) -> None:
+        if kind in ("actor", "wake", "sleep", "destroy"):
+            self.actor_client(kind, i)
+            return
         if kind == "create":
             spec = NewRun(type=RunType.COMMAND, command=("true",), max_attempts=1_000_000)
             (run,) = self.store.runs.create_many([spec], self.now)
@@ -336,11 +390,38 @@ class World:
         if run.runner_id:
             self.coordinator.notify(runner_topic(run.runner_id))
 
+    def actor_client(self, kind: str, i: int) -> None:
+        if kind == "actor":
+            policy = self.rng.choice(list(CrashPolicy))
+            actor, _, changes = self.store.actors.create(
+                NewActor("echo", f"k{i}", crash_policy=policy), self.now
+            )
+            self.actor_ids.append(actor.id)
+            self.log(f"client creates {actor.id} ({policy}): {actor.state}")
+        elif i >= len(self.actor_ids):
+            return
+        else:
+            event = {"wake": lc.Wake(), "sleep": lc.Sleep(), "destroy": lc.Destroy()}[kind]
+            actor, changes = self.store.actors.signal(self.actor_ids[i], event, self.now)
+            self.log(f"client: {kind} {actor.id}: now {actor.state}")
+        for runner_id in changes.runners:
+            self.coordinator.notify(runner_topic(runner_id))
+
+    def actor_started(self, runner: RunnerProcess, actor_id: str, generation: int) -> None:
+        self.count("actor processes")
+
+    def kv_answered(self, runner: RunnerProcess, request_id: int, result: dict[str, Any]) -> None:
+        outcome = "ok" if result.get("ok") else str(result.get("code"))
+        self.count(f"kv {outcome}")
+        self.log(f"{runner.label} kv request {request_id}: {outcome}")
+
     # ---- runner processes ----------------------------------------------------------------
 
     def spawn(self, host: int) -> None:
         self.incarnations[host] += 1
-        runner = RunnerProcess(self, host, self.incarnations[host], self.slots[host])
+        runner = RunnerProcess(
+            self, host, self.incarnations[host], self.slots[host], self.actor_slots[host]
+        )
         self.runners[host] = runner
         self.log(f"{runner.label} starts")
         runner.connect()
@@ -415,10 +496,182 @@ class World:
         for link in self.coordinator.links:
             if link.channel.session.gaps:
                 self.violation(f"{link.name} received an event index gap")
+        if self.with_actors:
+            self.check_live_generations()
         (version,) = self.watch.execute("PRAGMA data_version").fetchone()
         if version != self.data_version:
             self.data_version = version
             self.read_transitions()
+            if self.with_actors:
+                self.check_kv_writes()
+                self.check_actor_tables()
+                self.insist()
+
+    # ---- actors' invariants --------------------------------------------------------------
+
+    def check_live_generations(self) -> None:
+        holders: dict[str, tuple[str, SimActor]] = {}
+        for runner in self.runners:
+            if runner is None or not runner.alive:
+                continue
+            for actor in runner.actors.values():
+                if actor.actor_id in holders:
+                    label, other = holders[actor.actor_id]
+                    self.violation(
+                        f"two live generations of {actor.actor_id}: {other.generation} in "
+                        f"{label} and {actor.generation} in {runner.label}"
+                    )
+                holders[actor.actor_id] = (runner.label, actor)
+
+    def check_kv_writes(self) -> None:
+        rows = self.watch.execute(
+            "SELECT seq, actor_id, value, runner_id, generation FROM sim_kv_writes "
+            "WHERE seq > ? ORDER BY seq",
+            (self.kv_seq,),
+        ).fetchall()
+        for seq, actor_id, value, runner_id, generation in rows:
+            self.kv_seq = seq
+            writer, written_gen, _ = value.split("/")
+            self.log(f"  store: KV of {actor_id} written by {value}")
+            if (writer, int(written_gen)) != (runner_id, generation):
+                self.violation(
+                    f"a KV write of {actor_id} by {writer} (generation {written_gen}) was "
+                    f"applied while it is placed on {runner_id} (generation {generation})"
+                )
+
+    def check_actor_tables(self) -> None:
+        db = self.watch
+        placements = {
+            a: (r, g)
+            for a, r, g in db.execute(
+                "SELECT actor_id, runner_id, generation FROM actor_placements"
+            )
+        }
+        queued = {a for (a,) in db.execute("SELECT actor_id FROM actor_queue")}
+        slots = dict(db.execute("SELECT runner_id, slots FROM actor_hosts").fetchall())
+        wanted = 0
+        for actor_id, state, generation in db.execute("SELECT id, state, generation FROM actors"):
+            state = ActorState(state)
+            placed = actor_id in placements
+            if state is not ActorState.SLEEPING and placed != (state in ALWAYS_PLACED):
+                self.violation(f"{actor_id} is {state} but {'' if placed else 'not '}placed")
+            if placed and placements[actor_id][1] != generation:
+                self.violation(
+                    f"{actor_id} is placed as {placements[actor_id]}, generation {generation}"
+                )
+            if (actor_id in queued) != (state is ActorState.PENDING):
+                self.violation(
+                    f"{actor_id} is {state} and {'' if actor_id in queued else 'not '}queued"
+                )
+            wanted += placed or state is ActorState.PENDING
+        counted = self.store.actors.wanted_slots("default")
+        if counted != wanted:
+            self.violation(f"wanted slots {counted}, but {wanted} actors are placed or queued")
+        used: dict[str, int] = {}
+        for runner_id, _ in placements.values():
+            used[runner_id] = used.get(runner_id, 0) + 1
+        for runner_id, n in used.items():
+            if n > slots.get(runner_id, 0):
+                self.violation(
+                    f"{n} actors placed on {runner_id}, which hosts {slots.get(runner_id)}"
+                )
+
+    def insist(self) -> None:
+        """In the calm, a client wants every actor: one that fell asleep is woken again
+        (the gateway: again when it stopped while waited for, ``MAX_REWAKES`` times). A
+        wake must be enough, though — to be woken again, the actor must have been told to
+        stop when it was woken (its stop ends as the decision table says, not by waking),
+        or a runner must have been lost or stopped since."""
+        if not self.calm or not self.coordinator.up:
+            return
+        rows = self.watch.execute(
+            "SELECT a.id FROM actors a LEFT JOIN actor_placements p "
+            "ON p.actor_id = a.id WHERE a.state = 'sleeping' AND p.actor_id IS NULL"
+        ).fetchall()
+        for (actor_id,) in rows:
+            n = self.asked.get(actor_id, 0) + 1
+            if n > 1 + MAX_REWAKES:
+                self.violation(f"{actor_id} asleep again after {n - 1} wakes in the calm")
+            if actor_id not in self.stopping_when_woken and not self.runners_gone():
+                self.violation(f"{actor_id} was woken in the calm, yet fell asleep again")
+            self.wake(actor_id, n)
+
+    def wake(self, actor_id: str, n: int) -> None:
+        self.asked[actor_id] = n
+        actor, changes = self.store.actors.signal(actor_id, lc.Wake(), self.now)
+        self.log(f"client wakes {actor_id} (wake {n} in the calm): now {actor.state}")
+        for runner_id in changes.runners:
+            self.coordinator.notify(runner_topic(runner_id))
+
+    def runners_gone(self) -> bool:
+        """Has a runner been lost or stopped since the calm began?"""
+        (gone,) = self.watch.execute(
+            "SELECT COUNT(*) FROM runners WHERE state IN ('lost', 'stopped')"
+        ).fetchone()
+        return bool(gone > self.gone_at_calm)
+
+    def begin_calm(self) -> bool:
+        """After the storm, once every runner is back and linked, and the coordinator has
+        applied all its runners said (an actor's sleep intent of the storm is not news
+        that comes after the wake): the clients insist."""
+        if self.calm:
+            return True
+        if not self.coordinator.up:
+            return False
+        for runner in self.runners:
+            if runner is None or not runner.alive or runner.socket is None or runner.socket.cut:
+                return False
+            if runner.conn.state != "active" or runner.leave_at is not None or runner.over:
+                return False
+            if runner.conn.unacked_events:  # what its actors said in the storm is applied
+                return False
+        self.calm = True
+        self.log("calm: every runner is back; clients want every actor")
+        (self.gone_at_calm,) = self.watch.execute(
+            "SELECT COUNT(*) FROM runners WHERE state IN ('lost', 'stopped')"
+        ).fetchone()
+        self.stopping_when_woken = {
+            a for (a,) in self.watch.execute("SELECT id FROM actors WHERE state = 'stopping'")
+        }
+        for actor_id in self.actor_ids:
+            self.wake(actor_id, 1)
+        return True
+
+    def actors_connectable(self) -> bool:
+        """Every actor not destroyed is running, and so is its process, where it is placed."""
+        if not self.begin_calm():
+            return False
+        for actor_id in self.actor_ids:
+            actor = self.store.actors.get(actor_id)
+            if actor.state is ActorState.DESTROYED:
+                continue
+            if actor.state is not ActorState.RUNNING or actor.life.runner_id is None:
+                return False
+            if not any(
+                r is not None and r.alive and r.conn.runner_id == actor.life.runner_id
+                and (p := r.actors.get(actor_id)) is not None
+                and p.generation == actor.generation and p.running and p.stop_at is None
+                for r in self.runners
+            ):  # fmt: skip
+                return False
+        return True
+
+    def stuck_actors(self) -> str:
+        out = []
+        for actor_id in self.actor_ids:
+            a = self.store.actors.get(actor_id)
+            out.append(
+                f"{actor_id} {a.state} gen {a.generation} on {a.life.runner_id} "
+                f"(reschedule at {a.life.reschedule_at and a.life.reschedule_at - T0})"
+            )
+        return "; ".join(out)
+
+    def actors_may_wait(self) -> float:
+        """How long the quiet phase may take for actors: a restart's backoff is waited."""
+        (latest,) = self.watch.execute(
+            "SELECT MAX(reschedule_at) FROM actors WHERE state = 'stopped'"
+        ).fetchone()
+        return 0.0 if latest is None else max(0.0, latest - self.now)
 
     def read_transitions(self) -> None:
         rows = self.watch.execute(
@@ -489,19 +742,22 @@ def _describe(text: str) -> str:
 
 def _item(item: dict[str, Any]) -> str:
     body = item["body"]
+    if "actor_id" in body:
+        what = body.get("state") or body.get("intent") or ""
+        return f"{item['idx']}:{body['type']} {body['actor_id']}/{body['generation']} {what}"
     run = body.get("run_id") or body.get("run", {}).get("run_id", "")
     attempt = body.get("attempt") or body.get("run", {}).get("attempts", "")
     return f"{item['idx']}:{body['type']} {run}/{attempt}"
 
 
-def simulate(seed: int, template: Path, workdir: Path) -> Outcome:
+def simulate(seed: int, template: Path, workdir: Path, *, with_actors: bool = False) -> Outcome:
     """Run one seed on a fresh copy of the template database; never raises."""
     path = workdir / f"sim-{seed}.db"
     store = open_copy(template, path)
     world: World | None = None
     try:
         with sequential_ids():
-            world = World(seed, store)
+            world = World(seed, store, with_actors)
             try:
                 world.run()
             except Violation as exc:
@@ -522,12 +778,14 @@ def _failed(world: World, what: str) -> Outcome:
         f"seed {world.seed}: {what}",
         f"world: {world.hosts} hosts (slots {world.slots}), {world.n_runs} runs, storm until "
         f"t={world.storm_end - T0:.1f}, a fault every {world.fault_every_s} s, "
-        f"slow store {world.slow_store}, ping every {world.ping_interval_s} s",
+        f"slow store {world.slow_store}, ping every {world.ping_interval_s} s"
+        + (f", actor slots {world.actor_slots}" if world.with_actors else ""),
         f"last {len(world.trace)} steps (t = virtual seconds since start):",
     ]
     for step, at, events in world.trace:
         what = "; ".join(map(str, events)) or "(time passes)"
         lines.append(f"  #{step:<5} t={at[0] - T0:8.3f}  {what}")
-    lines.append(f"reproduce: CORRAL_SIM_SEED={world.seed} .venv/bin/pytest tests/sim -q")
+    test = "tests/sim/test_actor_world.py" if world.with_actors else "tests/sim"
+    lines.append(f"reproduce: CORRAL_SIM_SEED={world.seed} .venv/bin/pytest {test} -q")
     lines.append("(add CORRAL_SIM_TRACE=all for every step, not only the last ones)")
     return Outcome(world.seed, world.step_no, world.now - T0, failure="\n".join(lines))
