@@ -7,7 +7,10 @@
 Each runner reaches both coordinators (``--coordinator A,B``) through fault proxies of its
 own. A workload thread creates runs through either coordinator: commands (short, long,
 failing, cancelled while they run) and fake Claude agent sessions, each writing the
-ledger (``chaos_ledger.py``). Meanwhile a chaos thread, at random instants: SIGKILLs a
+ledger (``chaos_ledger.py``). Actors live on the WebSocket runners (long-poll runners
+host none): a counter in KV each (``chaos_actor.py``), sent requests through the gateway
+of either coordinator by threads of their own, and checked with their own ledger
+(``actor_ledger.py``). Meanwhile a chaos thread, at random instants: SIGKILLs a
 runner or a coordinator and starts it again after a while, restarts PostgreSQL (a fast
 shutdown or an immediate one, as in a crash, then down for a while), cuts one link, or
 cuts a runner off from both coordinators (briefly, or longer than its lease).
@@ -43,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
 import psycopg
+from actor_ledger import ActorRequest, ActorVerdict, check_actors, read_ledger
 from chaos_ledger import (
     COMMAND_SCRIPT,
     Disruption,
@@ -70,6 +74,11 @@ RUNNERS = (("ws-1", "websocket"), ("ws-2", "websocket"), ("poll-1", "poll"), ("p
 # What the workload creates, with weights: (kind, weight).
 TASK_FINAL = frozenset({"completed", "failed", "merge_conflict", "blocked_by_failure", "cancelled"})
 KINDS = (("short", 8), ("long", 3), ("fail", 2), ("agent", 5), ("cancel", 2))
+ACTORS = 4  # counters on the WebSocket runners, restarted wherever they crash or are lost
+ACTOR_KIND = "chaoscounter"
+ACTOR_SCRIPT = Path(__file__).with_name("chaos_actor.py")
+ACTOR_SENDERS = 2  # threads sending requests to the actors, one at a time each
+ACTOR_TIMEOUT_S = 60.0  # a request the gateway leaves without an answer this long: a hang
 
 
 @dataclass
@@ -90,10 +99,11 @@ class Figures:
     calm_s: list[tuple[float, float]] = field(default_factory=list)
     last_open: list[str] = field(default_factory=list)  # the runs that ended last
     verdict: Verdict = field(default_factory=Verdict)
+    actors: ActorVerdict = field(default_factory=ActorVerdict)
 
     @property
     def violations(self) -> list[str]:
-        return self.verdict.violations
+        return self.verdict.violations + self.actors.violations
 
     def line(self) -> str:
         minutes = (time.monotonic() - self.started) / 60
@@ -106,10 +116,15 @@ class Figures:
             f"{self.postgres_restarts}, link cuts {self.link_cuts}, runners cut off "
             f"{self.runner_cutoffs} ({self.long_cutoffs} past their lease); runs "
             f"{sum(self.created.values())} ({final}), started again after a lost lease "
-            f"{self.verdict.reexecuted}; unplanned exits {exits or 'none'}; "
+            f"{self.verdict.reexecuted}; actors {ACTORS}: requests "
+            f"{sum(self.actors.answers.values())} ({self.actor_answers()}), generations "
+            f"{self.actors.generations}; unplanned exits {exits or 'none'}; "
             f"last calm: up in {up:.1f}s, runs final {settle:.1f}s later; "
             f"violations {len(self.violations)}"
         )
+
+    def actor_answers(self) -> str:
+        return ", ".join(f"{what} {n}" for what, n in self.actors.answers.most_common())
 
 
 class Soak:
@@ -133,6 +148,14 @@ class Soak:
         self.repo: TaskRepo | None = None
         self.project_id = ""
         self.task_keys: list[str] = []
+        self.actor_ids: list[str] = []
+        self.actor_requests: list[ActorRequest] = []
+        self.actor_ledger = root / "actor-ledger.txt"
+        self.requests = itertools.count(1)
+        # (coordinator, killed at, started again at): a request it was handling then may
+        # get no answer at all.
+        self.coordinator_downs: list[tuple[str, float, float]] = []
+        self.calm_violations: list[str] = []
 
     # ---- set up and tear down ------------------------------------------------------------
 
@@ -187,13 +210,15 @@ class Soak:
             coordinator.wait_ready()
         self.cluster.coordinator = self.coordinators[-1]  # what cluster.client talks to
         self.clients = [JsonClient(c.url, TOKEN, timeout_s=10.0) for c in self.coordinators]
+        config = self._actor_config()
         for name, transport in RUNNERS:
             proxies = [FaultProxy(c.port).start() for c in self.coordinators]
             self.proxies[name] = proxies
             url = ",".join(p.url for p in proxies)
-            runner = self.cluster.start_runner(
-                name, url=url, slots=SLOTS, extra=["--transport", transport], wait=False
-            )
+            extra = ["--transport", transport]
+            if transport == "websocket":  # long-poll runners host no actors
+                extra += ["--config", str(config)]
+            runner = self.cluster.start_runner(name, url=url, slots=SLOTS, extra=extra, wait=False)
             self.runners.append(runner)
         for name, _ in RUNNERS:
             self.cluster.wait_runner(name)
@@ -209,6 +234,24 @@ class Soak:
             },
         )
         self.project_id = project["project_id"]
+        for i in range(ACTORS):  # get-or-create by key: asked again until one answer came
+            actor = self._insist(
+                "POST",
+                "/actors",
+                json={"name": ACTOR_KIND, "key": f"counter-{i}", "crash_policy": "restart"},
+            )
+            self.actor_ids.append(actor["actor_id"])
+
+    def _actor_config(self) -> Path:
+        locks = self.root / "actor-locks"
+        locks.mkdir()
+        config = self.root / "actors.toml"
+        config.write_text(
+            f"[actors.{ACTOR_KIND}]\n"
+            f'command = ["{sys.executable}", "{ACTOR_SCRIPT}"]\n'
+            f'env = {{ ACTOR_LEDGER = "{self.actor_ledger}", ACTOR_LOCKS = "{locks}" }}\n'
+        )
+        return config
 
     def close(self) -> None:
         for client in self.clients:
@@ -228,19 +271,33 @@ class Soak:
         stop = threading.Event()
         chaos = threading.Thread(target=self._chaos, args=(stop,), name="chaos")
         chaos.start()
+        senders = [
+            threading.Thread(
+                target=self._send_to_actors,
+                args=(stop, random.Random(self.rng.random())),
+                name=f"actors-{i}",
+            )
+            for i in range(ACTOR_SENDERS)
+        ]
+        for sender in senders:
+            sender.start()
         try:
             self._add_plan()
             self._workload(time.monotonic() + seconds, runs_per_s)
         finally:
             stop.set()
             chaos.join()
+            for sender in senders:
+                sender.join()
         calm = time.monotonic()
         self._all_up()
         up = time.monotonic()
         self._settle()
+        self._wake_every_actor()
         self.figures.calm_s.append((up - calm, time.monotonic() - up))
         verdict = self.check(settled=True)
         self.figures.verdict = verdict
+        self.figures.actors = self.check_actors()
         return verdict
 
     def check(self, *, settled: bool) -> Verdict:
@@ -256,6 +313,63 @@ class Soak:
                     {"at": at, "runner_id": runner_id, "data": json.loads(data)}
                 )
         return check(self.jobs, runs, entries, events, names, self.disruptions, settled=settled)
+
+    # ---- the actors ------------------------------------------------------------------------
+
+    def _send_to_actors(self, stop: threading.Event, rng: random.Random) -> None:
+        """Requests to random actors through random coordinators, one at a time, until the
+        round's chaos ends."""
+        while not stop.is_set():
+            self._ask_actor(rng.choice(self.actor_ids), rng.randrange(len(self.coordinators)))
+
+    def _ask_actor(self, actor_id: str, which: int) -> ActorRequest:
+        coordinator = self.coordinators[which]
+        request = ActorRequest(
+            f"q{next(self.requests):06d}", actor_id, coordinator.name, time.time()
+        )
+        try:
+            response = httpx.get(
+                f"{coordinator.url}/gateway/{actor_id}/count/{request.request}",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=ACTOR_TIMEOUT_S,
+            )
+        except httpx.TransportError as exc:
+            request.error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, httpx.ConnectError):
+                time.sleep(0.1)  # that coordinator is down: not sent at all
+        else:
+            request.status, request.body = response.status_code, response.text
+            if response.status_code != 200:
+                request.code = _error_code(response)
+        request.ended = time.time()
+        with self.lock:
+            self.actor_requests.append(request)
+        return request
+
+    def _wake_every_actor(self) -> None:
+        """In the calm, every actor answers: a request to each, through either coordinator,
+        until one is answered 200 (a few 503s while it starts again elsewhere are fine)."""
+        for actor_id in self.actor_ids:
+            for attempt in range(12):
+                if self._ask_actor(actor_id, attempt % len(self.coordinators)).status == 200:
+                    break
+                time.sleep(1.0)
+            else:
+                self.calm_violations.append(f"actor {actor_id} did not answer 200 in the calm")
+
+    def check_actors(self) -> ActorVerdict:
+        kv_counts = {}
+        for actor_id in self.actor_ids:
+            found = self._insist("GET", f"/actors/{actor_id}/kv", params={"prefix": "count"})
+            counts = [int(e["value"]) for e in found["entries"] if e["key"] == "count"]
+            kv_counts[actor_id] = counts[0] if counts else 0
+        with self.lock:
+            requests = list(self.actor_requests)
+        verdict = check_actors(
+            requests, read_ledger(self.actor_ledger), kv_counts, self.coordinator_downs
+        )
+        verdict.violations[:0] = self.calm_violations
+        return verdict
 
     # ---- the task plan ---------------------------------------------------------------------
 
@@ -525,6 +639,7 @@ class Soak:
             return None
         coordinator = self.rng.choice(candidates)
         self.down.add(coordinator.name)
+        killed_at = time.time()
         coordinator.kill()
         self.figures.coordinator_kills += 1
         start = time.time()
@@ -537,6 +652,7 @@ class Soak:
             coordinator.start()
             self.down.discard(coordinator.name)
             self._note(f"started {coordinator.name}")
+            self.coordinator_downs.append((coordinator.name, killed_at, time.time()))
             if others_down:  # both were down a while: every runner was cut off
                 self.disruptions.append(
                     Disruption("both coordinators down", None, start, time.time())
@@ -587,6 +703,20 @@ class Soak:
             self.cluster.wait_runner(name, timeout=60)
 
 
+def _error_code(response: httpx.Response) -> str | None:
+    """The stable code of a refusal: the JSON error's, or the x-corral-error header's."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        code = error.get("code") if isinstance(error, dict) else body.get("code")
+        if isinstance(code, str) and code:
+            return code
+    return response.headers.get("x-corral-error")
+
+
 def soak(
     root: Path,
     *,
@@ -611,9 +741,9 @@ def soak(
         while (rounds is None or figures.rounds < rounds) and (
             deadline is None or time.monotonic() < deadline
         ):
-            verdict = the_soak.round(round_s, runs_per_s=runs_per_s)
+            the_soak.round(round_s, runs_per_s=runs_per_s)
             # Each check covers every run so far: a violation is told the first time.
-            new = [v for v in verdict.violations if v not in reported]
+            new = [v for v in figures.violations if v not in reported]
             reported.update(new)
             for violation in new:
                 report(f"VIOLATION (round {figures.rounds}): {violation}")

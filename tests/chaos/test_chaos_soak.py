@@ -2,9 +2,11 @@
 WebSocket, two on long-poll) and a PostgreSQL of the test's own (see ``soak.py``).
 
 Whatever the seed, nothing is lost and nothing is executed twice
-(``chaos_ledger.check``, after each round), and the chaos really happened: processes were
-killed while runs were created and ran. The seed is printed; a failure is replayed with
-``python tests/chaos/soak.py --seed N``.
+(``chaos_ledger.check``, after each round); the actors' requests through either gateway
+are answered once or fail with a clear 5xx, their counters never go back or count twice,
+no actor has two live generations (``actor_ledger.check_actors``); and the chaos really
+happened: processes were killed while runs were created and ran, and actors answered.
+The seed is printed; a failure is replayed with ``python tests/chaos/soak.py --seed N``.
 """
 
 from __future__ import annotations
@@ -29,3 +31,4 @@ def test_nothing_lost_nothing_run_twice_under_chaos(tmp_path: Path) -> None:
     assert figures.coordinator_kills + figures.runner_kills > 0
     assert sum(figures.created.values()) > 20
     assert figures.verdict.final["completed"] > 10
+    assert figures.actors.answers["200"] > 10
