@@ -30,6 +30,7 @@ from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import NotFound
 from corral.ids import ActorId
 from corral.protocol.limits import MAX_TUNNEL_WS_MESSAGE_BYTES
+from corral.protocol.messages import TUNNEL_PARTS, TUNNEL_WHOLE
 from corral.runner.core import RunnerCore
 from corral.runner.settings import RunnerSettings
 from corral.runner.websocket import WebSocketTransport
@@ -238,6 +239,35 @@ async def test_a_request_without_a_body_reaches_the_runner_as_one_message(
     assert [(type(m).__name__, getattr(m, "end", None)) for m in tunnelled] == [
         ("ToClientRequestStart", True)  # no ToClientRequestEnd after it
     ]
+
+
+@pytest.mark.parametrize("version", [TUNNEL_WHOLE, TUNNEL_PARTS])
+async def test_a_small_response_comes_back_whole_in_one_message(
+    world: World, monkeypatch: pytest.MonkeyPatch, version: int
+) -> None:
+    """To a coordinator at TUNNEL_WHOLE: one message; to an older one, start, chunk, end."""
+    replies: list[object] = []
+    send = world.transport.conn.tunnel_send
+
+    def recording(message: Any, now: float) -> Any:
+        replies.append(message)
+        return send(message, now)
+
+    monkeypatch.setattr(world.transport.conn, "tunnel_send", recording)
+    monkeypatch.setattr(world.transport.conn, "coordinator_tunnel", version)
+    response = await world.client.get(f"/gateway/{ACTOR}/count/one")
+    assert response.json()["hits"] == 1
+    kinds = [(type(m).__name__, getattr(m, "end", None)) for m in replies]
+    if version == TUNNEL_WHOLE:
+        assert kinds == [("ToServerResponseStart", True)]
+        assert json.loads(getattr(replies[0], "data", b""))["name"] == "one"
+    else:
+        assert kinds == [
+            ("ToServerResponseStart", False),
+            ("ToServerResponseChunk", None),
+            ("ToServerResponseEnd", None),
+        ]
+    await wait_until(lambda: world.transport.tunnel.open_requests == 0, what="acknowledged")
 
 
 async def test_head_is_forwarded_and_answered_without_a_body(world: World) -> None:

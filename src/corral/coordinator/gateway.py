@@ -330,7 +330,12 @@ class Forward(Response):
                 ],
             }
         )
-        await request.consumed(reply, 0)
+        if reply.data or reply.end:  # the body's first part, or all of it (TUNNEL_WHOLE)
+            more = not reply.end
+            await send({"type": "http.response.body", "body": reply.data, "more_body": more})
+        await request.consumed(reply, len(reply.data))
+        if reply.end:
+            return
         while True:
             reply = await self._next(request)
             if isinstance(reply, wire.ToServerResponseChunk):

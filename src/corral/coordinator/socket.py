@@ -278,8 +278,8 @@ class SocketPump:
         await self._handle(self.channel.registered(registration, coordinator.clock.now()))
         coordinator.notifier.notify(*registration.woken)
         if tunnel := init.metadata.get("tunnel"):  # it takes the gateway's requests for actors
-            joins_parts = type(tunnel) is int and tunnel >= m.TUNNEL_PARTS
-            await coordinator.tunnels.resume(registration.runner_id, self, joins_parts=joins_parts)
+            version = tunnel if type(tunnel) is int else 1
+            await coordinator.tunnels.resume(registration.runner_id, self, version=version)
         self._tasks.append(self._start(self._push_work(), "pushing work"))
         log.info(
             "runner %s connected (%s, %d slots, websocket)",

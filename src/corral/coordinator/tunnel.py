@@ -52,9 +52,13 @@ class _Runner:
     requests: dict[str, TunnelRequest] = field(default_factory=dict)
     flushing: asyncio.Lock = field(default_factory=asyncio.Lock)
     link: LiveLink | None = None  # the socket resumed last; messages go there
-    # Its Init says tunnel ≥ TUNNEL_PARTS: it joins a WebSocket message sent in parts, and
-    # takes a request without a body as its start alone.
-    joins_parts: bool = False
+    version: int = 1  # what its Init says in ``metadata.tunnel`` (``wire.TUNNEL_…``)
+
+    @property
+    def joins_parts(self) -> bool:
+        """It joins a WebSocket message sent in parts, and takes a request without a body
+        as its start alone."""
+        return self.version >= wire.TUNNEL_PARTS
 
 
 class TunnelRequest:
@@ -93,7 +97,9 @@ class TunnelRequest:
     async def consumed(self, reply: Reply, nbytes: int) -> None:
         """``reply`` was handed to the client: acknowledge it (a quarter window at a time)."""
         runner = self._hub.runner(self.runner_id)
-        final = isinstance(reply, wire.ToServerResponseEnd | wire.ToServerResponseAbort)
+        final = isinstance(reply, wire.ToServerResponseEnd | wire.ToServerResponseAbort) or (
+            isinstance(reply, wire.ToServerResponseStart) and reply.end
+        )
         ack = runner.ledger.consumed(self.request_id, reply.seq, nbytes, final=final)
         if ack is not None:
             await self._hub.send_now(self.runner_id, ack)
@@ -175,13 +181,13 @@ class TunnelHub:
 
     # ---- the runner's sockets (called by socket.py) ----------------------------------------
 
-    async def resume(self, runner_id: str, link: LiveLink, *, joins_parts: bool = False) -> None:
+    async def resume(self, runner_id: str, link: LiveLink, *, version: int = 1) -> None:
         """A socket of the runner registered: from now on messages go there, beginning with
         everything the runner has not acknowledged (the last socket may have lost it)."""
         runner = self.runner(runner_id)
         async with runner.flushing:
             runner.link = link
-            runner.joins_parts = joins_parts
+            runner.version = version
             runner.ledger.rewind()
             for ack in runner.ledger.acks():
                 await link.send_message(ack)

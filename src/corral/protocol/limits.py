@@ -33,6 +33,7 @@ MAX_TUNNEL_WS_MESSAGE_BYTES = 1024 * 1024
 TUNNEL_WINDOW_BYTES = 1024 * 1024
 MAX_TUNNEL_HEADER_BYTES = 64 * 1024  # a request's or response's header names and values
 MAX_TUNNEL_REQUEST_ID_CHARS = 64
+MAX_TUNNEL_ACKS = 1024  # acknowledgements in one ToClientTunnelAcks
 
 # What a log line costs beyond its text: {"line_no":…,"stream":"stdout","text":…,"ts":…},
 LINE_OVERHEAD_BYTES = 96

@@ -13,7 +13,7 @@ Every frame is one JSON object ``{"v": 1, "type": "<Name>", ...fields}`` (seed 0
                    ◀──────────────────────────── ToClientKvResponse
                    ◀──── ToClientRequestStart, …Chunk, …End, …Abort   (the tunnel, below)
       ToServerResponseStart, …Chunk, …End, …Abort ─▶
-      ToServerTunnelAck ─▶  ◀─ ToClientTunnelAck
+      ToServerTunnelAck ─▶  ◀─ ToClientTunnelAck, ToClientTunnelAcks
 
 Commands (coordinator → runner) and events (runner → coordinator) are ``Indexed``: numbered
 per runner from 1, so each side drops duplicates by index. KV requests (an actor's durable
@@ -47,6 +47,7 @@ from corral import runners
 from corral.errors import CorralError
 from corral.ids import RunnerId
 from corral.protocol.limits import (
+    MAX_TUNNEL_ACKS,
     MAX_TUNNEL_CHUNK_BYTES,
     MAX_TUNNEL_HEADER_BYTES,
     MAX_TUNNEL_REQUEST_ID_CHARS,
@@ -55,8 +56,11 @@ from corral.protocol.limits import (
 PROTOCOL_VERSION = 1
 # What each end's Init says in ``metadata.tunnel``: 1, it takes tunnel messages; 2
 # (TUNNEL_PARTS), a WebSocket message may also come in several chunks (``more``), and a
-# request without a body in its start alone (``end``).
+# request without a body in its start alone (``end``); 3 (TUNNEL_WHOLE), a response may
+# come whole in its start (``data``, ``end``), and acknowledgements several to a frame
+# (``ToClientTunnelAcks``).
 TUNNEL_PARTS = 2
+TUNNEL_WHOLE = 3
 INT64_MAX = 2**63 - 1  # every integer on the wire fits the store's columns
 
 # WebSocket close codes and the reasons that travel with them.
@@ -250,13 +254,25 @@ class ToClientTunnelAck:
 
 
 @dataclass(frozen=True, slots=True)
+class ToClientTunnelAcks:
+    """Several acknowledgements in one frame, ``(request_id, seq)`` each (only to a runner
+    whose Init says ``tunnel`` ≥ ``TUNNEL_WHOLE``): the ends of responses, gathered."""
+
+    acks: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ToServerResponseStart:
-    """The response's status and headers (101: the WebSocket is open)."""
+    """The response's status and headers (101: the WebSocket is open); to a coordinator
+    whose Init says ``tunnel`` ≥ ``TUNNEL_WHOLE``, also the body's first part (``data``)
+    and, with ``end``, its end: a small response in one message."""
 
     request_id: str
     seq: int
     status: int
     headers: Headers
+    data: bytes = b""
+    end: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +315,7 @@ ToClientTunnel = (
     | ToClientRequestEnd
     | ToClientRequestAbort
     | ToClientTunnelAck
+    | ToClientTunnelAcks
 )
 ToServerTunnel = (
     ToServerResponseStart
@@ -454,6 +471,18 @@ def _data(frame: _Frame) -> bytes:
         _malformed(f"'data' is not base64: {exc}")
 
 
+def _acks(frame: _Frame) -> tuple[tuple[str, int], ...]:
+    value = _get(frame, "acks")
+    if type(value) is not list or len(value) > MAX_TUNNEL_ACKS:
+        _malformed(f"'acks' must be a list of at most {MAX_TUNNEL_ACKS}")
+    acks = []
+    for pair in value:
+        if type(pair) is not list or len(pair) != 2:
+            _malformed("'acks' must be [request_id, seq] pairs")
+        acks.append((_request_id({"request_id": pair[0]}), _int({"seq": pair[1]}, "seq")))
+    return tuple(acks)
+
+
 def _headers(frame: _Frame) -> Headers:
     value = _get(frame, "headers")
     if type(value) is not list or any(
@@ -548,7 +577,12 @@ _TO_SERVER: dict[str, Callable[[_Frame], ToServerMessage]] = {
         None if f.get("generation") is None else _int(f, "generation"),
     ),
     "ToServerResponseStart": lambda f: ToServerResponseStart(
-        _request_id(f), _int(f, "seq"), _int(f, "status", 100, 599), _headers(f)
+        _request_id(f),
+        _int(f, "seq"),
+        _int(f, "status", 100, 599),
+        _headers(f),
+        _data(f) if "data" in f else b"",  # optional: a runner before TUNNEL_WHOLE
+        "end" in f and _bool(f, "end"),
     ),
     "ToServerResponseChunk": lambda f: ToServerResponseChunk(
         _request_id(f), _int(f, "seq"), _data(f), _bool(f, "text"), _more(f)
@@ -578,6 +612,7 @@ _TO_CLIENT: dict[str, Callable[[_Frame], ToClientMessage]] = {
     "ToClientRequestEnd": lambda f: ToClientRequestEnd(_request_id(f), _int(f, "seq")),
     "ToClientRequestAbort": lambda f: ToClientRequestAbort(_request_id(f), _int(f, "seq")),
     "ToClientTunnelAck": lambda f: ToClientTunnelAck(_request_id(f), _int(f, "seq")),
+    "ToClientTunnelAcks": lambda f: ToClientTunnelAcks(_acks(f)),
 }
 
 

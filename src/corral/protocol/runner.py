@@ -113,6 +113,7 @@ _TUNNEL = (
     wire.ToClientRequestEnd,
     wire.ToClientRequestAbort,
     wire.ToClientTunnelAck,
+    wire.ToClientTunnelAcks,
 )
 
 
@@ -155,7 +156,7 @@ class RunnerConnection:
         self._stop_margin_s = stop_margin_s
         self._defaults = (default_lost_threshold_s, default_ping_interval_s, default_ack_interval_s)
         self.lost_threshold_s, self.ping_interval_s, self.ack_interval_s = self._defaults
-        self.coordinator_joins_parts = False  # may a WebSocket message go in parts (``more``)?
+        self.coordinator_tunnel = 0  # what its Init says in ``metadata.tunnel`` (TUNNEL_…)
         self._state = ConnectionState.IDLE
         self._runner_id: RunnerId | None = None
         self._last_command_idx = 0
@@ -290,6 +291,10 @@ class RunnerConnection:
         if isinstance(message, wire.ToClientTunnelAck):
             self._tunnel.acknowledge(message.request_id, message.seq)
             return [TunnelAcked(message.request_id)]
+        if isinstance(message, wire.ToClientTunnelAcks):
+            for request_id, seq in message.acks:
+                self._tunnel.acknowledge(request_id, seq)
+            return [TunnelAcked(request_id) for request_id, _ in message.acks]
         opening = isinstance(message, wire.ToClientRequestStart)
         receipt = self._tunnel.receive(message.request_id, message.seq, opening=opening)
         if receipt is Receipt.NEW:
@@ -451,7 +456,7 @@ class RunnerConnection:
         self.ping_interval_s = _seconds(meta, "ping_interval", self._defaults[1])
         self.ack_interval_s = _seconds(meta, "ack_interval", self._defaults[2])
         tunnel = meta.get("tunnel")
-        self.coordinator_joins_parts = type(tunnel) is int and tunnel >= wire.TUNNEL_PARTS
+        self.coordinator_tunnel = tunnel if type(tunnel) is int else 0
         self._events.skip_past(message.last_event_idx)
         self._events.acknowledge(message.last_event_idx)
         self._move(ConnectionState.ACTIVE)

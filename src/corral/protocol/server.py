@@ -95,7 +95,8 @@ class ServerSession:
             "runner_lost_threshold": lost_threshold_s,
             "ping_interval": ping_interval_s,
             "ack_interval": ack_interval_s,
-            "tunnel": wire.TUNNEL_PARTS,  # it joins a WebSocket message sent in parts
+            # It joins a WebSocket message sent in parts, takes a response whole in its start.
+            "tunnel": wire.TUNNEL_WHOLE,
         }
         self._init: wire.ToServerInit | None = None
         self._runner_id: RunnerId | None = None

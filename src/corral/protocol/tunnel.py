@@ -57,9 +57,10 @@ class Receipt(enum.Enum):
 
 
 def cost(message: object) -> int:
-    """What a message counts against the window: its body, or a small constant."""
+    """What a message counts against the window: its body, or a small constant (a
+    response's start without one, too)."""
     data = getattr(message, "data", None)
-    return len(data) if isinstance(data, bytes) else _MESSAGE_BYTES
+    return len(data) if isinstance(data, bytes) and data else _MESSAGE_BYTES
 
 
 @dataclass

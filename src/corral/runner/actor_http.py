@@ -83,6 +83,8 @@ class ActorResponse:
         self.headers = [
             (name.decode("latin-1"), value.decode("latin-1")) for name, value in response.headers
         ]
+        # The body's length, if the actor declared it (h11 checks it and lowercases names).
+        self.length = next((int(v) for n, v in self.headers if n == "content-length"), None)
 
     async def chunks(self, size: int) -> AsyncIterator[bytes]:
         """The body, in parts of at most ``size`` bytes; ``ActorBroke`` if it breaks off."""

@@ -4,6 +4,8 @@ actor's local port, and its response comes back, both streamed (seed 002).
     ToClientRequestStart ──▶ port_of(actor, generation) ──▶ HTTP/1.1, streaming ──▶ the actor
     ToClientRequestChunk … ToClientRequestEnd ──▶ the request body, as the actor reads it
     ToServerResponseStart, …Chunk (≤ 64 KiB, within the window), …End ◀── the response
+    ToServerResponseStart with data and end ◀── a response of a declared length ≤ 64 KiB,
+        whole in one message (to a coordinator at ``TUNNEL_WHOLE``)
 
 A request for an actor this runner does not have (not here, another generation, its port
 not accepting connections) is answered 503 with an ``x-corral-error`` header: the actor
@@ -23,7 +25,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import websockets
@@ -78,8 +80,8 @@ class TunnelLink(Protocol):
 
     def tunnel_forget(self, request_id: str) -> None: ...
 
-    def tunnel_joins_parts(self) -> bool:
-        """May a WebSocket message go to the coordinator in several chunks (``more``)?"""
+    def tunnel_version(self) -> int:
+        """What the coordinator's Init says in ``metadata.tunnel`` (``wire.TUNNEL_…``)."""
         ...
 
 
@@ -196,12 +198,23 @@ class RunnerTunnel:
             return
         try:
             headers = tuple((k, v) for k, v in response.headers if k not in HOP_BY_HOP)
-            self._send(wire.ToServerResponseStart(request_id, 0, response.status, headers))
+            head = wire.ToServerResponseStart(request_id, 0, response.status, headers)
+            if (
+                response.length is not None
+                and response.length <= MAX_TUNNEL_CHUNK_BYTES
+                and self._link.tunnel_version() >= wire.TUNNEL_WHOLE
+            ):
+                # A small body of a declared length: the whole response in one message.
+                parts = [data async for data in response.chunks(MAX_TUNNEL_CHUNK_BYTES)]
+                self._send(replace(head, data=b"".join(parts), end=True))
+                return
+            self._send(head)
             async for data in response.chunks(MAX_TUNNEL_CHUNK_BYTES):
                 await self._room_for(forward, len(data))
                 self._send(wire.ToServerResponseChunk(request_id, 0, data, False))
             self._send(wire.ToServerResponseEnd(request_id, 0))
         except ActorBroke as exc:
+            # Before its start (a whole response): a 500 with this code; after: cut off.
             reason = f"the actor's response broke off: {exc}"
             self._send(wire.ToServerResponseAbort(request_id, 0, ACTOR_FAILED, reason))
         finally:
@@ -281,7 +294,7 @@ class RunnerTunnel:
     def _ws_message_limit(self) -> int:
         """The largest WebSocket message the actor may send: one chunk unless the
         coordinator joins parts."""
-        joins = self._link.tunnel_joins_parts()
+        joins = self._link.tunnel_version() >= wire.TUNNEL_PARTS
         return MAX_TUNNEL_WS_MESSAGE_BYTES if joins else MAX_TUNNEL_CHUNK_BYTES
 
     async def _body(self, forward: _Forward) -> AsyncIterator[bytes]:
@@ -308,6 +321,9 @@ class RunnerTunnel:
     def _answer_error(self, request_id: str, status: int, code: str, message: str) -> None:
         body = json.dumps({"error": {"code": code, "message": message}}).encode()
         headers = (("content-type", "application/json"), (ERROR_HEADER, code))
+        if self._link.tunnel_version() >= wire.TUNNEL_WHOLE:
+            self._send(wire.ToServerResponseStart(request_id, 0, status, headers, body, True))
+            return
         self._send(wire.ToServerResponseStart(request_id, 0, status, headers))
         self._send(wire.ToServerResponseChunk(request_id, 0, body, False))
         self._send(wire.ToServerResponseEnd(request_id, 0))

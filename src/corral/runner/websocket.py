@@ -72,7 +72,7 @@ class WebSocketTransport:
             total_slots=settings.slots,
             labels=settings.labels,
             # tunnel: the gateway may send requests for our actors through this link.
-            metadata={"hostname": socket.gethostname(), "tunnel": wire.TUNNEL_PARTS},
+            metadata={"hostname": socket.gethostname(), "tunnel": wire.TUNNEL_WHOLE},
             rng=rng or random.Random(),
             max_backoff_s=settings.max_backoff_s,
             # Our processes must be gone (SIGTERM, grace, SIGKILL) before the lease ends.
@@ -210,8 +210,8 @@ class WebSocketTransport:
     def tunnel_forget(self, request_id: str) -> None:
         self.conn.tunnel_forget(request_id)
 
-    def tunnel_joins_parts(self) -> bool:
-        return self.conn.coordinator_joins_parts
+    def tunnel_version(self) -> int:
+        return self.conn.coordinator_tunnel
 
     # ---- the socket ----------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ through a disconnection and the coordinator's session handing tunnel messages on
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -20,6 +21,7 @@ from corral.protocol.messages import (
     ToClientRequestEnd,
     ToClientRequestStart,
     ToClientTunnelAck,
+    ToClientTunnelAcks,
     ToServerInit,
     ToServerResponseAbort,
     ToServerResponseChunk,
@@ -66,6 +68,7 @@ def sent(outputs: list[object]) -> list[object]:
         ToClientRequestEnd("req_1", 2),
         ToClientRequestAbort("req_1", 3),
         ToClientTunnelAck("req_1", 4),
+        ToClientTunnelAcks((("req_1", 4), ("req_2", 0))),
     ],
 )
 def test_messages_to_the_runner_round_trip(message: object) -> None:
@@ -76,6 +79,7 @@ def test_messages_to_the_runner_round_trip(message: object) -> None:
     "message",
     [
         ToServerResponseStart("req_1", 0, 200, (("content-type", "text/plain"),)),
+        ToServerResponseStart("req_1", 0, 200, (), b"the whole body", end=True),
         ToServerResponseChunk("req_1", 1, bytes(range(256)), False),
         ToServerResponseChunk("req_1", 1, b"part of a message", True, more=True),
         ToServerResponseEnd("req_1", 2),
@@ -99,12 +103,34 @@ def test_messages_to_the_coordinator_round_trip(message: object) -> None:
         '{"v":1,"type":"ToServerResponseChunk","request_id":"r","seq":0,"data":"","text":0}',
         '{"v":1,"type":"ToServerResponseChunk","request_id":"r","seq":0,"data":"","text":false,'
         '"more":1}',
+        '{"v":1,"type":"ToServerResponseStart","request_id":"r","seq":0,"status":200,'
+        '"headers":[],"data":"%%%"}',
+        '{"v":1,"type":"ToServerResponseStart","request_id":"r","seq":0,"status":200,'
+        '"headers":[],"end":1}',
     ],
 )
 def test_malformed_tunnel_frames_are_refused(frame: str) -> None:
     with pytest.raises(ProtocolError) as refused:
         decode(frame, side="server")
     assert refused.value.code == MALFORMED_FRAME
+
+
+@pytest.mark.parametrize(
+    "acks",
+    ['[["r",-1]]', '[["",0]]', '[["r"]]', '{"r":0}', "[" + ",".join(['["r",0]'] * 1025) + "]"],
+)
+def test_malformed_acknowledgements_are_refused(acks: str) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        decode(f'{{"v":1,"type":"ToClientTunnelAcks","acks":{acks}}}', side="client")
+    assert refused.value.code == MALFORMED_FRAME
+
+
+def test_a_response_start_before_tunnel_whole_has_no_body_and_no_end() -> None:
+    """What a runner before TUNNEL_WHOLE sends: no ``data``, no ``end``."""
+    frame = (
+        '{"v":1,"type":"ToServerResponseStart","request_id":"r","seq":0,"status":200,"headers":[]}'
+    )
+    assert decode(frame, side="server") == ToServerResponseStart("r", 0, 200, (), b"", end=False)
 
 
 def test_a_chunk_over_the_limit_is_refused() -> None:
@@ -215,6 +241,17 @@ def test_replies_wait_while_disconnected_and_go_again_after_the_init() -> None:
     ]
     assert conn.receive(ToClientTunnelAck("req_1", 2), T0 + 2) == [TunnelAcked("req_1")]
     assert conn.tunnel_unacknowledged("req_1") == 0
+
+
+def test_acknowledgements_several_to_a_frame_release_each_request() -> None:
+    conn = connected()
+    for request_id in ("req_1", "req_2"):
+        conn.receive(replace(START, request_id=request_id), T0)
+        whole = ToServerResponseStart(request_id, 0, 200, (), b"ok", end=True)
+        assert sent(conn.tunnel_send(whole, T0)) == [whole]
+    acks = ToClientTunnelAcks((("req_1", 0), ("req_2", 0)))
+    assert conn.receive(acks, T0) == [TunnelAcked("req_1"), TunnelAcked("req_2")]
+    assert conn.tunnel_unacknowledged("req_1") == conn.tunnel_unacknowledged("req_2") == 0
 
 
 def test_a_new_identity_ends_every_tunnelled_request() -> None:
