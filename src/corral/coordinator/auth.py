@@ -140,11 +140,10 @@ def _requirement(access: Access) -> Callable[[HTTPConnection], Awaitable[Princip
     # (in the gateway's warm path it cost more than the check itself).
     async def requirement(conn: HTTPConnection) -> Principal:
         principal = principal_of(conn)
-        if principal.role not in GRANTS[access]:
-            if conn.scope["type"] == "websocket":
-                # Closed before it is accepted: the client sees HTTP 403.
-                raise WebSocketException(CLOSE_POLICY_VIOLATION, "forbidden")
-            raise Forbidden(f"a {principal.role} token cannot do this ({access.value} access)")
+        if principal.role not in GRANTS[access] and conn.scope["type"] == "websocket":
+            # Closed before it is accepted: the client sees HTTP 403.
+            raise WebSocketException(CLOSE_POLICY_VIOLATION, "forbidden")
+        check(principal, access)
         return principal
 
     requirement.__name__ = f"require_{access.value}"
@@ -157,6 +156,12 @@ _REQUIREMENTS = {access: _requirement(access) for access in Access}
 def require(access: Access) -> Any:
     """A route's dependency: the caller's principal, if its role grants ``access``."""
     return params.Depends(_REQUIREMENTS[access])
+
+
+def check(principal: Principal, access: Access) -> None:
+    """``forbidden`` unless the principal's role grants ``access``."""
+    if principal.role not in GRANTS[access]:
+        raise Forbidden(f"a {principal.role} token cannot do this ({access.value} access)")
 
 
 def route_access(route: BaseRoute) -> set[Access]:

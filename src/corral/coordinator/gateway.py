@@ -48,6 +48,7 @@ from starlette.types import Receive, Scope, Send
 
 from corral.actors.lifecycle import ActorState
 from corral.actors.model import DEFAULT_POOL, Actor, NewActor, Placement
+from corral.coordinator import auth
 from corral.coordinator.auth import Access, Principal, require
 from corral.coordinator.peers import FORWARDED_HEADER, Peers
 from corral.coordinator.tunnel import Reply, TunnelHub, TunnelRequest
@@ -55,6 +56,7 @@ from corral.errors import CorralError, InvalidRequest, NotFound, Unavailable
 from corral.protocol import messages as wire
 from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES, MAX_TUNNEL_WS_MESSAGE_BYTES
 from corral.runner.tunnel import ERROR_HEADER, HOP_BY_HOP
+from corral.wire import problem_with
 
 log = logging.getLogger("corral.coordinator")
 
@@ -102,6 +104,50 @@ class ClientGone(Exception):
 
 router = APIRouter(tags=["gateway"])
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+_PREFIX = "/gateway/"
+
+
+def route(scope: Scope) -> tuple[str, str] | None:
+    """(target, path) of an HTTP request the gateway serves, as its routes below match it;
+    None for anything else."""
+    at = scope.get("root_path", "")
+    path: str = scope["path"]
+    if at and path.startswith(at):
+        path = path[len(at) :]
+    if scope["type"] != "http" or not path.startswith(_PREFIX) or scope["method"] not in _METHODS:
+        return None
+    target, _, rest = path[len(_PREFIX) :].partition("/")
+    return (target, rest) if target else None
+
+
+async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+    """An HTTP request for an actor, as plain ASGI: the coordinator's app hands these over
+    before FastAPI's routing (``app.CoordinatorApp``), behind the same ``Guard`` and body
+    limit, so a warm request costs no dependency solving. It checks what the routes below
+    declare (their access, storable parameters): they stay for the apps without that
+    shortcut, and for the tests that walk every route."""
+    found = route(scope)
+    assert found is not None
+    target, path = found
+    try:
+        auth.check(scope["state"]["principal"], Access.WRITE)
+        query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
+        for name, value in (("target", target), ("path", path), *query):
+            if why := problem_with(name) or problem_with(value):
+                raise InvalidRequest(f"{name!r}: {why}")
+    except CorralError as exc:
+        await JSONResponse(exc.to_dict(), exc.http_status)(scope, receive, send)
+        return
+    coordinator = scope["app"].state.coordinator
+    forward = Forward(
+        coordinator.actors,
+        coordinator.tunnels,
+        target,
+        path,
+        coordinator.settings,
+        peers=coordinator.peers,
+    )
+    await forward(scope, receive, send)
 
 
 @router.api_route("/gateway/{target}", methods=_METHODS, include_in_schema=False)
@@ -114,7 +160,7 @@ async def gateway(
 ) -> Response:
     """Forward the request to the actor (woken if need be); its response streams back."""
     coordinator = request.app.state.coordinator
-    return Forward(
+    forward = Forward(
         coordinator.actors,
         coordinator.tunnels,
         target,
@@ -122,6 +168,18 @@ async def gateway(
         coordinator.settings,
         peers=coordinator.peers,
     )
+    return _Forwarded(forward)
+
+
+class _Forwarded(Response):
+    """A ``Forward`` as a route's response."""
+
+    def __init__(self, forward: Forward) -> None:
+        super().__init__()
+        self.forward = forward
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.forward(scope, receive, send)
 
 
 @router.websocket("/gateway/{target}/{path:path}")
@@ -144,8 +202,8 @@ async def gateway_websocket(
     await forward.websocket(websocket)
 
 
-class Forward(Response):
-    """The whole exchange, as an ASGI response: it reads the request body and writes the
+class Forward:
+    """The whole exchange, as an ASGI app: it reads the request body and writes the
     response itself, both streamed."""
 
     def __init__(
@@ -157,7 +215,6 @@ class Forward(Response):
         settings: Any,
         peers: Peers | None = None,
     ) -> None:
-        super().__init__()
         self.actors = actors
         self.tunnels = tunnels
         self.peers = peers  # None: requests are never forwarded to another coordinator
