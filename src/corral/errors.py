@@ -13,7 +13,8 @@
     │   └── Gone                      gone                410     4
     │                                (events_expired: deleted by retention)
     ├── Unavailable                   unavailable         503     5
-    │                                (the gateway: actor_not_ready, tunnel_lost)
+    │   │                            (the gateway: actor_not_ready, tunnel_lost)
+    │   └── CoordinatorLeaving        coordinator_leaving 503     5
     ├── Unauthorized                  unauthorized        401     6
     │                                (invalid_token: unknown or revoked)
     └── Forbidden                     forbidden           403     7
@@ -104,6 +105,13 @@ class Unavailable(CorralError):
     exit_code = 5
 
 
+class CoordinatorLeaving(Unavailable):
+    """The coordinator is stopping (SIGTERM, a deploy): a runner moves to another one at
+    once, keeping its runs, or tries this one again soon."""
+
+    code = "coordinator_leaving"
+
+
 class Unauthorized(CorralError):
     """No token, or one the coordinator does not know (or has revoked)."""
 
@@ -135,6 +143,7 @@ def from_wire(status: int, body: Any) -> CorralError:
         LeaseLost,
         SessionNotReady,
         Conflict,
+        CoordinatorLeaving,
         Unavailable,
     ):
         if cls.code == code:

@@ -193,6 +193,45 @@ def test_sigterm_on_a_coordinator_moves_its_runners_at_once_and_kills_no_run(
         via_b.close()
 
 
+def test_sigterm_on_a_coordinator_moves_its_long_poll_runners_at_once_and_kills_no_run(
+    cluster: Cluster, pg_url: str, pg_schema: str
+) -> None:
+    """The same deploy with long-poll runners: their waiting calls are answered
+    ``coordinator_leaving`` and they take them to the other coordinator at once."""
+    a, b = peers(cluster, pg_url, pg_schema)
+    runners = [
+        cluster.start_runner(name, url=f"{a.url},{b.url}", slots=2, wait=False)
+        for name in ("first", "second")
+    ]
+    for runner in runners:
+        cluster.wait_runner(runner.name)
+    via_b = JsonClient(b.url, TOKEN)
+    root = cluster.root
+    names = [f"held{i}" for i in range(4)]
+    try:
+        runs = [via_b.create_run("command", command=held_until_released(root, n)) for n in names]
+        wait_until(lambda: all(starts_of(root, n) == 1 for n in names), 30, what="every start")
+
+        asked = time.monotonic()
+        a.send(signal.SIGTERM)
+        wait_until(
+            lambda: all("moving on, runs kept" in r.log() for r in runners), 10, what="moves"
+        )
+        print(f"runners moved {time.monotonic() - asked:.3f} s after SIGTERM")
+        assert a.wait(30) == 0
+        for name in names:
+            (root / f"{name}.go").touch()
+        for run in runs:
+            finished = cluster.wait_run(run["run_id"], timeout=60)
+            assert (finished["status"], finished["attempts"]) == ("completed", 1), finished
+        assert all(starts_of(root, n) == 1 for n in names)  # none killed, none started again
+        for runner in runners:
+            assert "coordinator unreachable" not in runner.log()  # no call failed on the way
+            assert runner.alive()
+    finally:
+        via_b.close()
+
+
 def actors_config(root: Path, markers: Path) -> Path:
     """Two kinds: ``counter`` (HTTP) and ``echo`` (WebSocket only)."""
     config = root / "actors.toml"

@@ -14,10 +14,10 @@ import asyncio
 from typing import Any
 
 import pytest
-from api_fixtures import running_api
+from api_fixtures import error_code, running_api, wait_until
 
 from corral.clock import FakeClock
-from corral.coordinator.notifier import RUNS_AVAILABLE
+from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
 from corral.coordinator.service import CLOCK_SKEW_S
 from corral.coordinator.settings import CoordinatorSettings
 from corral.ids import RunnerId
@@ -121,3 +121,31 @@ async def test_the_reconciler_wakes_polls_for_runs_another_process_wrote_once(
         clock.advance(1.0)
         await coordinator.reconcile_once()
         assert not woken.is_set()
+
+
+async def test_a_stopping_coordinator_answers_long_polls_coordinator_leaving(db_url: str) -> None:
+    """``leave`` (SIGTERM): the long-polls a runner has waiting here end at once with
+    ``coordinator_leaving`` (503), and so do its next calls, so that it takes them to
+    another coordinator at once, its runs kept, rather than after the grace cut them."""
+    async with running_api(CoordinatorSettings(db_url=db_url)) as api:
+        runner = await api.register("runner")
+        poll = asyncio.create_task(api.poll(runner, timeout=60.0))
+        control = asyncio.create_task(
+            api.client.get("/runner/control", params={"runner_id": runner, "timeout": 60.0})
+        )
+        coordinator = api.coordinator
+        await wait_until(
+            lambda: (
+                coordinator.metrics.polls_waiting._value.get() == 1
+                and runner_topic(runner) in coordinator.notifier._events
+            ),
+            what="the poll and the control call to wait",
+        )
+        await coordinator.leave()
+        answers = await asyncio.wait_for(asyncio.gather(poll, control), 10.0)
+        answers += [await api.poll(runner), await api.heartbeat(runner)]
+        assert [(a.status_code, error_code(a)) for a in answers] == [
+            (503, "coordinator_leaving")
+        ] * 4
+        registered = await api.client.post("/runner/register", json={"name": "late"})
+        assert (registered.status_code, error_code(registered)) == (503, "coordinator_leaving")

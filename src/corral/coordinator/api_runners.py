@@ -34,7 +34,7 @@ from corral.coordinator.schemas import (
     runner_json,
 )
 from corral.coordinator.service import Coordinator
-from corral.errors import InvalidRequest
+from corral.errors import CoordinatorLeaving, InvalidRequest
 from corral.ids import RunId, RunnerId
 from corral.runners import Held, RunnerSync
 from corral.runs import RunStatus
@@ -52,28 +52,59 @@ def _coordinator(request: Request) -> Coordinator:
     return coordinator
 
 
+def _staying(request: Request) -> Coordinator:
+    """The coordinator, unless it is stopping: then a runner's call is answered
+    ``coordinator_leaving`` (503), and the runner takes it to another coordinator at once,
+    keeping its runs — as the WebSocket runner told by its close reason."""
+    coordinator = _coordinator(request)
+    if coordinator.leaving:
+        raise CoordinatorLeaving("this coordinator is stopping: call another")
+    return coordinator
+
+
 async def _as_runner(request: Request, runner_id: str) -> Coordinator:
     """The coordinator, once the caller is known to be the runner it names: a runner's id
     belongs to the token it registered with (``runner_not_yours`` for any other)."""
-    coordinator = _coordinator(request)
+    coordinator = _staying(request)
     await coordinator.check_runner(principal_of(request), runner_id)
     return coordinator
 
 
 @contextlib.asynccontextmanager
-async def hangup(request: Request) -> AsyncIterator[asyncio.Future[None]]:
-    """Done when the client of a long-poll hangs up (a runner draining or restarting), so
-    the wait ends at once instead of holding the request to its timeout."""
+async def hangup(
+    request: Request, leaving: asyncio.Event | None = None
+) -> AsyncIterator[asyncio.Future[None]]:
+    """Done when the client of a long-poll hangs up (a runner draining or restarting), or
+    once ``leaving`` is set (the coordinator stops), so the wait ends at once instead of
+    holding the request to its timeout."""
 
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    watcher = asyncio.ensure_future(disconnected())
+    async def either() -> None:
+        waits: list[asyncio.Future[object]] = [asyncio.ensure_future(disconnected())]
+        if leaving is not None:
+            waits.append(asyncio.ensure_future(leaving.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    watcher = asyncio.ensure_future(either())
     try:
         yield watcher
     finally:
         watcher.cancel()
+
+
+def _nothing_came(coordinator: Coordinator) -> Response:
+    """A long-poll's empty answer (204), or ``coordinator_leaving`` if it ended because
+    the coordinator stops."""
+    if coordinator.leaving:
+        raise CoordinatorLeaving("this coordinator is stopping: call another")
+    return Response(status_code=204)
 
 
 def _sync_json(sync: RunnerSync) -> dict[str, Any]:
@@ -85,7 +116,7 @@ async def register(body: RegisterBody, request: Request) -> dict[str, Any] | Res
     """corral's runner, or (its body tells) the seed system's (``compat_ao``)."""
     if isinstance(body, AoRegister):
         return await compat_ao.register(body, request)
-    coordinator = _coordinator(request)
+    coordinator = _staying(request)
     runner, sync = await coordinator.register(body, principal_of(request))
     settings = coordinator.settings
     return {
@@ -108,16 +139,18 @@ async def poll_runs(
     poll timeout; 204 if none. Without ``max_runs``, the seed's form: ``{"run": {...}}``."""
     coordinator = await _as_runner(request, runner_id)
     wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
-    async with hangup(request) as gone:
-        if max_runs is None:
+    if max_runs is None:
+        async with hangup(request) as gone:
             runner = await coordinator.in_thread(coordinator.store.runners.get, runner_id)
             if compat_ao.speaks_ao(runner):
                 return await compat_ao.poll(request, runner, wait, gone)
             run = await seed_wire.poll_one(coordinator, RunnerId(runner_id), wait, gone)
             return seed_wire.seed_poll_answer(run)
+    # corral's runner: a poll ends when the coordinator stops (it claims nothing then)
+    async with hangup(request, coordinator.left) as gone:
         runs = await coordinator.poll(RunnerId(runner_id), max_runs, wait, gone)
     if not runs:
-        return Response(status_code=204)
+        return _nothing_came(coordinator)
     return {"runs": [run_assignment_json(r) for r in runs]}
 
 
@@ -134,10 +167,10 @@ async def control(
     call acknowledges (it is not sent again)."""
     coordinator = await _as_runner(request, runner_id)
     wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
-    async with hangup(request) as gone:
+    async with hangup(request, coordinator.left) as gone:
         commands = await coordinator.control(RunnerId(runner_id), after, wait, gone)
     if not commands:
-        return Response(status_code=204)
+        return _nothing_came(coordinator)
     return {"commands": [{"idx": c.idx, "body": c.body} for c in commands]}
 
 

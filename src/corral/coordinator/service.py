@@ -109,7 +109,9 @@ class Coordinator:
         self._claimable_seen_at = 0.0  # the reconciler's last look for claimable runs
         self.node = secrets.token_hex(8)  # its name as a lease holder (store/leases.py)
         self._delivering = asyncio.Lock()  # one callback delivery at a time in this process
-        self.leaving = False  # it stops: it takes no lease again (``leave``)
+        # It stops: it takes no lease again, and answers runners' calls (long-polls waiting
+        # included) with ``coordinator_leaving`` (``leave``).
+        self.left = asyncio.Event()
         self.reconciling = False  # it held the reconciler's lease at its last pass
         self.first_pass = asyncio.Event()  # set once a pass has looked at the lease
 
@@ -342,8 +344,9 @@ class Coordinator:
         that pinged since the last pass are written, the reconciler's lease is given up
         (another coordinator takes it at its next pass, not 5 s later), and every runner
         connected here is told to move to another coordinator at once, keeping its runs,
-        or to hold on until this one is back (``ServerSession.leave``)."""
-        self.leaving = True
+        or to hold on until this one is back (``ServerSession.leave``); long-poll runners
+        are told so by the answer to their calls (``api_runners``)."""
+        self.left.set()
         now = self.clock.now()
         try:
             if pinged := self.connections.take_pinged():
@@ -356,6 +359,10 @@ class Coordinator:
         await asyncio.gather(*(link.leave() for link in links), return_exceptions=True)
         if links:
             log.info("stopping: told %d runners to move to another coordinator", len(links))
+
+    @property
+    def leaving(self) -> bool:
+        return self.left.is_set()
 
     async def close_token(self, token_id: str) -> None:
         """A token was revoked: the sockets opened with it are closed (they cannot reconnect)."""

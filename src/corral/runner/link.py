@@ -23,6 +23,11 @@ class LinkDown(Exception):
     """The coordinator could not be reached, or failed; try again later."""
 
 
+class Leaving(LinkDown):
+    """The coordinator said it is stopping (``coordinator_leaving``): the next call goes
+    to the next coordinator, and may go at once."""
+
+
 @dataclass(frozen=True)
 class Registration:
     runner_id: RunnerId
@@ -53,8 +58,14 @@ class HttpLink:
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
 
-    def _next_coordinator(self) -> None:
-        if len(self._urls) > 1:
+    @property
+    def coordinators(self) -> int:
+        return len(self._urls)
+
+    def _next_coordinator(self, failed: httpx.URL) -> None:
+        """The next coordinator, unless another call that failed on ``failed`` moved on
+        already (a poll and a control call cut at once must not move twice, back to it)."""
+        if len(self._urls) > 1 and self._client.base_url == failed:
             self._turn += 1
             self._client.base_url = httpx.URL(self._urls[self._turn % len(self._urls)])
 
@@ -70,6 +81,7 @@ class HttpLink:
         params: Any = None,
         timeout: float | None = None,
     ) -> httpx.Response:
+        called = self._client.base_url
         try:
             response = await self._client.request(
                 method,
@@ -79,17 +91,15 @@ class HttpLink:
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
             )
         except httpx.TransportError as exc:
-            self._next_coordinator()
+            self._next_coordinator(called)
             raise LinkDown(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
         if response.status_code >= 500:
-            self._next_coordinator()
+            self._next_coordinator(called)
+            if _error_code(response) == errors.CoordinatorLeaving.code:
+                raise Leaving(f"{method} {path}: coordinator {called} is stopping")
             raise LinkDown(f"{method} {path}: HTTP {response.status_code}")
         if response.status_code >= 400:
-            try:
-                body = response.json()
-            except ValueError:
-                body = None
-            raise errors.from_wire(response.status_code, body)
+            raise errors.from_wire(response.status_code, _json(response))
         return response
 
     async def register(
@@ -179,3 +189,17 @@ class HttpLink:
             "POST", "/runner/events", json={"runner_id": runner_id, "events": events}
         )
         return [None if r["ok"] else errors.from_wire(409, r) for r in response.json()["results"]]
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    body = _json(response)
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None

@@ -19,7 +19,8 @@ from corral.backoff import backoff_delay
 from corral.errors import CorralError, InvalidRequest
 from corral.ids import RunnerId
 from corral.protocol.limits import MAX_BATCH_BYTES, MAX_BATCH_EVENTS, json_size
-from corral.runner.link import HttpLink, LinkDown
+from corral.protocol.runner import HOLD_ON_RETRY_S
+from corral.runner.link import HttpLink, Leaving, LinkDown
 
 log = logging.getLogger("corral.runner")
 
@@ -72,6 +73,11 @@ class Outbox:
                         log.warning("reports: a batch of %d refused (%s); halving", len(batch), exc)
                     else:
                         self._drop(exc)
+                    continue
+                except Leaving:
+                    # The link moved to the next coordinator: send there (soon, not at once:
+                    # with one coordinator, it is the same one, still stopping).
+                    await asyncio.sleep(HOLD_ON_RETRY_S)
                     continue
                 except Exception as exc:
                     delay = backoff_delay(failures, cap=self._max_backoff_s)

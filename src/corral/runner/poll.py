@@ -10,8 +10,10 @@
     outbox     reports, batched into POST /runner/events
 
 Every call survives the coordinator's absence: retried forever with capped, jittered
-backoff. After a network cut or a coordinator restart the runner registers again under
-the same id and reports what it still runs, so nothing is started twice.
+backoff — or, when a coordinator answers that it is stopping (``coordinator_leaving``: a
+deploy), at once on the next coordinator, then often, its runs kept. After a network
+cut or a coordinator restart the runner registers again under the same id and reports
+what it still runs, so nothing is started twice.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from corral.backoff import backoff_delay
 from corral.errors import CorralError, LeaseLost, NotFound
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import Indexed
+from corral.protocol.runner import HOLD_ON_RETRY_S as HOLD_ON_S
 from corral.runner.lease import Lease
-from corral.runner.link import HttpLink, LinkDown
+from corral.runner.link import HttpLink, Leaving, LinkDown
 from corral.runner.outbox import Outbox
 from corral.runner.settings import RunnerSettings
 from corral.runner.transport import Host
@@ -61,6 +64,9 @@ class PollTransport:
         # Runs cancelled before their claim's answer came (the two come by two requests):
         # each is cancelled as it starts. Bounded: a claim whose answer was lost never comes.
         self._cancelled_early: dict[RunId, None] = {}
+        # A coordinator said it stops: calls go to the next at once, then every HOLD_ON_S
+        # until one answers (or the lease runs out), not on a growing backoff.
+        self.holding_on = False
 
     @property
     def rid(self) -> RunnerId:
@@ -203,20 +209,34 @@ class PollTransport:
         failures = 0
         while True:
             try:
-                return await call()
+                answer = await call()
             except (NotFound, LeaseLost):
                 raise
+            except Leaving as exc:
+                # Not a failure: a deploy. The link moved to the next coordinator: try it
+                # at once; with no other (or it stops too), try again often, not backing off.
+                if not self.holding_on:
+                    log.info("%s: moving on, runs kept", exc)
+                delay = 0.0 if self.link.coordinators > 1 and not self.holding_on else HOLD_ON_S
+                self.holding_on = True
+                await asyncio.sleep(delay)
+                continue
             except (LinkDown, CorralError) as exc:
                 if refusal_is_final and isinstance(exc, CorralError):
                     raise
                 backoff_s = backoff_delay(failures, cap=self.settings.max_backoff_s)
                 delay = self.lease.retry_in(time.monotonic(), backoff_s)
+                if self.holding_on:  # a coordinator said it stops: be there when it is back
+                    delay = min(delay, HOLD_ON_S)
                 why = "coordinator unreachable" if isinstance(exc, LinkDown) else "refused"
                 log.warning("%s: %s (%s); retry in %.1fs", what, why, exc, delay)
                 # The quick tries that fit inside the lease are not rounds of the backoff:
                 # once the lease is gone it goes on from where it was, not from its cap.
                 failures += delay == backoff_s
                 await asyncio.sleep(delay)
+                continue
+            self.holding_on = False
+            return answer
 
     # ---- loops ---------------------------------------------------------------------------
 
@@ -278,6 +298,7 @@ class PollTransport:
             # to say — one heartbeat asks. Seen on time, the link is down: stop now.
             if now - ends_at > LEASE_LOOK_S and await self._heartbeat_once():
                 continue
+            self.holding_on = False  # no lease to keep: back to the backoff
             if self.host.held():
                 log.warning("no heartbeat answered for the lease: stopping all work")
                 self.host.stop_all_work()
