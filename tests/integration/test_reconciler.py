@@ -123,6 +123,32 @@ async def test_a_restarted_coordinator_gives_a_silent_runner_a_threshold_from_it
         assert (done.lost_runners, done.requeued) == ([runner_a], [run_id])
 
 
+async def test_pings_heard_while_the_database_was_away_are_written_once_it_is_back(
+    settings: CoordinatorSettings, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A WebSocket runner's pings are answered without the database, so it holds its runs
+    on through an outage: once the database is back, it is not found silent (its runs
+    would start elsewhere while it still runs them)."""
+    async with running_api(settings, clock=clock) as api:
+        run_id, runner_a = await started_on_runner_a(api)
+        coordinator = api.coordinator
+        touch = coordinator.store.runners.touch
+
+        def away(*_: object) -> None:
+            raise ConnectionError("the database is away")
+
+        monkeypatch.setattr(coordinator.store.runners, "touch", away)
+        clock.advance(LOST_AFTER / 2)
+        coordinator.connections.note_ping(runner_a)  # answered; its write fails
+        with pytest.raises(ConnectionError):
+            await coordinator.reconcile_once()
+        monkeypatch.setattr(coordinator.store.runners, "touch", touch)
+        clock.advance(LOST_AFTER / 2 + 1)  # past a threshold since its registration
+        assert not (await coordinator.reconcile_once()).changed
+        assert (await runner_states(api))[runner_a] == "active"
+        assert (await api.run(run_id))["status"] == "running"
+
+
 async def test_a_lost_run_without_attempts_left_fails_naming_the_runner(
     settings: CoordinatorSettings, clock: FakeClock
 ) -> None:

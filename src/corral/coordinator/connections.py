@@ -99,3 +99,7 @@ class Connections:
     def take_pinged(self) -> list[str]:
         pinged, self._pinged = list(self._pinged), {}
         return pinged
+
+    def not_written(self, pinged: list[str]) -> None:
+        """Pings taken whose write failed: taken again with the next."""
+        self._pinged = {**dict.fromkeys(pinged), **self._pinged}

@@ -349,8 +349,7 @@ class Coordinator:
         self.left.set()
         now = self.clock.now()
         try:
-            if pinged := self.connections.take_pinged():
-                await self.in_thread(self.store.runners.touch, pinged, now)
+            await self._write_heartbeats(now)
             await self.in_thread(coordinators.beat, self.store.db, self.node, self.started_at, now)
             await self.in_thread(leases.release, self.store.db, RECONCILER, self.node)
         except Exception:  # the database is away: the runners must still be told
@@ -397,9 +396,7 @@ class Coordinator:
 
     async def reconcile_once(self) -> Reconciled:
         now = self.clock.now()
-        # WebSocket runners ping every few seconds: their heartbeats are written together.
-        if pinged := self.connections.take_pinged():
-            await self.in_thread(self.store.runners.touch, pinged, now)
+        await self._write_heartbeats(now)
         # Every coordinator says it is up (a runner is lost only when one was up to hear it).
         await self.in_thread(coordinators.beat, self.store.db, self.node, self.started_at, now)
         done = Reconciled()
@@ -421,6 +418,19 @@ class Coordinator:
         if await self.in_thread(self.store.runs.has_claimable, now, since=since):
             self.notifier.notify(RUNS_AVAILABLE)
         return done
+
+    async def _write_heartbeats(self, now: float) -> None:
+        """WebSocket runners ping every few seconds: their heartbeats are written together.
+        A write that fails (the database is away) is tried again with the next: each ping
+        was answered, so its runner holds its runs on, and must not be found silent and
+        declared lost once the database is back — its runs would then start elsewhere
+        while it still runs them."""
+        if pinged := self.connections.take_pinged():
+            try:
+                await self.in_thread(self.store.runners.touch, pinged, now)
+            except BaseException:
+                self.connections.not_written(pinged)
+                raise
 
     async def _reconcile_held(self, now: float) -> Reconciled:
         # No runner could heartbeat while no coordinator was up: after a restart, each gets
