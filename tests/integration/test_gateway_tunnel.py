@@ -30,7 +30,12 @@ from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import NotFound
 from corral.ids import ActorId
 from corral.protocol.limits import MAX_TUNNEL_WS_MESSAGE_BYTES
-from corral.protocol.messages import TUNNEL_PARTS, TUNNEL_WHOLE
+from corral.protocol.messages import (
+    TUNNEL_PARTS,
+    TUNNEL_WHOLE,
+    ToClientTunnelAck,
+    ToClientTunnelAcks,
+)
 from corral.runner.core import RunnerCore
 from corral.runner.settings import RunnerSettings
 from corral.runner.websocket import WebSocketTransport
@@ -268,6 +273,27 @@ async def test_a_small_response_comes_back_whole_in_one_message(
             ("ToServerResponseEnd", None),
         ]
     await wait_until(lambda: world.transport.tunnel.open_requests == 0, what="acknowledged")
+
+
+async def test_the_ends_of_responses_are_acknowledged_in_gathered_frames(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    received: list[object] = []
+    receive = world.transport.conn.receive
+
+    def recording(message: Any, now: float) -> Any:
+        received.append(message)
+        return receive(message, now)
+
+    monkeypatch.setattr(world.transport.conn, "receive", recording)
+    answers = await asyncio.gather(
+        *(world.client.get(f"/gateway/{ACTOR}/count/together") for _ in range(5))
+    )
+    assert sorted(a.json()["hits"] for a in answers) == [1, 2, 3, 4, 5]
+    await wait_until(lambda: world.transport.tunnel.open_requests == 0, what="acknowledged")
+    assert not [m for m in received if isinstance(m, ToClientTunnelAck)]  # none alone
+    gathered = [m for m in received if isinstance(m, ToClientTunnelAcks)]
+    assert sum(len(m.acks) for m in gathered) == 5
 
 
 async def test_head_is_forwarded_and_answered_without_a_body(world: World) -> None:

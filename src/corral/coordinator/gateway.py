@@ -223,7 +223,8 @@ class Forward:
         self.path = path
         self.lost_after_s = float(settings.ws_lost_after_s)
         self.upload: asyncio.Queue[bytes | None] = asyncio.Queue(_BODY_QUEUE_CHUNKS)
-        self.gone = asyncio.Event()
+        self.gone = asyncio.Event()  # the client went away (``_left``)
+        self.waiting: TunnelRequest | None = None  # a reply of it, in ``_next``
         self.responded = False
         self.pumping: asyncio.Future[None] | None = None  # the body, to the runner
 
@@ -260,7 +261,13 @@ class Forward:
                         pass
                     break
         finally:
-            self.gone.set()
+            self._left()
+
+    def _left(self) -> None:
+        """The client went away: wake what waits on the runner for it."""
+        self.gone.set()
+        if self.waiting is not None:
+            self.waiting.wake()
 
     # ---- the exchange ----------------------------------------------------------------------
 
@@ -412,21 +419,17 @@ class Forward:
         its lost threshold; ``ClientGone`` when the client leaves first."""
         absent_since: float | None = None
         while True:
-            try:
-                return request.replies.get_nowait()
-            except asyncio.QueueEmpty:
-                pass
-            getting = asyncio.ensure_future(request.replies.get())
-            gone = asyncio.ensure_future(self.gone.wait())
-            done, _ = await asyncio.wait(
-                {getting, gone}, timeout=1.0, return_when="FIRST_COMPLETED"
-            )
-            gone.cancel()
-            if getting in done:
-                return getting.result()
-            getting.cancel()
+            if (reply := request.take()) is not None:
+                return reply
             if self.gone.is_set():
                 raise ClientGone
+            self.waiting = request  # ``_left`` wakes it
+            try:
+                await request.wait(1.0)
+            finally:
+                self.waiting = None
+            if request.has_reply or self.gone.is_set():
+                continue
             if self.tunnels.reachable(request.runner_id):
                 absent_since = None
             elif absent_since is None:
@@ -557,7 +560,7 @@ class Forward:
                     )
                     await request.send(chunk)
         finally:
-            self.gone.set()
+            self._left()
 
     # ---- finding and waking the actor ------------------------------------------------------
 

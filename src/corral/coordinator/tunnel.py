@@ -8,7 +8,13 @@ again whatever it had not acknowledged. The gateway (``gateway.py``) holds a
 ``TunnelRequest``: it sends the request's parts and takes the response's as they come.
 
     gateway ──open/send──▶ TunnelHub ──flush──▶ LiveLink (the runner's newest socket)
-    gateway ◀──next()──── inbox ◀──receive── SocketPump's read loop (Tunnelled)
+    gateway ◀──take/wait── replies ◀──receive── SocketPump's read loop (Tunnelled)
+
+The acknowledgement of a response's end goes to a runner at ``TUNNEL_WHOLE`` a little
+later (``ACK_DELAY_S``), with the others of that moment in one ``ToClientTunnelAcks``:
+nothing waits for it but the runner's memory of the response, and one frame then serves
+many requests. Lost with a socket, it is made good as any lost acknowledgement is: the
+runner sends the response again, and its duplicate is acknowledged.
 """
 
 from __future__ import annotations
@@ -16,20 +22,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from corral.actors.model import Placement
 from corral.ids import new_request_id
 from corral.protocol import messages as wire
-from corral.protocol.limits import TUNNEL_WINDOW_BYTES
+from corral.protocol.limits import MAX_TUNNEL_ACKS, TUNNEL_WINDOW_BYTES
 from corral.protocol.tunnel import Receipt, TunnelLedger, cost
 
 if TYPE_CHECKING:
     from corral.coordinator.connections import Connections, LiveLink
 
 log = logging.getLogger("corral.coordinator")
+
+ACK_DELAY_S = 0.01  # a response's last acknowledgement waits this long for others
 
 # What the gateway sends (acknowledgements are not kept: they are repeated instead).
 TunnelPart = (
@@ -53,6 +61,8 @@ class _Runner:
     flushing: asyncio.Lock = field(default_factory=asyncio.Lock)
     link: LiveLink | None = None  # the socket resumed last; messages go there
     version: int = 1  # what its Init says in ``metadata.tunnel`` (``wire.TUNNEL_…``)
+    acks: list[tuple[str, int]] = field(default_factory=list)  # to send in a while
+    acks_due: asyncio.TimerHandle | None = None
 
     @property
     def joins_parts(self) -> bool:
@@ -68,8 +78,40 @@ class TunnelRequest:
         self._hub = hub
         self.runner_id = runner_id
         self.request_id = request_id
-        self.replies: asyncio.Queue[Reply] = asyncio.Queue()
+        self._replies: deque[Reply] = deque()
+        self._waiter: asyncio.Future[None] | None = None  # ``wait``'s, while it waits
         self.acked = asyncio.Event()  # the runner consumed some of what we sent
+
+    def take(self) -> Reply | None:
+        """The next reply, if one came."""
+        return self._replies.popleft() if self._replies else None
+
+    @property
+    def has_reply(self) -> bool:
+        return bool(self._replies)
+
+    async def wait(self, timeout: float) -> None:
+        """Until a reply comes, ``wake`` is called, or ``timeout`` seconds have passed
+        (one future and one timer: no task per reply)."""
+        if self._replies:
+            return
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timer = loop.call_later(timeout, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def deliver(self, reply: Reply) -> None:
+        self._replies.append(reply)
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake ``wait`` now (the client went away)."""
+        if self._waiter is not None:
+            _resolve(self._waiter)
 
     async def send(self, *parts: TunnelPart) -> None:
         """Send ``parts`` (numbered here), each after waiting for room in the window, in one
@@ -101,7 +143,11 @@ class TunnelRequest:
             isinstance(reply, wire.ToServerResponseStart) and reply.end
         )
         ack = runner.ledger.consumed(self.request_id, reply.seq, nbytes, final=final)
-        if ack is not None:
+        if ack is None:
+            return
+        if final and runner.version >= wire.TUNNEL_WHOLE:
+            self._hub.acknowledge_soon(self.runner_id, ack)
+        else:
             await self._hub.send_now(self.runner_id, ack)
 
     def close(self) -> None:
@@ -146,6 +192,7 @@ class TunnelHub:
         self._connections = connections
         self._window = window
         self._runners: dict[str, _Runner] = {}
+        self._sending: set[asyncio.Future[None]] = set()  # acknowledgements on their way
         self.placements = PlacementCache()
 
     def runner(self, runner_id: str) -> _Runner:
@@ -205,7 +252,7 @@ class TunnelHub:
             return
         receipt = runner.ledger.receive(reply.request_id, reply.seq)
         if receipt is Receipt.NEW:
-            runner.requests[reply.request_id].replies.put_nowait(reply)
+            runner.requests[reply.request_id].deliver(reply)
         elif receipt is Receipt.GAP:
             # Lost on a socket that still looks open: drop it; the runner sends the rest
             # again on its next socket.
@@ -236,9 +283,41 @@ class TunnelHub:
             with contextlib.suppress(Exception):
                 await link.send_message(message)
 
+    def acknowledge_soon(self, runner_id: str, ack: wire.ToClientTunnelAck) -> None:
+        """Send ``ack`` within ``ACK_DELAY_S``, with the others of the runner then."""
+        runner = self.runner(runner_id)
+        runner.acks.append((ack.request_id, ack.seq))
+        if runner.acks_due is None:
+            loop = asyncio.get_running_loop()
+            runner.acks_due = loop.call_later(ACK_DELAY_S, self._acks_due, runner_id)
+
+    def _acks_due(self, runner_id: str) -> None:
+        runner = self._runners.get(runner_id)
+        if runner is None:
+            return
+        runner.acks_due = None
+        acks, runner.acks = runner.acks, []
+        link = self._link(runner_id)
+        if link is None or not acks:
+            return  # lost with the socket: the runner sends again, its duplicate is acked
+        task = asyncio.ensure_future(self._send_acks(link, acks))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send_acks(self, link: LiveLink, acks: list[tuple[str, int]]) -> None:
+        for at in range(0, len(acks), MAX_TUNNEL_ACKS):
+            batch = wire.ToClientTunnelAcks(tuple(acks[at : at + MAX_TUNNEL_ACKS]))
+            with contextlib.suppress(Exception):
+                await link.send_message(batch)
+
     def _link(self, runner_id: str) -> LiveLink | None:
         runner = self._runners.get(runner_id)
         current = self._connections.by_runner.get(runner_id)
         if runner is None or current is None or current is not runner.link:
             return None
         return None if current.closed.is_set() else current
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
