@@ -12,6 +12,7 @@ from corral.errors import IllegalTransition
 from corral.ids import RunnerId
 from corral.protocol.messages import (
     MALFORMED_FRAME,
+    TUNNEL_WHOLE,
     Indexed,
     ProtocolError,
     ToClientAckEvents,
@@ -43,7 +44,7 @@ META = {
     "runner_lost_threshold": 15.0,
     "ping_interval": 3.0,
     "ack_interval": 300.0,
-    "tunnel": 2,
+    "tunnel": TUNNEL_WHOLE,
 }
 
 
@@ -106,7 +107,12 @@ def test_metadata_carries_the_session_settings() -> None:
         ToClientInit(
             RID,
             0,
-            {"runner_lost_threshold": 20, "ping_interval": 2, "ack_interval": 60, "tunnel": 2},
+            {
+                "runner_lost_threshold": 20,
+                "ping_interval": 2,
+                "ack_interval": 60,
+                "tunnel": TUNNEL_WHOLE,
+            },
         )
     )
 
