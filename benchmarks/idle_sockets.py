@@ -1,6 +1,7 @@
 """Idle runner sockets: what one coordinator spends holding N connected, idle runners.
 
-One ``corral serve`` process (SQLite); this process opens N WebSocket connections to
+One ``corral serve`` process (SQLite, or PostgreSQL with ``--db postgres``: a schema of its
+own on ``CORRAL_TEST_PG``); this process opens N WebSocket connections to
 ``/runner/socket`` and speaks the protocol minimally: a valid ``ToServerInit`` per socket
 (distinct names), then nothing but a ``ToServerPing`` every 3 s (frames from the
 coordinator are read and dropped). Like the real runner, it asks for no compression and
@@ -13,7 +14,7 @@ at a time: POST /runs → the run's process has started, p50 and p99 (every new 
 every socket's push loop, so this is where N sockets cost a dispatch).
 
     python benchmarks/idle_sockets.py [--sockets 1000] [--measure 30] [--settle 10]
-                                      [--dispatch-samples 30]
+                                      [--dispatch-samples 30] [--db sqlite|postgres]
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ import os
 import resource
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from dispatch import measure_latency, pct
+from dispatch import database, measure_latency, pct
 from served import CORRAL, corral_serve
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -155,7 +157,7 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
 
     per_socket_kib = (samples[-1] - rss_before) * 1024 / args.sockets
     print(
-        f"\nidle sockets on {os.cpu_count()} cores: one `corral serve` (SQLite), {args.sockets} "
+        f"\nidle sockets on {os.cpu_count()} cores: one `corral serve` ({args.db}), {args.sockets} "
         f"WebSocket runners pinging every {PING_S:.0f} s"
     )
     print(
@@ -224,12 +226,20 @@ def main() -> None:
     parser.add_argument(
         "--dispatch-samples", type=int, default=30, help="runs dispatched to a real runner"
     )
+    parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = min(hard, max(soft, 2 * args.sockets + 256))
     resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))  # inherited by the coordinator
 
-    with corral_serve("idle.db", {"CORRAL_TOKEN": TOKEN}) as (url, pid):
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        database(args.db, Path(tmp)) as db,
+        corral_serve(db if args.db == "postgres" else "idle.db", {"CORRAL_TOKEN": TOKEN}) as (
+            url,
+            pid,
+        ),
+    ):
         asyncio.run(bench(args, url, pid))
 
 

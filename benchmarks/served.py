@@ -28,16 +28,18 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def corral_serve(db_name: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
-    """(base URL, pid) of a coordinator on SQLite; ``env`` adds to a ``CORRAL_*``-free one."""
+    """(base URL, pid) of a coordinator on SQLite (``db_name``: a file in its directory) or
+    on PostgreSQL (``db_name``: a database URL); ``env`` adds to a ``CORRAL_*``-free one."""
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
         full_env.update(env or {})
+        db = db_name if "://" in db_name else str(Path(tmp) / db_name)
         log_path = Path(tmp) / "coordinator.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [CORRAL, "serve", "--port", str(port), "--db", str(Path(tmp) / db_name)],
+                [CORRAL, "serve", "--port", str(port), "--db", db],
                 env=full_env,
                 stdout=log,
                 stderr=log,
