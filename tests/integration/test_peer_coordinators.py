@@ -103,8 +103,16 @@ async def test_a_listener_that_lost_its_connection_reconnects_and_wakes_every_wa
     async with two_coordinators(tmp_path) as (a, b):
         runner = await b.register("runner-b")
         poll = asyncio.create_task(b.poll(runner, timeout=30.0))
+        # The poll has looked (the claim board's read of its round is back: B has no
+        # socket waiting, so it is the poll's) and found nothing: it waits.
+        board = b.coordinator.claims
         await wait_until(
-            lambda: RUNS_AVAILABLE in b.coordinator.notifier._events, what="the poll to wait"
+            lambda: (
+                board._round is not None
+                and board._round.read.done()
+                and board._round.event is b.coordinator.notifier._events.get(RUNS_AVAILABLE)
+            ),
+            what="the poll to wait",
         )
         b_listener = listener(b)
         connects, own = b_listener.connects, b_listener.node

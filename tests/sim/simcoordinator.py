@@ -9,6 +9,9 @@ events, acks and a drain in order while frames keep being read; the push loop's 
 beside them; a session tick may close the link while an op is in flight — the op's store
 effect still happens (a thread is not interrupted) but what follows it in the cancelled
 coroutine does not, nor does queued work. ``_forget`` runs once no op is in flight.
+New runs wake push loops as ``Coordinator.dispatch_forever`` does: a round (its read of the
+claimable runs an op too) hands them to the sockets waiting in the real ``SocketWaiters``,
+and a round is made every ``poll_timeout_s`` without a wake-up.
 What the pump keeps of the protocol (the push cursor, finishing reports, draining,
 who was replaced) is the channel's: nothing of it is copied here.
 """
@@ -25,6 +28,7 @@ from simrunner import ACK_INTERVAL_S, LOST_AFTER_S, PING_INTERVAL_S
 from simstore import CrashingStore
 
 from corral.coordinator.actors import kv_request
+from corral.coordinator.claims import READ_LIMIT
 from corral.coordinator.connections import Connections
 from corral.coordinator.link_core import (
     ApplyEvents,
@@ -38,7 +42,9 @@ from corral.coordinator.link_core import (
 )
 from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
 from corral.coordinator.settings import CoordinatorSettings
+from corral.coordinator.waiters import SocketWaiters, Waiter, after_claim
 from corral.errors import CorralError
+from corral.ids import RunId
 from corral.protocol import messages as wire
 from corral.protocol.outputs import (
     Alive,
@@ -91,7 +97,11 @@ class SimPump:
         self.push_op: Op | None = None
         self.pushing = False  # the push loop runs (from registration on)
         self.wake = False  # the push loop was notified
-        self.push_by = 0.0  # the push loop's wait times out then (poll_timeout_s)
+        self.waiter: Waiter | None = None  # waiting among the socket waiters
+        self.woken = False  # a round reserved runs for it that it has not tried to claim
+        self.reserved: list[RunId] | None = None
+        self.declined: frozenset[RunId] = frozenset()
+        self.runs_seen = 0  # RUNS_AVAILABLE notifications when its push began
         self.closed = False
         self.forgotten = False
 
@@ -123,6 +133,11 @@ class SimCoordinator:
         self.links: list[SimPump] = []
         self.connections = Connections()
         self.next_reconcile = world.now
+        self.waiters = SocketWaiters()
+        self.runs_notified = 0  # RUNS_AVAILABLE notifications so far
+        self.round_due = False  # a round of the socket waiters is to be made
+        self.round_op: Op | None = None  # its read of the claimable runs
+        self.next_rescan = world.now + settings.poll_timeout_s
 
     # ---- sockets and frames --------------------------------------------------------------
 
@@ -161,6 +176,10 @@ class SimCoordinator:
         if not link.closed:
             link.closed = True
             link.work.clear()  # the worker task is cancelled
+            self.leave_line(link)
+            if link.woken:  # the push loop's ``finally``: what was reserved, others take
+                link.woken = False
+                self.notify(RUNS_AVAILABLE)
             link.socket.close_from_server()
             self.forget_if_idle(link)
 
@@ -236,10 +255,33 @@ class SimCoordinator:
                     self.notify(topic)
 
     def notify(self, topic: str) -> None:
-        """The notifier: a push loop waits on new runs and on its runner's orders."""
+        """The notifier: new runs start a round of the socket waiters; a push loop waits on
+        its runner's orders."""
+        if topic == RUNS_AVAILABLE:
+            self.runs_notified += 1
+            self.round_due = True
+            return
         for link in self.links:
-            if topic == RUNS_AVAILABLE or topic == runner_topic(link.runner_id):
+            if topic == runner_topic(link.runner_id):
                 link.wake = True
+
+    def leave_line(self, link: SimPump) -> None:
+        if link.waiter is not None:
+            self.waiters.discard(link.waiter)
+            link.waiter = None
+
+    def board_wake(self, link: SimPump, reserved: list[RunId] | None) -> None:
+        link.waiter = None  # the round took it out of the line
+        link.woken, link.reserved, link.wake = True, reserved, True
+
+    def complete_round(self) -> None:
+        """The round's read is back: the waiting sockets it fits are woken."""
+        op = self.round_op
+        assert op is not None
+        self.round_op = None
+        claimable = op.run()
+        for waiter, runs in self.waiters.assign(claimable, set(), len(claimable) < READ_LIMIT):
+            waiter.wake(runs)
 
     def op(self, kind: str, run: Callable[[], Any], then: Callable[[Any], None]) -> Op:
         rng = self.world.rng
@@ -291,7 +333,29 @@ class SimCoordinator:
             self.world.log(f"{link.name} push: {result.code}: closes")
             self.close(link)
             return
+        link.woken = False
+        reserved, link.reserved = link.reserved, None
         self.handle(link, link.channel.pushed(result))
+        if link.closed:
+            return
+        link.declined, missed = after_claim(reserved, result.claimed, link.declined)
+        if missed:
+            self.notify(RUNS_AVAILABLE)
+        if not link.channel.wants_runs:
+            return
+        if self.runs_notified != link.runs_seen:
+            link.wake = True  # runs came while it claimed: it looks again
+            return
+        init = link.channel.session.init
+        assert init is not None
+        link.waiter = Waiter(
+            init.name,
+            frozenset(init.labels),
+            link.channel.free_slots,
+            lambda runs, link=link: self.board_wake(link, runs),
+            link.declined,
+        )
+        self.waiters.add(link.waiter)
 
     def forget_if_idle(self, link: SimPump) -> None:
         if not link.closed or link.forgotten or link.ops():
@@ -320,9 +384,10 @@ class SimCoordinator:
                 continue
             if link.work_op is None and link.work:
                 link.work_op = link.work.popleft()()
-            if link.pushing and link.push_op is None and (link.wake or now >= link.push_by):
+            if link.pushing and link.push_op is None and link.wake:
                 link.wake = False
-                link.push_by = now + self.settings.poll_timeout_s
+                self.leave_line(link)
+                link.runs_seen = self.runs_notified
                 rid, request = link.runner_id, link.channel.push_request()
                 link.push_op = self.op(
                     "push",
@@ -330,6 +395,19 @@ class SimCoordinator:
                         rid, self.world.now, request
                     ),
                     lambda result, link=link: self.pushed(link, result),
+                )
+
+        if now >= self.next_rescan:
+            self.next_rescan = now + self.settings.poll_timeout_s
+            if self.waiters:
+                self.round_due = True
+        if self.round_due and self.round_op is None:
+            self.round_due = False
+            if self.waiters:
+                self.round_op = self.op(
+                    "round",
+                    lambda: self.store.runs.claimable(self.world.now, READ_LIMIT),
+                    lambda _: None,
                 )
 
     def tick(self, link: SimPump) -> None:
@@ -357,7 +435,9 @@ class SimCoordinator:
 
     def deadlines(self) -> list[float]:
         now = self.world.now
-        times = [self.next_reconcile] if self.up else []
+        times = [self.next_reconcile, self.next_rescan] if self.up else []
+        if self.round_op is not None and self.round_op.due > now:
+            times.append(self.round_op.due)
         if self.restart_at is not None:
             times.append(self.restart_at)
         for link in self.links:
@@ -367,8 +447,6 @@ class SimCoordinator:
                     times.append(deadline)
                 if link.socket.cut and link.socket.notice_at > now:
                     times.append(link.socket.notice_at)
-                if link.pushing and link.push_op is None:
-                    times.append(link.push_by)
             times.extend(op.due for op in link.ops() if op.due > now)
         return times
 
@@ -390,11 +468,14 @@ class SimCoordinator:
                 world.cut(link.socket, notice=0.0)
         self.links.clear()
         self.connections = Connections()
+        self.waiters = SocketWaiters()
+        self.round_op, self.round_due = None, False
         self.up = False
         self.restart_at = world.now + world.rng.uniform(0.5, 6.0)
 
     def restart(self) -> None:
         self.up = True
         self.up_since = self.next_reconcile = self.world.now
+        self.next_rescan = self.world.now + self.settings.poll_timeout_s
         self.restart_at = None
         self.core = LinkCore(self.store, self.settings)  # type: ignore[arg-type]

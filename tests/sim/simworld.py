@@ -235,6 +235,9 @@ class World:
             for op in (link.read_op, link.work_op, link.push_op):
                 if op is not None and op.due <= now:
                     add((3.0, self.complete, (link, op)))
+        round_op = coordinator.round_op
+        if coordinator.up and round_op is not None and round_op.due <= now:
+            add((3.0, self.complete_round, None))
         if self.late:
             add((0.5, self.deliver_late, None))
         add((2.0, self.advance, None))
@@ -307,6 +310,10 @@ class World:
         link, op = link_op
         self.log(f"{link.name} {op.kind} done")
         self.coordinator.complete(link, op)
+
+    def complete_round(self) -> None:
+        self.log("a round of the socket waiters reads the claimable runs")
+        self.coordinator.complete_round()
 
     # ---- time ----------------------------------------------------------------------------
 

@@ -81,6 +81,8 @@ def create_app(
             if reconcile
             else []
         )
+        # Waiting runner sockets are woken for new runs by its rounds.
+        jobs.append(asyncio.create_task(coordinator.dispatch_forever()))
         # Several coordinators may share a PostgreSQL database: hear what the others change.
         db = opened.db
         app.state.listener = None

@@ -51,6 +51,19 @@ class ClaimBoard:
         """Up to ``max_runs`` runs ``runner`` may go and claim in the round of ``event``,
         reserved for it; ``[]``: nothing for it, wait. ``None``: the read was incomplete
         and has nothing for it: claim without a reservation."""
+        claimable, reserved = await self.look(event)
+        mine = [c.run_id for c in claimable if c.run_id not in reserved and c.fits(runner)][
+            :max_runs
+        ]
+        reserved.update(mine)
+        if not mine and len(claimable) >= READ_LIMIT:
+            return None
+        return mine
+
+    async def look(self, event: asyncio.Event) -> tuple[list[Claimable], set[RunId]]:
+        """The claimable runs of the round of ``event`` (read once for all who look), and
+        those reserved in it so far: what the caller reserves, it adds there. The socket
+        waiters' rounds (``coordinator.waiters``) share them with the long-polls."""
         current = self._round
         if current is None or current.event is not event or current.read.cancelled():
             read = asyncio.ensure_future(self._read(READ_LIMIT))
@@ -61,10 +74,4 @@ class ClaimBoard:
             if self._round is current:
                 self._round = None  # the next poll reads again
             raise
-        mine = [c.run_id for c in claimable if c.run_id not in current.reserved and c.fits(runner)][
-            :max_runs
-        ]
-        current.reserved.update(mine)
-        if not mine and len(claimable) >= READ_LIMIT:
-            return None
-        return mine
+        return claimable, current.reserved

@@ -116,11 +116,14 @@ class PushRequest:
     claim: bool  # False for a draining runner: it takes nothing new
     after: int  # the cursor: commands up to here were sent on this socket
     finishing: frozenset[Slot]  # final reports read, not yet applied: their slots are free
+    slots: int = 1  # the runner's slots, as its Init said
 
 
 @dataclass(frozen=True)
 class Pushed:
     commands: list[Indexed]  # to send, in index order
+    claimed: tuple[str, ...] = ()  # the runs this round claimed
+    free: int | None = None  # the runner's slots still free after it (None: no claim tried)
 
 
 # ---- what the channel asks beyond the session's outputs ------------------------------------
@@ -182,6 +185,10 @@ class RunnerChannel:
     left: bool = False  # the runner closed as one that shuts down (its work has stopped)
     replaced: bool = False  # a newer socket of the runner took over (or this one lost)
     drain_sent: bool = False  # the runner was told to drain on this socket
+    # The runner's free slots as the store counted them at the end of the last claim (less
+    # what was read finished since): while some are, the socket waits for runs
+    # (``coordinator.waiters``); while none is, only a final report makes it claim again.
+    free_slots: int = 0
     _sent_idx: int = 0  # commands sent on this socket, up to here
     _finishing: Counter[Slot] = field(default_factory=Counter)  # read, not yet applied
     _applying: deque[list[Slot]] = field(default_factory=deque)  # each ApplyEvents' finishes
@@ -195,6 +202,11 @@ class RunnerChannel:
             ack_interval_s=settings.ws_ack_interval_s,
         )
         return cls(seq, session)
+
+    @property
+    def wants_runs(self) -> bool:
+        """Should a new run wake this socket? Its runner has a free slot and takes work."""
+        return self.free_slots > 0 and not self.draining and not self.replaced
 
     @property
     def stopped_for_good(self) -> bool:
@@ -240,7 +252,9 @@ class RunnerChannel:
         self._finishing = +self._finishing  # drop the zeros
         out: list[ChannelOutput] = []
         topics = list(applied.wake)
-        if applied.abandon:
+        if applied.abandon or applied.finished:
+            # Replaced: the runner's newest socket sends the abandon_run commands, and
+            # counts the slot a final report read here freed.
             topics.extend(self._announce())
         if topics:
             out.append(Wake(tuple(topics)))
@@ -249,14 +263,18 @@ class RunnerChannel:
         return [*out, *self._lift(self.session.applied(applied.last_idx))]
 
     def push_request(self) -> PushRequest:
+        init = self.session.init
         return PushRequest(
             claim=not self.draining,
             after=self._sent_idx,
             finishing=frozenset(self._finishing),
+            slots=init.total_slots if init is not None else 0,
         )
 
     def pushed(self, pushed: Pushed) -> list[ChannelOutput]:
         """``LinkCore.push_work`` stored and read these commands: send them."""
+        if pushed.free is not None:
+            self.free_slots = pushed.free
         if not pushed.commands:
             return []
         out = self._lift(self.session.push(pushed.commands))
@@ -451,19 +469,27 @@ class LinkCore:
         (runner_lost) when the runner was declared lost or stopped meanwhile: it must
         connect again."""
         commands = self.store.commands
+        free = None
         # One commit for the claim and the read; flat: the claim's own transaction joins it
         # (a savepoint would cost PostgreSQL two round trips, and a failure ends both anyway).
         with self.store.db.transaction(flat=True):
-            added = (
+            claimed = (
                 commands.claim_into_commands(runner_id, now, _start_body, request.finishing)
                 if request.claim
                 else []
             )
+            if request.claim:
+                # What is left free decides whether the socket waits for new runs: counted
+                # under the claim's lock of the runner's row, as the claim counted.
+                busy = self.store.runs.held(runner_id) - request.finishing
+                free = max(0, request.slots - len(busy))
             # Numbering holds the runner's row: what was added here is contiguous. If it
             # starts right after the cursor, it is all there is to send (no read back).
+            added = claimed
             if not added or added[0].idx != request.after + 1:
                 added = commands.unacknowledged(runner_id, request.after)
-        return Pushed(_indexed(added))
+        started = tuple(str(c.body["run"]["run_id"]) for c in claimed)
+        return Pushed(_indexed(added), started, free)
 
     def order(self, runner_id: RunnerId, now: float) -> Order:
         """What was asked of the runner through any coordinator (drain, stop)."""

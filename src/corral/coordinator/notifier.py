@@ -67,8 +67,8 @@ async def wait_for(
     return waiter in done
 
 
-async def wait_any(events: list[asyncio.Event], timeout: float) -> None:
-    """Until one of ``events`` is set, or ``timeout`` seconds."""
+async def wait_any(events: list[asyncio.Event], timeout: float | None) -> None:
+    """Until one of ``events`` is set, or ``timeout`` seconds (None: no limit)."""
     waiters = [asyncio.ensure_future(e.wait()) for e in events]
     try:
         await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

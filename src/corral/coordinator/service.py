@@ -17,12 +17,13 @@ from typing import TypeVar
 
 import anyio.to_thread
 
+from corral.backoff import backoff_delay
 from corral.clock import Clock
 from corral.coordinator import scope
 from corral.coordinator.actors import Actors
 from corral.coordinator.auth import Authenticator, Principal
 from corral.coordinator.autoscaler import Autoscaler
-from corral.coordinator.claims import ClaimBoard
+from corral.coordinator.claims import READ_LIMIT, ClaimBoard
 from corral.coordinator.connections import Connections
 from corral.coordinator.event_hub import EVENTS, EventHub
 from corral.coordinator.link_core import Outcome, apply_reports, may_owe_callback, wakeups
@@ -44,6 +45,7 @@ from corral.coordinator.schemas import (
 )
 from corral.coordinator.settings import CoordinatorSettings
 from corral.coordinator.tunnel import TunnelHub
+from corral.coordinator.waiters import SocketWaiters
 from corral.errors import Conflict, CorralError, Forbidden, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import CLOSE_POLICY_VIOLATION
@@ -92,6 +94,7 @@ class Coordinator:
         self.claims = ClaimBoard(
             lambda limit: self.in_thread(store.runs.claimable, clock.now(), limit)
         )
+        self.waiters = SocketWaiters()  # runner sockets with a free slot (``dispatch_forever``)
         self.connections = Connections()
         self.actors = Actors(store, self.notifier, clock)
         self.tunnels = TunnelHub(self.connections)  # the gateway's requests to runners
@@ -276,6 +279,34 @@ class Coordinator:
             if remaining <= 0 or not await wait_for(event, remaining, gone):
                 return []
 
+    async def dispatch_forever(self) -> None:
+        """Rounds of the socket waiters (``coordinator.waiters``): each time runs become
+        available, one read of the claimable runs (the claim board's round, shared with the
+        long-polls) and the waiting sockets they fit are woken, each with its runs. Every
+        ``poll_timeout_s`` without a wake-up, a round is made anyway (a bounded re-scan:
+        one read): what a wake-up lost on the way would have left pending is found."""
+        failures = 0
+        event = self.notifier.event(RUNS_AVAILABLE)
+        while True:
+            if not await wait_for(event, self.settings.poll_timeout_s) and self.waiters:
+                self.notifier.notify(RUNS_AVAILABLE)  # a fresh read, for the polls too
+            # Taken before the read: runs created from now on start another round.
+            event = self.notifier.event(RUNS_AVAILABLE)
+            if not self.waiters:
+                continue
+            try:
+                claimable, reserved = await self.claims.look(event)
+            except Exception:  # the database is away: look again soon
+                log.exception("looking for runs for waiting sockets failed")
+                failures += 1
+                await asyncio.sleep(backoff_delay(failures, base=0.1, cap=5.0))
+                self.notifier.notify(RUNS_AVAILABLE)
+                continue
+            failures = 0
+            complete = len(claimable) < READ_LIMIT
+            for waiter, runs in self.waiters.assign(claimable, reserved, complete):
+                waiter.wake(runs)
+
     async def _runner_to_claim(self, runner_id: RunnerId) -> Runner:
         """The runner of a poll; NotFound if unknown, ``runner_lost`` (as a claim says it)
         if it was declared lost or stopped: it must register again."""
@@ -452,6 +483,9 @@ class Coordinator:
                 done.timed_out,
             )
             self.notifier.notify(*(logs_topic(r) for r in done.failed + done.timed_out))
+            # A lost runner's socket may still be open here, waiting (no free slot): its
+            # next claim tells it to connect again.
+            self.notifier.notify(*(runner_topic(r) for r in done.lost_runners))
         await self.actors.tick()
         await self.deliver_callbacks(now)
         # Tasks whose retry backoff has ended are claimed into runs.

@@ -43,8 +43,9 @@ from corral.coordinator.link_core import (
 )
 from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic, wait_any
 from corral.coordinator.service import Coordinator
+from corral.coordinator.waiters import Waiter, after_claim
 from corral.errors import CorralError, Forbidden
-from corral.ids import RunnerId
+from corral.ids import RunId, RunnerId
 from corral.protocol import messages as m
 from corral.protocol.outputs import (
     Alive,
@@ -75,6 +76,9 @@ class SocketPump:
         )
         self.closed = asyncio.Event()
         self.push_wanted = asyncio.Event()
+        self._board = asyncio.Event()  # a round of the socket waiters woke it
+        self._woken = False
+        self._reserved: list[RunId] | None = None  # what that round reserved for it
         self._send_lock = asyncio.Lock()
         self._work: asyncio.Queue[ApplyEvents | CommandsAcked | Stopping | KvRequested] = (
             asyncio.Queue()
@@ -302,35 +306,75 @@ class SocketPump:
 
     async def _push_work(self) -> None:
         """Fill free slots with pending runs and send the commands stored for the runner
-        (cancels among them), as they come."""
+        (cancels among them), as they come.
+
+        Stored commands and orders wake it at once (its runner's topic), and so does a
+        final report (a slot is free). New runs wake it only through the socket waiters
+        (``coordinator.waiters``): while its runner has a free slot it waits there, and a
+        round wakes it with the runs reserved for it."""
         channel, coordinator = self.channel, self.coordinator
+        notifier = coordinator.notifier
         runner_id = channel.runner_id
-        assert runner_id is not None
-        while not self.closed.is_set():
-            runs_event = coordinator.notifier.event(RUNS_AVAILABLE)
-            orders = coordinator.notifier.event(runner_topic(runner_id))
-            self.push_wanted.clear()
-            try:
-                pushed = await coordinator.in_thread(
-                    self.core.push_work, runner_id, coordinator.clock.now(), channel.push_request()
-                )
-            except CorralError as exc:  # lost or stopped meanwhile
-                log.warning("runner %s: %s", runner_id, exc)
-                await self._follow_orders(runner_id)  # stopped: it is told so
-                # Lost: it must reconnect (as a new runner).
-                await self.close(m.CLOSE_GOING_AWAY, m.REASON_RUNNER_LOST)
-                return
-            if pushed.commands:
-                coordinator.metrics.started_on_socket(c.body for c in pushed.commands)
-            await self._handle(channel.pushed(pushed))
-            await wait_any(
-                [runs_event, orders, self.push_wanted, self.closed],
-                coordinator.settings.poll_timeout_s,
-            )
-            if orders.is_set() and not self.closed.is_set():
-                # The runner's row changed: a drain or a stop asked through another
-                # coordinator (its NOTIFY woke us) is passed on before anything is pushed.
-                await self._follow_orders(runner_id)
+        init = channel.session.init
+        assert runner_id is not None and init is not None
+        declined: frozenset[RunId] = frozenset()
+        try:
+            while not self.closed.is_set():
+                runs_event = notifier.event(RUNS_AVAILABLE)
+                orders = notifier.event(runner_topic(runner_id))
+                self.push_wanted.clear()
+                reserved, self._reserved = self._reserved, None
+                try:
+                    pushed = await coordinator.in_thread(
+                        self.core.push_work,
+                        runner_id,
+                        coordinator.clock.now(),
+                        channel.push_request(),
+                    )
+                except CorralError as exc:  # lost or stopped meanwhile
+                    log.warning("runner %s: %s", runner_id, exc)
+                    await self._follow_orders(runner_id)  # stopped: it is told so
+                    # Lost: it must reconnect (as a new runner).
+                    await self.close(m.CLOSE_GOING_AWAY, m.REASON_RUNNER_LOST)
+                    return
+                self._woken = False  # what was reserved for it, it tried to claim
+                if pushed.commands:
+                    coordinator.metrics.started_on_socket(c.body for c in pushed.commands)
+                await self._handle(channel.pushed(pushed))
+                declined, missed = after_claim(reserved, pushed.claimed, declined)
+                if missed:  # taken by others, or not for it: another round hands them out
+                    notifier.notify(RUNS_AVAILABLE)
+                waiter = None
+                if channel.wants_runs:
+                    if runs_event.is_set():
+                        continue  # runs came while it claimed: the round may have missed it
+                    waiter = Waiter(
+                        init.name,
+                        frozenset(init.labels),
+                        channel.free_slots,
+                        self._wake,
+                        declined,
+                    )
+                    coordinator.waiters.add(waiter)
+                try:
+                    await wait_any([orders, self.push_wanted, self.closed, self._board], None)
+                finally:
+                    if waiter is not None:
+                        coordinator.waiters.discard(waiter)
+                self._board.clear()
+                if orders.is_set() and not self.closed.is_set():
+                    # The runner's row changed: a drain or a stop asked through another
+                    # coordinator (its NOTIFY woke us) is passed on before anything is pushed.
+                    await self._follow_orders(runner_id)
+        finally:
+            if self._woken:  # woken for runs it will not claim now: others may take them
+                notifier.notify(RUNS_AVAILABLE)
+
+    def _wake(self, reserved: list[RunId] | None) -> None:
+        """A round of the socket waiters reserved these runs for it (None: claim without a
+        reservation)."""
+        self._woken, self._reserved = True, reserved
+        self._board.set()
 
     async def _follow_orders(self, runner_id: RunnerId) -> None:
         order = await self.coordinator.in_thread(
