@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -37,9 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 from dispatch import (
     AUTH,
     NOOP_RUNNER,
+    PG_URL,
+    Cluster,
     Throughput,
     cluster,
     cpu_seconds,
@@ -50,6 +54,8 @@ from dispatch import (
 from httpx_sse import aconnect_sse
 
 PY_SPY = str(Path(sys.executable).parent / "py-spy")  # pip install py-spy (for --profile)
+# Collapsed stacks of the thread holding the GIL (the Python work), 200 a second.
+SPY_OPTIONS = ["--format", "raw", "--rate", "200", "--nonblocking", "--gil", "--output"]
 
 
 async def subscribe(url: str, count: int, drain: bool = False) -> dict[str, object]:
@@ -135,6 +141,26 @@ def measure_latency(url: str, samples: int) -> None:
             time.sleep(0.02)  # one change at a time: the stream's latency, not a queue's
 
 
+def database_cpu(url: str) -> dict[int, float]:
+    """PostgreSQL: CPU seconds so far of each server process serving the coordinator on
+    ``url`` (its connections are named by it: see ``throughput``); SQLite: none."""
+    if "application_name=" not in url:
+        return {}
+    name = url.rsplit("application_name=", 1)[1]
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        pids = [
+            int(row[0])
+            for row in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,)
+            )
+        ]
+    found = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            found[pid] = cpu_seconds(pid)
+    return found
+
+
 @dataclass
 class Phase:
     """One throughput measure: its own coordinator, runners and fresh database."""
@@ -143,10 +169,14 @@ class Phase:
     subscribers_cpu: float  # % of one core, the subscribers' process
     ended_early: int  # streams the coordinator ended during the measure (slow consumers)
     megabytes: float  # what the subscribers received, in all
+    database_cpu_s: float  # PostgreSQL's server processes serving the coordinator (0: SQLite)
 
     @property
     def cpu_ms_per_run(self) -> float:
         return self.measured.coordinator_cpu * 10 / self.measured.runs_per_s
+
+    def database_ms_per_run(self, runs: int) -> float:
+        return self.database_cpu_s * 1000 / runs
 
 
 def throughput(
@@ -155,47 +185,58 @@ def throughput(
     """The dispatch benchmark's control plane on a fresh database (nothing left over from
     another phase), with ``subscribers`` streams attached (0: none). ``profile``: py-spy
     records the coordinator meanwhile, into this file (collapsed stacks)."""
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        database(kind, Path(tmp)) as db,
-        cluster(db, 4, 8, Path(tmp), "websocket", NOOP_RUNNER) as target,
-    ):
-        attached = Subscribers(target.url, subscribers, Path(tmp), drain) if subscribers else None
-        seen: dict[str, Any] = {}
-        try:
-            spy = None
-            if profile is not None:
-                spy = subprocess.Popen(
-                    [
-                        PY_SPY,
-                        "record",
-                        "--pid",
-                        str(target.coordinator_pid),
-                        "--format",
-                        "raw",
-                        "--rate",
-                        "200",
-                        "--nonblocking",
-                        "--gil",
-                        "--output",
-                        str(profile),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                time.sleep(1)  # py-spy attached
-            before, start = attached.cpu() if attached else 0.0, time.monotonic()
-            measured = measure_throughput(target, runs)
-            used = (attached.cpu() if attached else 0.0) - before
-            elapsed = time.monotonic() - start
-            if spy is not None:
-                spy.send_signal(signal.SIGINT)
-                spy.wait(30)
-        finally:
-            if attached is not None:
-                seen = attached.close()
+    with tempfile.TemporaryDirectory() as tmp, database(kind, Path(tmp)) as url:
+        # Its connections named, their server processes' CPU is measured too.
+        db = f"{url}&application_name={url.rsplit('%3D', 1)[1]}" if kind == "postgres" else url
+        with cluster(db, 4, 8, Path(tmp), "websocket", NOOP_RUNNER) as target:
+            return _throughput(target, db, runs, subscribers, drain, profile, Path(tmp))
+
+
+def _throughput(
+    target: Cluster,
+    db: str,
+    runs: int,
+    subscribers: int,
+    drain: bool,
+    profile: Path | None,
+    tmp: Path,
+) -> Phase:
+    attached = Subscribers(target.url, subscribers, tmp, drain) if subscribers else None
+    seen: dict[str, Any] = {}
+    try:
+        spy = None
+        if profile is not None:
+            spy = subprocess.Popen(
+                [
+                    PY_SPY,
+                    "record",
+                    "--pid",
+                    str(target.coordinator_pid),
+                    *SPY_OPTIONS,
+                    str(profile),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            time.sleep(1)  # py-spy attached
+        before, start = attached.cpu() if attached else 0.0, time.monotonic()
+        db_before = database_cpu(db)
+        measured = measure_throughput(target, runs)
+        db_after = database_cpu(db)
+        used = (attached.cpu() if attached else 0.0) - before
+        elapsed = time.monotonic() - start
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+    finally:
+        if attached is not None:
+            seen = attached.close()
     return Phase(
-        measured, 100 * used / elapsed, int(seen.get("ended", 0)), seen.get("bytes", 0) / 1e6
+        measured,
+        100 * used / elapsed,
+        int(seen.get("ended", 0)),
+        seen.get("bytes", 0) / 1e6,
+        sum(cpu - db_before.get(pid, 0.0) for pid, cpu in db_after.items()),
     )
 
 
@@ -264,20 +305,28 @@ def main() -> None:
                 print(
                     f"  {kind} {name:8} {t.runs_per_s:6.0f} runs/s  coordinator "
                     f"{t.coordinator_cpu:3.0f} % ({phase.cpu_ms_per_run:.3f} ms a run)  "
+                    f"database {phase.database_ms_per_run(args.runs):.3f} ms a run  "
                     f"machine {t.machine_cpu:3.0f} %  subscribers' process "
                     f"{phase.subscribers_cpu:3.0f} %, {phase.megabytes:.0f} MB, "
                     f"{phase.ended_early} streams ended early  "
                     f"(load {os.getloadavg()[0]:.2f})",
                     flush=True,
                 )
+        if not args.rounds:
+            continue
         rate = [statistics.median(p.measured.runs_per_s for p in ps) for ps in (alone, watched)]
         per_run = [statistics.median(p.cpu_ms_per_run for p in ps) for ps in (alone, watched)]
+        db_run = [
+            statistics.median(p.database_ms_per_run(args.runs) for p in ps)
+            for ps in (alone, watched)
+        ]
         print(
             f"{kind:8}  {args.runs} runs x {args.rounds} rounds, medians: {rate[0]:6.0f} runs/s "
             f"alone, {rate[1]:6.0f} with {args.subscribers} subscribers "
             f"({100 * (1 - rate[1] / rate[0]):+.1f} % cost); coordinator CPU "
             f"{per_run[0]:.3f} → {per_run[1]:.3f} ms a run "
-            f"({100 * (per_run[1] / per_run[0] - 1):+.1f} %)",
+            f"({100 * (per_run[1] / per_run[0] - 1):+.1f} %)"
+            + (f"; database CPU {db_run[0]:.3f} → {db_run[1]:.3f} ms a run" if db_run[0] else ""),
             flush=True,
         )
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
