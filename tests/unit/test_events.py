@@ -6,9 +6,17 @@ import json
 
 import pytest
 
-from corral.coordinator.event_hub import Batch, EventHub, Subscription
+from corral.coordinator.event_hub import (
+    BUSY_ROUND,
+    KEEPALIVE_S,
+    MAX_ROUND_S,
+    ROUND_S,
+    Batch,
+    EventHub,
+    Subscription,
+)
 from corral.errors import InvalidRequest
-from corral.events import Event, EventFilter, EventKind, sse, sse_message
+from corral.events import Event, EventFilter, EventKind, StoredData, sse, sse_message
 
 
 def event(id: int, kind: EventKind = EventKind.LOG, **keys: str | None) -> Event:
@@ -81,3 +89,43 @@ def test_a_round_is_filtered_and_encoded_once_per_filter_not_per_subscriber() ->
     # A stream that already sent event 1 (its catch-up read overlapped) sends the rest.
     assert batches[0][0].after(1) == sse(event(3))
     assert batches[0][0].after(0) is batches[0][0].encoded
+
+
+def test_an_event_read_from_the_store_is_sent_as_its_stored_text_with_the_same_content() -> None:
+    stored = '{"attempt" : 1, "line_no" : 0, "stream" : "stdout", "ts" : 2.5}'  # PostgreSQL's
+    data = StoredData(stored, {"text": 'say "hi"\r\nbye é'})
+    log = Event(7, EventKind.LOG, 1.5, "run_1", None, "s\nname", None, None, data)
+    same = Event(7, EventKind.LOG, 1.5, "run_1", None, "s\nname", None, None, dict(data))
+    lines = sse(log).decode().rstrip("\n").split("\n")
+    assert len(lines) == 3 and stored[:-1] in lines[2]  # the stored text, not parsed again
+    assert json.loads(lines[2].removeprefix("data: ")) == same.to_json()
+    assert log.data["text"] == 'say "hi"\r\nbye é' and log.data["line_no"] == 0
+    run = Event(8, EventKind.RUN, 1.5, "run_1", None, None, None, None, StoredData('{"a":1}'))
+    assert json.loads(sse(run).decode().split("data: ", 1)[1]) == run.to_json()
+    odd = StoredData("{}", {"text": "x"})  # no key to follow: parsed and made again
+    assert json.loads(odd.encoded()) == {"text": "x"}
+    # Every key as json.dumps writes it, whatever the strings hold.
+    data = StoredData('{"k":[1,"\\n"]}')
+    full = Event(9, EventKind.ACTOR, 1e-7, None, None, 'a "b"\n', "é", "r", data, "x", "p")
+    compact = json.dumps(full.to_json(), separators=(",", ":"))
+    assert sse(full).decode() == f"id: 9\nevent: actor\ndata: {compact}\n\n"
+
+
+def test_the_pump_wakes_every_stream_for_a_keepalive_each_keepalive_period() -> None:
+    hub = EventHub(None, None, None)  # type: ignore[arg-type]  # only the nudges are used
+    streams = [Subscription(EventFilter(), 0, 100) for _ in range(2)]
+    hub.subscriptions.update(streams)
+    hub.nudge_when_due(100.0)  # the pump's first round: the period starts
+    hub.nudge_when_due(100.0 + KEEPALIVE_S - 0.1)
+    assert not any(s.keepalive or s.ready.is_set() for s in streams)
+    hub.nudge_when_due(100.0 + KEEPALIVE_S)
+    assert all(s.keepalive and s.ready.is_set() for s in streams)
+
+
+def test_the_pump_pauses_longer_after_busy_rounds_and_with_more_streams() -> None:
+    hub = EventHub(None, None, None)  # type: ignore[arg-type]  # only the pause is used
+    hub.subscriptions.add(Subscription(EventFilter(), 0, 100))
+    assert hub.round_s(0) == hub.round_s(500) == ROUND_S  # one stream: rounds are cheap
+    hub.subscriptions.update(Subscription(EventFilter(), 0, 100) for _ in range(49))
+    assert hub.round_s(1) < 0.015  # few changes: soon seen
+    assert hub.round_s(BUSY_ROUND) == hub.round_s(5000) == MAX_ROUND_S  # 50 streams, busy

@@ -26,10 +26,8 @@ behind one already read. The coordinator numbers before each read of the log.
 
 from __future__ import annotations
 
-import json
-
 from corral.errors import Gone, InvalidRequest
-from corral.events import Event, EventFilter, EventKind
+from corral.events import Event, EventFilter, EventKind, StoredData
 from corral.store.db import Database, Row, Tx
 
 NUMBERING_LOCK = 4242013  # pg_advisory_xact_lock key of ``number`` (migrate uses 4242001)
@@ -163,9 +161,8 @@ class EventStore:
 
 
 def _event(row: Row) -> Event:
-    data = json.loads(row["data"])
-    if row["kind"] == EventKind.LOG:
-        data["text"] = row["text"]
+    extra = {"text": row["text"]} if row["kind"] == EventKind.LOG else None
+    data = StoredData(row["data"], extra)
     return Event(
         id=int(row["id"]),
         kind=EventKind(row["kind"]),
