@@ -62,10 +62,12 @@ def _staying(request: Request) -> Coordinator:
     return coordinator
 
 
-async def _as_runner(request: Request, runner_id: str) -> Coordinator:
+async def _as_runner(request: Request, runner_id: str, *, staying: bool = False) -> Coordinator:
     """The coordinator, once the caller is known to be the runner it names: a runner's id
-    belongs to the token it registered with (``runner_not_yours`` for any other)."""
-    coordinator = _staying(request)
+    belongs to the token it registered with (``runner_not_yours`` for any other).
+    ``staying``: refused while the coordinator stops (corral's runner protocol: its runner
+    moves on; the seed's per-run reports are still taken, its runner may not retry them)."""
+    coordinator = _staying(request) if staying else _coordinator(request)
     await coordinator.check_runner(principal_of(request), runner_id)
     return coordinator
 
@@ -137,7 +139,7 @@ async def poll_runs(
 ) -> dict[str, Any] | Response:
     """Long-poll: claim up to ``max_runs`` runs (``{"runs": [...]}``), waiting up to the
     poll timeout; 204 if none. Without ``max_runs``, the seed's form: ``{"run": {...}}``."""
-    coordinator = await _as_runner(request, runner_id)
+    coordinator = await _as_runner(request, runner_id, staying=max_runs is not None)
     wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
     if max_runs is None:
         async with hangup(request) as gone:
@@ -165,7 +167,7 @@ async def control(
     on the WebSocket link: ``{"commands": [{"idx": …, "body": {…}}]}``, those after
     ``after``; 204 if none came. ``after``: the last one the runner has handled, which this
     call acknowledges (it is not sent again)."""
-    coordinator = await _as_runner(request, runner_id)
+    coordinator = await _as_runner(request, runner_id, staying=True)
     wait = coordinator.settings.poll_timeout_s if timeout is None else timeout
     async with hangup(request, coordinator.left) as gone:
         commands = await coordinator.control(RunnerId(runner_id), after, wait, gone)
@@ -177,7 +179,7 @@ async def control(
 @router.post("/heartbeat")
 async def heartbeat(body: RunnerHeartbeat, request: Request) -> dict[str, Any]:
     held = None if body.held is None else [Held(RunId(h.run_id), h.attempt) for h in body.held]
-    coordinator = await _as_runner(request, body.runner_id)
+    coordinator = await _as_runner(request, body.runner_id, staying=True)
     return _sync_json(await coordinator.heartbeat(body.runner_id, held))
 
 
@@ -248,7 +250,7 @@ async def failed(run_id: str, body: ReportBody, request: Request) -> dict[str, A
 async def events(body: EventsBody, request: Request) -> dict[str, Any]:
     """Apply a batch of reports in order; each gets its own answer, so one refused
     report (a lost lease) does not hold back the others."""
-    coordinator = await _as_runner(request, body.runner_id)
+    coordinator = await _as_runner(request, body.runner_id, staying=True)
     outcomes = await coordinator.apply_events(body.runner_id, body.events)
     return {
         "results": [
