@@ -197,8 +197,11 @@ def test_sigterm_on_a_coordinator_moves_its_long_poll_runners_at_once_and_kills_
     cluster: Cluster, pg_url: str, pg_schema: str
 ) -> None:
     """The same deploy with long-poll runners: their waiting calls are answered
-    ``coordinator_leaving`` and they take them to the other coordinator at once."""
-    a, b = peers(cluster, pg_url, pg_schema)
+    ``coordinator_leaving`` and they take them to the other coordinator at once. (A lost
+    threshold of 10 s: on a loaded machine a registration alone may take most of the
+    default 2 s of these tests.)"""
+    db = schema_url(pg_url, pg_schema)
+    a, b = (cluster.start_coordinator(db=db, lost_after_s=10.0) for _ in range(2))
     runners = [
         cluster.start_runner(name, url=f"{a.url},{b.url}", slots=2, wait=False)
         for name in ("first", "second")

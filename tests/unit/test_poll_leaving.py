@@ -68,15 +68,21 @@ class LeavingLink:
 
 
 @pytest.mark.parametrize(
-    ("coordinators", "leaving", "down", "waits"),
+    ("coordinators", "leaving", "down", "holding_on", "waits"),
     [
-        (2, 1, 0, [0.0]),  # the next coordinator at once
-        (2, 2, 0, [0.0, HOLD_ON_RETRY_S]),  # it stops too: often, not at once again
-        (1, 1, 2, [HOLD_ON_RETRY_S] * 3),  # the only one: often until it is back
+        (2, 1, 0, False, [0.0]),  # the next coordinator at once
+        (2, 1, 0, True, [0.0]),  # so too when another call was told first
+        (2, 2, 0, False, [0.0, HOLD_ON_RETRY_S]),  # it stops too: often, not at once again
+        (1, 1, 2, False, [HOLD_ON_RETRY_S] * 3),  # the only one: often until it is back
     ],
 )
 async def test_a_call_cut_by_a_leaving_coordinator_is_made_again_soon(
-    monkeypatch: pytest.MonkeyPatch, coordinators: int, leaving: int, down: int, waits: list[float]
+    monkeypatch: pytest.MonkeyPatch,
+    coordinators: int,
+    leaving: int,
+    down: int,
+    holding_on: bool,
+    waits: list[float],
 ) -> None:
     slept: list[float] = []
 
@@ -85,6 +91,7 @@ async def test_a_call_cut_by_a_leaving_coordinator_is_made_again_soon(
 
     link = LeavingLink(coordinators, leaving, down)
     transport = PollTransport(None, RunnerSettings(), link=link)  # type: ignore[arg-type]
+    transport.holding_on = holding_on
     monkeypatch.setattr(poll.asyncio, "sleep", sleep)
     assert await transport._retry("heartbeat", lambda: link.heartbeat()) == []
     assert slept == waits

@@ -207,6 +207,7 @@ class PollTransport:
         but with ``refusal_is_final`` (a registration: trying again cannot change the
         answer) it is raised too, and ends the runner."""
         failures = 0
+        told = False  # this call was answered coordinator_leaving
         while True:
             try:
                 answer = await call()
@@ -217,8 +218,8 @@ class PollTransport:
                 # at once; with no other (or it stops too), try again often, not backing off.
                 if not self.holding_on:
                     log.info("%s: moving on, runs kept", exc)
-                delay = 0.0 if self.link.coordinators > 1 and not self.holding_on else HOLD_ON_S
-                self.holding_on = True
+                delay = 0.0 if self.link.coordinators > 1 and not told else HOLD_ON_S
+                told = self.holding_on = True
                 await asyncio.sleep(delay)
                 continue
             except (LinkDown, CorralError) as exc:
