@@ -170,15 +170,48 @@ def test_start_threshold_and_backoff_run_on_tick(store: Store) -> None:
     actor = store.actors.create(NewActor("echo", "k", crash_policy=CrashPolicy.RESTART), T0)[0]
     store.actors.tick(T0 + lc.START_THRESHOLD_S - 1)
     assert store.actors.get(actor.id).state is ActorState.STARTING
+    store.runners.set_state(rid, RunnerState.LOST, T0 + 29)
+    again_on = runner(store, slots=1)
     store.actors.tick(T0 + lc.START_THRESHOLD_S)  # never said running: lost, placed again
     again = store.actors.get(actor.id)
     assert again.state is ActorState.STARTING and again.generation == 2
-    store.actors.runner_event(rid, actor.id, lc.Stopped(rid, 2, 1), T0 + 31)  # a crash
+    assert again.runner_id == again_on
+    store.actors.runner_event(again_on, actor.id, lc.Stopped(again_on, 2, 1), T0 + 31)  # crash
     backing_off = store.actors.get(actor.id)
     assert backing_off.state is ActorState.STOPPED
     assert backing_off.life.reschedule_at == T0 + 31 + lc.RESTART_BASE_S
     store.actors.tick(T0 + 33)
     assert store.actors.get(actor.id).generation == 3
+
+
+def test_a_threshold_on_a_runner_still_alive_never_places_a_second_generation(
+    store: Store,
+) -> None:
+    """The runner counts the start and stop thresholds from when the command reached it,
+    then SIGTERM, then SIGKILL: until it says the process stopped, or is lost (having
+    stopped its work by then), another generation elsewhere would run beside it."""
+    first = runner(store, slots=1)
+    actor = store.actors.create(NewActor("echo", "k", crash_policy=CrashPolicy.RESTART), T0)[0]
+    second = runner(store, slots=1)
+    store.actors.tick(T0 + lc.START_THRESHOLD_S)
+    waiting = store.actors.get(actor.id)
+    assert (waiting.state, waiting.runner_id, waiting.generation) == (
+        ActorState.STARTING, first, 1
+    )  # fmt: skip
+    assert waiting.life.deadline_at == T0 + 2 * lc.START_THRESHOLD_S  # waits once more
+    assert commands(store, second) == []
+    store.actors.runner_event(first, actor.id, lc.Running(first, 1), T0 + 40)  # a slow start
+    running = store.actors.get(actor.id)
+    assert running.state is ActorState.RUNNING and running.runner_id == first
+    # Asked to sleep, slow to stop: held by its runner until it stopped, or is lost.
+    store.actors.signal(actor.id, lc.Sleep(), T0 + 41)
+    store.actors.tick(T0 + 41 + lc.STOP_THRESHOLD_S)
+    assert store.actors.get(actor.id).runner_id == first
+    store.actors.signal(actor.id, lc.Wake(), T0 + 80)  # deferred: it has not stopped yet
+    store.runners.set_state(first, RunnerState.LOST, T0 + 90)
+    store.actors.tick(T0 + 90)
+    moved = store.actors.get(actor.id)
+    assert (moved.state, moved.runner_id, moved.generation) == (ActorState.STARTING, second, 2)
 
 
 def test_destroy_stops_it_then_drops_its_kv(store: Store) -> None:

@@ -297,6 +297,17 @@ def test_start_threshold_makes_it_lost() -> None:
     assert out.effects == (lc.SendStop(R, 1), lc.Place()) and not out.life.placed
 
 
+def test_a_threshold_waits_again_while_the_runner_is_alive() -> None:
+    started = lc.placed(lc.new_life(CrashPolicy.RESTART, T0)[0], R, T0)
+    out = lc.due(started, T0 + 30, runner_alive=True)
+    assert out.effects == () and out.life.placed and out.life.state is ActorState.STARTING
+    assert out.life.deadline_at == T0 + 30 + lc.START_THRESHOLD_S
+    asleep = lc.step(running(), lc.Sleep(R, 1), T0).life
+    out = lc.due(asleep, T0 + lc.STOP_THRESHOLD_S, runner_alive=True)
+    assert out.effects == () and out.life.placed
+    assert out.life.deadline_at == T0 + 2 * lc.STOP_THRESHOLD_S
+
+
 def test_stop_threshold_makes_it_lost() -> None:
     asleep = lc.step(running(), lc.Sleep(R, 1), T0).life
     out = lc.due(asleep, T0 + lc.STOP_THRESHOLD_S)

@@ -448,13 +448,22 @@ def next_deadline(life: Life) -> float | None:
     return min((t for t in times if t is not None), default=None)
 
 
-def due(life: Life, now: float) -> Step:
+def due(life: Life, now: float, *, runner_alive: bool = False) -> Step:
     """What the passing of time does: a start or stop threshold passed (lost), a restart's
-    backoff ended (placed again), an alarm rang (woken)."""
+    backoff ended (placed again), an alarm rang (woken).
+
+    A threshold that passes while the actor's runner is alive (``runner_alive``: active or
+    draining, not lost) only starts another wait: the process may still be there — the
+    runner counts its own thresholds from when the command reached it, then SIGTERM, then
+    SIGKILL — and placed elsewhere now, the actor would have two live generations. The
+    runner says when it has stopped (or it is lost, and has stopped its work by then)."""
     if life.state is ActorState.DESTROYED:
         return _ignore(life)
     if life.placed and life.deadline_at is not None and now >= life.deadline_at:
         assert life.runner_id is not None
+        if runner_alive:
+            wait = START_THRESHOLD_S if life.state is ActorState.STARTING else STOP_THRESHOLD_S
+            return Step(replace(life, deadline_at=now + wait))
         return step(life, Lost(life.runner_id, life.generation), now)
     if (
         life.state is ActorState.STOPPED

@@ -204,9 +204,10 @@ class ActorStore:
         return changes
 
     def tick(self, now: float) -> Changes:
-        """What time and runners' states do: due timers (thresholds, backoffs, alarms),
-        GoingAway for actors on draining runners, Lost for those on runners lost or
-        stopped, and every pool's queue served."""
+        """What time and runners' states do: due timers (thresholds, backoffs, alarms; a
+        threshold makes an actor lost only once its runner is not alive), GoingAway for
+        actors on draining runners, Lost for those on runners lost or stopped, and every
+        pool's queue served."""
         changes = Changes()
         with self.db.transaction(write=False) as tx:
             due = tx.execute(
@@ -223,7 +224,12 @@ class ActorStore:
         for row in due:
             with self.db.transaction() as tx:
                 actor = self._locked(tx, row["id"])
-                self._carry_out(tx, actor, lc.due(actor.life, now), now, changes)
+                alive = actor.life.runner_id is not None and tx.one(
+                    "SELECT 1 AS x FROM runners WHERE id = ? AND state IN ('active', 'draining')",
+                    (actor.life.runner_id,),
+                )
+                step = lc.due(actor.life, now, runner_alive=bool(alive))
+                self._carry_out(tx, actor, step, now, changes)
         for row in stranded:
             runner_id, generation = row["runner_id"], row["generation"]
             if row["state"] == "draining":
