@@ -98,6 +98,7 @@ class Figures:
     # run was final).
     calm_s: list[tuple[float, float]] = field(default_factory=list)
     last_open: list[str] = field(default_factory=list)  # the runs that ended last
+    backoff_waits: int = 0  # actors found waiting out a restart backoff in the calm
     verdict: Verdict = field(default_factory=Verdict)
     actors: ActorVerdict = field(default_factory=ActorVerdict)
 
@@ -348,8 +349,14 @@ class Soak:
 
     def _wake_every_actor(self) -> None:
         """In the calm, every actor answers: a request to each, through either coordinator,
-        until one is answered 200 (a few 503s while it starts again elsewhere are fine)."""
+        until one is answered 200 (a few 503s while it starts again elsewhere are fine).
+        An actor restarted often waits out its backoff first (2 s·2^n, up to 512 s)."""
         for actor_id in self.actor_ids:
+            actor = self._insist("GET", f"/actors/{actor_id}")
+            if actor["state"] == "stopped" and actor["reschedule_at"]:
+                at = datetime.fromisoformat(actor["reschedule_at"]).timestamp()
+                self.figures.backoff_waits += 1
+                time.sleep(max(0.0, min(at - time.time(), 600.0)))
             for attempt in range(12):
                 if self._ask_actor(actor_id, attempt % len(self.coordinators)).status == 200:
                     break

@@ -45,6 +45,10 @@ ACK_INTERVAL_S = 2.0
 MAX_BACKOFF_S = 4.0
 DRAIN_GRACE_S = 4.0
 STOP_MARGIN_S = 1.0  # what stopping a process takes; the runner stops that much early
+# An actor kind's start and stop thresholds on the runner (``ActorKind``: 30 s each by
+# default, as the coordinator's): scaled down as the lost threshold is; the actor world
+# gives the coordinator's lifecycle the same (``simworld.actor_thresholds``).
+ACTOR_THRESHOLD_S = 10.0  # twice the lost threshold, as 30 s is to 15 s
 
 
 @dataclass(eq=False)
@@ -67,9 +71,18 @@ class SimActor:
     identity: str  # the runner id it was started under (what its KV writes name)
     start_at: float  # it accepts connections then: reports running
     next_at: float  # its next doing of its own (storm only)
+    give_up_at: float  # not accepting by then: the runner stops it (its start threshold)
     running: bool = False  # reported running
-    stop_at: float | None = None  # told to stop: it exits then, status 0
+    stop_at: float | None = None  # stopping: it is gone then
+    stop_code: int = 0  # … with this exit status reported
     writes: int = 0
+
+    @property
+    def misbehaves(self) -> bool:
+        """Too slow to start (stopped, or to be), or to stop (to be killed): only the storm
+        makes such processes."""
+        too_slow = not self.running and self.stop_at is None and self.start_at >= self.give_up_at
+        return too_slow or self.stop_code != 0
 
 
 class RunnerProcess:
@@ -232,7 +245,7 @@ class RunnerProcess:
         world.log(f"{self.label} executes #{idx} {body['type']} {actor_id}/{generation}")
         if body["type"] == "stop_actor":
             if held is not None and held.generation == generation and held.stop_at is None:
-                held.stop_at = world.now + world.rng.uniform(0.0, 1.0)
+                self.terminate(held, asked=True)
             return
         if held is not None and held.generation >= generation:
             world.log(f"{self.label} already runs {actor_id}/{held.generation}: start ignored")
@@ -240,12 +253,34 @@ class RunnerProcess:
         if held is not None:  # an older generation still here: killed (ActorHost.start)
             self.actor_ended(held, 137)
         rng, now = world.rng, world.now
-        start_at = now + (0.0 if rng.random() < 0.5 else rng.uniform(0.0, 1.0))
+        # Most start at once or soon; during the storm some slowly, now and then later than
+        # the threshold.
+        roll = rng.random() if now < world.storm_end else rng.random() * 0.9
+        start_at = now + (
+            0.0 if roll < 0.5 else rng.uniform(0.0, 1.0) if roll < 0.9 else rng.uniform(1.0, 15.0)
+        )
         assert self.conn.runner_id is not None
         self.actors[actor_id] = SimActor(
-            actor_id, generation, self.conn.runner_id, start_at, start_at + rng.expovariate(0.5)
+            actor_id,
+            generation,
+            self.conn.runner_id,
+            start_at,
+            next_at=start_at + rng.expovariate(0.5),
+            give_up_at=now + ACTOR_THRESHOLD_S,
         )
         world.actor_started(self, actor_id, generation)
+
+    def terminate(self, actor: SimActor, *, asked: bool) -> None:
+        """SIGTERM (``ActorHost.stop``, or a start that took too long): most exit soon
+        (status 0 when asked to stop, else 143); during the storm some do not, and are
+        killed (SIGKILL, 137) after the stop threshold."""
+        rng, now = self.world.rng, self.world.now
+        slow = rng.random() < 0.15 and now < self.world.storm_end  # processes behave after
+        delay = rng.uniform(1.0, 2 * ACTOR_THRESHOLD_S) if slow else rng.uniform(0.0, 1.0)
+        if delay < ACTOR_THRESHOLD_S:
+            actor.stop_at, actor.stop_code = now + delay, 0 if asked else 143
+        else:
+            actor.stop_at, actor.stop_code = now + ACTOR_THRESHOLD_S, 137
 
     def actor_ended(self, actor: SimActor, code: int) -> None:
         """Its process is gone: say so (``stopped`` with its exit status)."""
@@ -270,12 +305,15 @@ class RunnerProcess:
         for actor in list(self.actors.values()):
             if actor.stop_at is not None:
                 if now >= actor.stop_at:
-                    self.actor_ended(actor, 0)
+                    self.actor_ended(actor, actor.stop_code)
                 continue
             if not actor.running:
                 if now >= actor.start_at:
                     actor.running = True
                     self.actor_event(actor, {"type": "actor_state", "state": "running"})
+                elif now >= actor.give_up_at:
+                    self.world.log(f"{self.label} gives up on {actor.actor_id}/{actor.generation}")
+                    self.terminate(actor, asked=False)
                 continue
             if now < actor.next_at:
                 continue
@@ -351,8 +389,10 @@ class RunnerProcess:
         for actor in self.actors.values():
             if actor.stop_at is not None:
                 times.append(actor.stop_at)
+            elif actor.running:
+                times.append(actor.next_at)
             else:
-                times.append(actor.next_at if actor.running else actor.start_at)
+                times.append(min(actor.start_at, actor.give_up_at))
         return min((t for t in times if t is not None), default=None)
 
     def report(self, attempt: SimAttempt, status: str) -> None:

@@ -47,20 +47,21 @@ module, with the differences said in its docstring.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import sqlite3
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from simcoordinator import SimCoordinator, settings
 from simnet import CLOSE, Socket
-from simrunner import LOST_AFTER_S, RunnerProcess, SimActor
+from simrunner import ACTOR_THRESHOLD_S, LOST_AFTER_S, RunnerProcess, SimActor
 from simstore import open_copy, sequential_ids
 
 from corral.actors import lifecycle as lc
@@ -618,9 +619,10 @@ class World:
         return bool(gone > self.gone_at_calm)
 
     def begin_calm(self) -> bool:
-        """After the storm, once every runner is back and linked, and the coordinator has
+        """After the storm, once every runner is back and linked, the coordinator has
         applied all its runners said (an actor's sleep intent of the storm is not news
-        that comes after the wake): the clients insist."""
+        that comes after the wake) and taken back the actors of runners gone, and no
+        process misbehaves as the storm made it: the clients insist."""
         if self.calm:
             return True
         if not self.coordinator.up:
@@ -632,6 +634,13 @@ class World:
                 return False
             if runner.conn.unacked_events:  # what its actors said in the storm is applied
                 return False
+            if any(a.misbehaves for a in runner.actors.values()):  # as the storm made it
+                return False
+        # And no actor is still placed on a runner identity of before (lost, or not yet).
+        live = {r.conn.runner_id for r in self.runners if r is not None}
+        placed = self.watch.execute("SELECT runner_id FROM actor_placements").fetchall()
+        if any(runner_id not in live for (runner_id,) in placed):
+            return False
         self.calm = True
         self.log("calm: every runner is back; clients want every actor")
         (self.gone_at_calm,) = self.watch.execute(
@@ -757,13 +766,27 @@ def _item(item: dict[str, Any]) -> str:
     return f"{item['idx']}:{body['type']} {run}/{attempt}"
 
 
+@contextlib.contextmanager
+def actor_thresholds(seconds: float) -> Iterator[None]:
+    """The lifecycle's start and stop thresholds (30 s), scaled down as the runner's are."""
+    saved = lc.START_THRESHOLD_S, lc.STOP_THRESHOLD_S
+    lc.START_THRESHOLD_S = lc.STOP_THRESHOLD_S = seconds
+    try:
+        yield
+    finally:
+        lc.START_THRESHOLD_S, lc.STOP_THRESHOLD_S = saved
+
+
 def simulate(seed: int, template: Path, workdir: Path, *, with_actors: bool = False) -> Outcome:
     """Run one seed on a fresh copy of the template database; never raises."""
     path = workdir / f"sim-{seed}.db"
     store = open_copy(template, path)
     world: World | None = None
     try:
-        with sequential_ids():
+        thresholds = (
+            actor_thresholds(ACTOR_THRESHOLD_S) if with_actors else contextlib.nullcontext()
+        )
+        with sequential_ids(), thresholds:
             world = World(seed, store, with_actors)
             try:
                 world.run()
