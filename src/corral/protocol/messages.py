@@ -355,20 +355,17 @@ _ALL: tuple[type[Any], ...] = tuple(
 _FIELD_NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in _ALL}
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_plain(item) for item in value]
-    if isinstance(value, Indexed):
-        return {"idx": value.idx, "body": value.body}
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    return value
-
-
 def encode(message: Message) -> str:
+    # Tuples (headers, labels, acknowledgements) are JSON arrays as they are: only bytes
+    # (base64) and numbered items need turning into JSON (this is in every frame's path).
     frame: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": type(message).__name__}
     for name in _FIELD_NAMES[type(message)]:
-        frame[name] = _plain(getattr(message, name))
+        value = getattr(message, name)
+        if type(value) is bytes:
+            value = base64.b64encode(value).decode("ascii")
+        elif type(value) is tuple and value and type(value[0]) is Indexed:
+            value = [{"idx": item.idx, "body": item.body} for item in value]
+        frame[name] = value
     return json.dumps(frame, separators=(",", ":"), allow_nan=False)
 
 

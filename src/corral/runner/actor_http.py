@@ -157,9 +157,8 @@ class ActorClient:
                 return conn
             conn.close()
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection("127.0.0.1", port, limit=READ_BYTES), CONNECT_TIMEOUT_S
-            )
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):  # no task of its own, as wait_for
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=READ_BYTES)
         except (OSError, TimeoutError) as exc:
             raise ActorRefused(repr(exc)) from exc
         return _Connection(reader, writer)
