@@ -10,8 +10,8 @@ connected and a settling pause is over, it samples the coordinator's CPU
 (/proc/<pid>/stat utime+stime) over the measurement window and its RSS
 (/proc/<pid>/status VmRSS). Then, with the idle sockets still open, a real ``corral
 runner`` (1 slot, a label of its own) joins and runs that need its label are dispatched one
-at a time: POST /runs → the run's process has started, p50 and p99 (every new run wakes
-every socket's push loop, so this is where N sockets cost a dispatch).
+at a time: POST /runs → the run's process has started, p50 and p99 (a new run used to wake
+every socket's push loop into a claim; now only the socket it fits: ``coordinator.waiters``).
 
     python benchmarks/idle_sockets.py [--sockets 1000] [--measure 30] [--settle 10]
                                       [--dispatch-samples 30] [--db sqlite|postgres]
@@ -112,11 +112,19 @@ class IdleRunner:
             reader.cancel()
 
 
-async def open_all(url: str, count: int, batch: int) -> list[IdleRunner]:
+async def open_all(
+    url: str, count: int, batch: int
+) -> tuple[list[IdleRunner], list[asyncio.Task[None]]]:
+    """Connect ``count`` runners, ``batch`` at a time; each pings from its Init on, as a
+    real runner does (a socket silent until the last one connected would be declared lost
+    when connecting takes longer than the lost threshold)."""
     runners = [IdleRunner(url, f"idle-{i:04d}") for i in range(count)]
+    lives: list[asyncio.Task[None]] = []
     for offset in range(0, count, batch):
-        await asyncio.gather(*(r.connect() for r in runners[offset : offset + batch]))
-    return runners
+        group = runners[offset : offset + batch]
+        await asyncio.gather(*(r.connect() for r in group))
+        lives += [asyncio.create_task(r.live()) for r in group]
+    return runners, lives
 
 
 async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
@@ -125,10 +133,9 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
     t0 = time.monotonic()
     rss_before = rss_mib(pid)
     cpu_at_start = cpu_seconds(pid)
-    runners = await open_all(ws_url, args.sockets, args.batch)
+    runners, lives = await open_all(ws_url, args.sockets, args.batch)
     connect_s = time.monotonic() - t0
     connect_cpu = cpu_seconds(pid) - cpu_at_start
-    lives = [asyncio.create_task(r.live()) for r in runners]
     await asyncio.sleep(args.settle)
 
     cpu0, wall0, ccpu0 = cpu_seconds(pid), time.monotonic(), time.process_time()
