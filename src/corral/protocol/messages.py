@@ -482,14 +482,20 @@ def _acks(frame: _Frame) -> tuple[tuple[str, int], ...]:
 
 def _headers(frame: _Frame) -> Headers:
     value = _get(frame, "headers")
-    if type(value) is not list or any(
-        type(pair) is not list or len(pair) != 2 or any(type(part) is not str for part in pair)
-        for pair in value
-    ):
+    if type(value) is not list:
         _malformed("'headers' must be a list of [name, value] strings")
-    if sum(len(name) + len(text) for name, text in value) > MAX_TUNNEL_HEADER_BYTES:
+    headers, size = [], 0
+    for pair in value:  # one pass: every tunnelled request and response has its headers
+        if type(pair) is not list or len(pair) != 2:
+            _malformed("'headers' must be a list of [name, value] strings")
+        name, text = pair
+        if type(name) is not str or type(text) is not str:
+            _malformed("'headers' must be a list of [name, value] strings")
+        size += len(name) + len(text)
+        headers.append((name, text))
+    if size > MAX_TUNNEL_HEADER_BYTES:
         _malformed(f"'headers' are over {MAX_TUNNEL_HEADER_BYTES} bytes")
-    return tuple((name, text) for name, text in value)
+    return tuple(headers)
 
 
 def _request_start(f: _Frame) -> ToClientRequestStart:
@@ -617,6 +623,10 @@ def _no_constants(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")  # json accepts NaN and Infinity unless told so
 
 
+# One decoder for every frame: ``json.loads`` with an argument builds a new one each call.
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)
+
+
 @overload
 def decode(text: str | bytes, *, side: Literal["server"]) -> ToServerMessage: ...
 @overload
@@ -626,7 +636,7 @@ def decode(text: str | bytes, *, side: Literal["server", "client"]) -> Message:
     decoders: Mapping[str, Callable[[_Frame], Message]]
     decoders = _TO_SERVER if side == "server" else _TO_CLIENT
     try:
-        frame = json.loads(text, parse_constant=_no_constants)
+        frame = _DECODER.decode(text if isinstance(text, str) else text.decode())
     except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError, a ValueError
         raise ProtocolError(MALFORMED_FRAME, f"not JSON: {exc}") from exc
     if type(frame) is not dict:
