@@ -12,7 +12,11 @@ A ``start_actor`` command starts the kind's command (``actors/kinds.py``) with
 and reports ``running`` once the process accepts connections on PORT (not before; not at
 all if it does not within the kind's start threshold: it is stopped), ``stopped`` with its
 exit status when it exits (0 when it ended because it was told to stop). ``stop_actor``
-sends SIGTERM, then SIGKILL after the stop threshold. Commands and the local API name the
+sends SIGTERM, then SIGKILL after the stop threshold. A process the runner ends of its own
+accord — a start that took too long, the end of a drain's grace, the work stopped — is
+reported with no exit status (a crash, for the crash policy to decide), never 0: whatever
+the process answers a SIGTERM with, 0 would be a graceful exit, which destroys the actor
+and drops its KV. Commands and the local API name the
 generation: those of an older one are ignored or refused.
 
 The gateway's side (``port_of``, ``touch``) finds the port of a running generation and
@@ -68,7 +72,8 @@ class HostedActor:
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     child: Child | None = None
     accepting: bool = False
-    stop_asked: bool = False
+    stop_asked: bool = False  # it is being stopped (told to, or of the runner's accord)
+    told_to_stop: bool = False  # by the coordinator (stop_actor): its SIGTERM is an end
     sleep_asked: bool = False
     last_activity: float = field(default_factory=time.monotonic)
     input_file: str | None = None
@@ -156,8 +161,14 @@ class ActorHost:
 
     def stop(self, actor_id: str, generation: int) -> None:
         hosted = self._actors.get(actor_id)
-        if hosted is None or hosted.generation != generation or hosted.stop_asked:
+        if hosted is None or hosted.generation != generation:
             return
+        hosted.told_to_stop = True
+        if not hosted.stop_asked:
+            self._terminate(hosted)
+
+    def _terminate(self, hosted: HostedActor) -> None:
+        """SIGTERM (then SIGKILL after the stop threshold, ``_stop_within``)."""
         hosted.stop_asked = True
         if hosted.child is not None:
             hosted.child.signal_group(signal.SIGTERM)
@@ -168,8 +179,8 @@ class ActorHost:
         for hosted in list(self._actors.values()):
             if now:
                 self._kill(hosted)
-            else:
-                self.stop(hosted.actor_id, hosted.generation)
+            elif not hosted.stop_asked:
+                self._terminate(hosted)
 
     @property
     def running(self) -> int:
@@ -191,7 +202,8 @@ class ActorHost:
     async def _supervise(self, hosted: HostedActor, input: str | None) -> None:
         try:
             returncode = await self._run(hosted, input)
-            status = exit_status(returncode, hosted.stop_asked)
+            ours = hosted.stop_asked and not hosted.told_to_stop  # the runner's own accord
+            status = None if ours else exit_status(returncode, hosted.told_to_stop)
         except (OSError, ValueError) as exc:
             log.warning("actor %s: cannot start %s: %s", hosted.actor_id, hosted.kind.name, exc)
             status = 127
@@ -225,6 +237,7 @@ class ActorHost:
             elif not exited.done():
                 if not hosted.stop_asked:  # a failed start, not an end it was asked for
                     log.warning("actor %s: no connection on PORT in time", hosted.actor_id)
+                    hosted.stop_asked = True
                 child.signal_group(signal.SIGTERM)
             return await _stop_within(child, exited, hosted.kind.stop_threshold_s)
         finally:
