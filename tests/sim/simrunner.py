@@ -74,7 +74,7 @@ class SimActor:
     give_up_at: float  # not accepting by then: the runner stops it (its start threshold)
     running: bool = False  # reported running
     stop_at: float | None = None  # stopping: it is gone then
-    stop_code: int = 0  # … with this exit status reported
+    stop_code: int | None = 0  # … with this exit status reported
     writes: int = 0
 
     @property
@@ -251,7 +251,7 @@ class RunnerProcess:
             world.log(f"{self.label} already runs {actor_id}/{held.generation}: start ignored")
             return
         if held is not None:  # an older generation still here: killed (ActorHost.start)
-            self.actor_ended(held, 137)
+            self.actor_ended(held, None)
         rng, now = world.rng, world.now
         # Most start at once or soon; during the storm some slowly, now and then later than
         # the threshold.
@@ -272,32 +272,37 @@ class RunnerProcess:
 
     def terminate(self, actor: SimActor, *, asked: bool) -> None:
         """SIGTERM (``ActorHost.stop``, or a start that took too long): most exit soon
-        (status 0 when asked to stop, else 143); during the storm some do not, and are
-        killed (SIGKILL, 137) after the stop threshold."""
+        (status 0 when told to stop; no status when the runner gave up on its start);
+        during the storm some do not, and are killed (SIGKILL) after the stop threshold."""
         rng, now = self.world.rng, self.world.now
         slow = rng.random() < 0.15 and now < self.world.storm_end  # processes behave after
         delay = rng.uniform(1.0, 2 * ACTOR_THRESHOLD_S) if slow else rng.uniform(0.0, 1.0)
         if delay < ACTOR_THRESHOLD_S:
-            actor.stop_at, actor.stop_code = now + delay, 0 if asked else 143
+            actor.stop_at, actor.stop_code = now + delay, 0 if asked else None
         else:
-            actor.stop_at, actor.stop_code = now + ACTOR_THRESHOLD_S, 137
+            actor.stop_at, actor.stop_code = now + ACTOR_THRESHOLD_S, 137 if asked else None
 
-    def actor_ended(self, actor: SimActor, code: int) -> None:
-        """Its process is gone: say so (``stopped`` with its exit status)."""
+    def actor_ended(self, actor: SimActor, code: int | None) -> None:
+        """Its process is gone: say so (``stopped`` with its exit status; none when the
+        runner ended it of its own accord)."""
         del self.actors[actor.actor_id]
         self.world.log(f"{self.label} actor {actor.actor_id}/{actor.generation} exits {code}")
-        self.send(
-            {"type": "actor_state", "actor_id": actor.actor_id,
-             "generation": actor.generation, "state": "stopped", "code": code}
-        )  # fmt: skip
-        if actor.running and self.world.rng.random() < 0.25:
+        body = {"type": "actor_state", "actor_id": actor.actor_id,
+                "generation": actor.generation, "state": "stopped"}  # fmt: skip
+        self.send(body if code is None else {**body, "code": code})
+        roll = self.world.rng.random()
+        if actor.running and roll < 0.35:
             # A call to the local API it made just before it ended: the API had checked
             # the generation was there, and asks after the end was reported.
-            self.kv_write(actor)
+            if roll < 0.25:
+                self.kv_write(actor)
+            else:
+                intent = "sleep" if roll < 0.3 else "stop"
+                self.actor_event(actor, {"type": "actor_intent", "intent": intent})
 
     def kill_actors(self) -> None:
         for actor in list(self.actors.values()):
-            self.actor_ended(actor, 137)
+            self.actor_ended(actor, None)
 
     def actor_progress(self) -> None:
         world = self.world
@@ -332,10 +337,12 @@ class RunnerProcess:
         elif roll < 0.5:
             self.actor_event(actor, {"type": "actor_intent", "intent": "sleep"})
         elif roll < 0.58:
+            self.world.may_destroy.add(actor.actor_id)  # its graceful exit destroys it
             self.actor_event(actor, {"type": "actor_intent", "intent": "stop"})
         elif roll < 0.7:
             self.actor_ended(actor, 1)  # it crashes
         elif roll < 0.75:
+            self.world.may_destroy.add(actor.actor_id)
             self.actor_ended(actor, 0)  # it exits by itself
         elif roll < 0.85:
             at = now + rng.uniform(0.5, 10.0) if rng.random() < 0.8 else None
@@ -443,8 +450,8 @@ class RunnerProcess:
 
     def leave(self) -> None:
         self.stop_running()
-        for actor in list(self.actors.values()):  # SIGTERM at the end of the grace
-            self.actor_ended(actor, 0)
+        for actor in list(self.actors.values()):  # SIGTERM at the end of the grace: the
+            self.actor_ended(actor, None)  # runner's own accord, no exit status
         self.carry_out(self.conn.shutdown(self.world.now))
         self.close_socket(wire.REASON_RUNNER_SHUTDOWN)
         self.world.process_exited(self, "drained")

@@ -31,6 +31,8 @@ timers. More invariants, also after every step:
 - never two live generations: no actor has a process in two runner processes at once;
 - no KV write is applied but from the runner and generation the actor is placed on (a
   trigger logs each applied write beside the placement of its transaction);
+- an actor is destroyed only when something asked for it: a client, a stop intent or an
+  exit of its own process, or its crash policy;
 - the tables agree with the lifecycle (a placement exactly for a placed actor, with its
   generation, within its runner's slots; the queue exactly the pending actors), and the
   pool's wanted slots (what the autoscaler counts) never drift from the placed and
@@ -149,6 +151,9 @@ class World:
         self.calm = False  # the faults are over and every runner is back: clients insist
         self.asked: dict[str, int] = {}  # wakes a client sent each actor since the calm
         self.stopping_when_woken: set[str] = set()
+        # Actors something asked to end: a client's destroy, a stop intent of the process
+        # it has now, an exit of its own, or its crash policy (destroy).
+        self.may_destroy: set[str] = set()
         self.gone_at_calm = 0
         if with_actors:
             self.actor_slots = [rng.randint(1, 2) for _ in range(self.hosts)]
@@ -405,10 +410,14 @@ class World:
                 NewActor("echo", f"k{i}", crash_policy=policy), self.now
             )
             self.actor_ids.append(actor.id)
+            if policy is CrashPolicy.DESTROY:
+                self.may_destroy.add(actor.id)
             self.log(f"client creates {actor.id} ({policy}): {actor.state}")
         elif i >= len(self.actor_ids):
             return
         else:
+            if kind == "destroy":
+                self.may_destroy.add(self.actor_ids[i])
             event = {"wake": lc.Wake(), "sleep": lc.Sleep(), "destroy": lc.Destroy()}[kind]
             actor, changes = self.store.actors.signal(self.actor_ids[i], event, self.now)
             self.log(f"client: {kind} {actor.id}: now {actor.state}")
@@ -560,6 +569,8 @@ class World:
         wanted = 0
         for actor_id, state, generation in db.execute("SELECT id, state, generation FROM actors"):
             state = ActorState(state)
+            if state is ActorState.DESTROYED and actor_id not in self.may_destroy:
+                self.violation(f"{actor_id} was destroyed, though nothing asked for it")
             placed = actor_id in placements
             if state is not ActorState.SLEEPING and placed != (state in ALWAYS_PLACED):
                 self.violation(f"{actor_id} is {state} but {'' if placed else 'not '}placed")
