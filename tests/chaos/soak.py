@@ -98,7 +98,7 @@ class Figures:
     # run was final).
     calm_s: list[tuple[float, float]] = field(default_factory=list)
     last_open: list[str] = field(default_factory=list)  # the runs that ended last
-    backoff_waits: int = 0  # actors found waiting out a restart backoff in the calm
+    backoff_wait_s: float = 0.0  # the calms' waits for actors' restart backoffs
     verdict: Verdict = field(default_factory=Verdict)
     actors: ActorVerdict = field(default_factory=ActorVerdict)
 
@@ -119,7 +119,8 @@ class Figures:
             f"{sum(self.created.values())} ({final}), started again after a lost lease "
             f"{self.verdict.reexecuted}; actors {ACTORS}: requests "
             f"{sum(self.actors.answers.values())} ({self.actor_answers()}), generations "
-            f"{self.actors.generations}; unplanned exits {exits or 'none'}; "
+            f"{self.actors.generations} (calms waited {self.backoff_wait_s:.0f}s for "
+            f"restart backoffs); unplanned exits {exits or 'none'}; "
             f"last calm: up in {up:.1f}s, runs final {settle:.1f}s later; "
             f"violations {len(self.violations)}"
         )
@@ -355,8 +356,9 @@ class Soak:
             actor = self._insist("GET", f"/actors/{actor_id}")
             if actor["state"] == "stopped" and actor["reschedule_at"]:
                 at = datetime.fromisoformat(actor["reschedule_at"]).timestamp()
-                self.figures.backoff_waits += 1
-                time.sleep(max(0.0, min(at - time.time(), 600.0)))
+                wait = max(0.0, min(at - time.time(), 600.0))
+                self.figures.backoff_wait_s += wait
+                time.sleep(wait)
             for attempt in range(12):
                 if self._ask_actor(actor_id, attempt % len(self.coordinators)).status == 200:
                     break
