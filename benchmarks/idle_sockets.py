@@ -152,7 +152,11 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
     active = sum(r["state"] == "active" for r in listed)
 
     cpu_before_dispatch = cpu_seconds(pid)
-    dispatch = await asyncio.to_thread(probe_dispatch, url, args.dispatch_samples)
+    try:
+        dispatch = await asyncio.to_thread(probe_dispatch, url, args.dispatch_samples)
+    except httpx.HTTPError as exc:  # a coordinator too busy to answer: say so, and the rest
+        print(f"  dispatch to a real runner failed: {exc!r}")
+        dispatch = []
     dispatch_cpu_ms = (
         1000 * (cpu_seconds(pid) - cpu_before_dispatch) / max(1, len(dispatch) + DISPATCH_WARMUP)
     )
