@@ -4,7 +4,9 @@ A real coordinator and one WebSocket runner (1 slot). Before each point, the bac
 raised to N pending runs that the runner cannot take (they need a label it has not got,
 like work waiting for a pool that is down): every claim must pass over them. Then, one run
 at a time, POST /runs → the run's process has started (it prints its own start time), as
-``dispatch.py``'s latency: p50 and p99 at each backlog size. Goal (issue 16 §3): flat.
+``dispatch.py``'s latency: p50 and p99 at each backlog size, the coordinator's CPU per run
+dispatched (steadier than the latency on a loaded machine; it includes what the coordinator
+does meanwhile, its reconciler's passes too), and the load average. Goal (issue 16 §3): flat.
 
     python benchmarks/pending_dispatch.py [--backlog 0,10000,100000] [--samples 50]
                                           [--db sqlite|postgres]
@@ -13,12 +15,13 @@ at a time, POST /runs → the run's process has started (it prints its own start
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from dispatch import AUTH, cluster, database, measure_latency, pct
+from dispatch import AUTH, cluster, cpu_seconds, database, measure_latency, pct
 
 BATCH = 500
 UNTAKEN = {"type": "command", "command": ["true"], "labels": ["absent-pool"]}
@@ -52,12 +55,22 @@ def main() -> None:
             started = time.monotonic()
             raise_backlog(target.url, have, size)
             fill_s, have = time.monotonic() - started, size
+            cpu_before = cpu_seconds(target.coordinator_pid)
             latencies = measure_latency(target.url, args.samples, warmup=5)
-            rows.append((size, pct(latencies, 50), pct(latencies, 99), fill_s))
+            cpu_ms = (cpu_seconds(target.coordinator_pid) - cpu_before) * 1000
+            cpu_per_run = cpu_ms / (args.samples + 5)
+            load = os.getloadavg()[0]
+            rows.append((size, pct(latencies, 50), pct(latencies, 99), cpu_per_run, load, fill_s))
     print(f"\ndispatch latency with a backlog ({args.db}, 1 WebSocket runner, 1 slot)")
-    print(f"  {'pending runs':>12}  {'p50 ms':>8}  {'p99 ms':>8}  (backlog raised in)")
-    for size, p50, p99, fill_s in rows:
-        print(f"  {size:>12,}  {p50:8.1f}  {p99:8.1f}  ({fill_s:.0f} s)")
+    print(
+        f"  {'pending runs':>12}  {'p50 ms':>8}  {'p99 ms':>8}  {'coord CPU ms/run':>16}  "
+        f"{'load':>5}  (backlog raised in)"
+    )
+    for size, p50, p99, cpu_per_run, load, fill_s in rows:
+        print(
+            f"  {size:>12,}  {p50:8.1f}  {p99:8.1f}  {cpu_per_run:16.2f}  {load:5.1f}  "
+            f"({fill_s:.0f} s)"
+        )
 
 
 if __name__ == "__main__":

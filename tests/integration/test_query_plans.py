@@ -1,16 +1,27 @@
 """The claim reads its partial index on SQLite: a guard spelled ``status IN ('pending')``
 instead of the index's own ``status = 'pending'`` made SQLite scan every run on every claim
 (control-plane CPU per run 0.8 → 1.4 ms with 10,000 runs stored). A pool's wanted slots are
-counted from the placements, not by scanning its actors (10,000 may sleep)."""
+counted from the placements, not by scanning its actors (10,000 may sleep). A claim reads
+no pending run its runner cannot take (issue 16 §3: with 100,000 of them waiting for a label
+no runner had, each claim read them all and a dispatch took 326 ms)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+from corral.runs import NewRun, RunType
+from corral.store import Store
 from corral.store.actors import WANTED_SLOTS
 from corral.store.claims import CLAIMABLE
-from corral.store.db import open_database
+from corral.store.db import SqliteDatabase, open_database
 from corral.store.rows import HELD
+
+NOW = 1_700_000_000.0
+
+
+def command(**kw: object) -> NewRun:
+    return NewRun(type=RunType.COMMAND, command=("true",), **kw)  # type: ignore[arg-type]
 
 
 def plan(db_path: Path, sql: str) -> str:
@@ -49,3 +60,69 @@ def test_wanted_slots_count_placements_not_every_sleeping_actor(tmp_path: Path) 
     finally:
         db.close()
     assert "SCAN a" not in found and "SEARCH a USING INDEX" in found, found
+
+
+def rows_read(store: Store, claim: Callable[[], object]) -> int:
+    """What ``claim`` reads of the runs table: SQLite virtual machine steps (in hundreds),
+    or on PostgreSQL the rows its scans of runs fetched (this transaction's statistics)."""
+    db = store.db
+    with db.transaction() as tx:
+        if isinstance(db, SqliteDatabase):
+            steps = [0]
+
+            def step() -> int:
+                steps[0] += 1
+                return 0
+
+            conn = db._conn()
+            conn.set_progress_handler(step, 100)
+            try:
+                claim()
+            finally:
+                conn.set_progress_handler(None, 100)
+            return steps[0]
+        read = (
+            "SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) AS n FROM pg_stat_xact_user_tables "
+            "WHERE relid = 'runs'::regclass"
+        )
+        before = tx.one(read)
+        claim()
+        after = tx.one(read)
+    assert before is not None and after is not None
+    return int(after["n"]) - int(before["n"])
+
+
+def test_a_claim_does_not_read_the_runs_its_runner_cannot_take(store: Store) -> None:
+    """Issue 16 §3: with thousands of older pending runs that need a label the runner lacks
+    or another runner, a claim reads about what it reads without them (it read them all,
+    row by row, when the labels were matched along the claim order)."""
+    runner, _ = store.runners.register(
+        name="me", hostname="h", labels=["linux"], slots=4, version="0", transport="http", now=NOW
+    )
+
+    def claim_one() -> None:
+        assert len(store.runs.claim(runner.id, 1, NOW + 10)) == 1
+
+    mine = [command(), command(labels=("linux",)), command(required_runner="me")]
+    store.runs.create_many(mine, NOW)
+    alone = rows_read(store, claim_one)
+    store.runs.create_many([command(labels=("gpu",)) for _ in range(2000)], NOW - 100)
+    store.runs.create_many([command(required_runner="other") for _ in range(1000)], NOW - 100)
+    with_backlog = rows_read(store, claim_one)
+    assert with_backlog <= 2 * alone + 10, (alone, with_backlog)
+
+
+def test_the_look_for_runs_claimable_since_does_not_read_the_backlog(store: Store) -> None:
+    """The reconciler looks each second for runs claimable since its last look: runs that
+    wait unchanged before it are not read (it read every pending run: 2.5 s a look with
+    100,000 waiting, on this machine under load)."""
+
+    def look() -> None:
+        assert store.runs.has_claimable(NOW + 10, since=NOW - 1)
+        assert not store.runs.has_claimable(NOW + 10, since=NOW)
+
+    store.runs.create_many([command()], NOW)
+    alone = rows_read(store, look)
+    store.runs.create_many([command(labels=("gpu",)) for _ in range(3000)], NOW - 100)
+    with_backlog = rows_read(store, look)
+    assert with_backlog <= 2 * alone + 10, (alone, with_backlog)

@@ -18,6 +18,7 @@ from corral.runners import ALIVE, Runner, RunnerState
 from corral.runs import Run, RunStatus, may_become
 from corral.store.db import Database, Row, Tx
 from corral.store.rows import HELD, row_by_id, run_from_row, sql_in
+from corral.store.schema import LABEL_CLASS, LAST_CHANGE, PINNED_TO
 from corral.store.tasks import task_context
 
 # The statuses a claim takes runs from, as the transition table says (pending), written as
@@ -39,12 +40,15 @@ class Claimable:
         return named and self.labels <= set(runner.labels)
 
 
-def has_claimable(tx: Tx, now: float, since: float | None) -> bool:
+def has_claimable(tx: Tx, db: Database, now: float, since: float | None) -> bool:
     sql = f"SELECT 1 AS x FROM runs WHERE {CLAIMABLE} AND available_at <= ?"
     params: tuple[float, ...] = (now,)
     if since is not None:
-        sql += " AND (available_at > ? OR updated_at > ?)"
-        params += (since, since)
+        # Written, or its backoff ended, after ``since``: read along runs_pending_by_change
+        # from ``since`` on (a backlog that waits unchanged is not read every second).
+        # (In that index's order, so PostgreSQL reads it even before it has statistics.)
+        sql += f" AND {LAST_CHANGE[db.dialect]} > ? ORDER BY {LAST_CHANGE[db.dialect]} DESC"
+        params += (since,)
     return tx.one(sql + " LIMIT 1", params) is not None
 
 
@@ -93,24 +97,10 @@ def claim(
         max_runs = runner["slots"] - busy
         if max_runs <= 0:
             return []
-    # Labels are matched in SQL: runs this runner cannot take never hide ones it can.
-    candidates = tx.execute(
-        f"SELECT id FROM runs WHERE {CLAIMABLE} AND available_at <= ? "
-        "AND (required_runner IS NULL OR required_runner = ?) "
-        f"AND {db.json_subset('labels')} "
-        "ORDER BY priority DESC, created_at, id LIMIT ? " + db.lock_rows(skip_locked=True),
-        (now, runner["name"], runner["labels"], max_runs),
-    )
-    chosen = [c["id"] for c in candidates]
-    if not chosen:
-        return []
-    rows = tx.execute(
-        "UPDATE runs SET status = ?, runner_id = ?, attempts = attempts + 1, "
-        "claimed_at = ?, started_at = NULL, cancel_requested = 0, updated_at = ? "
-        f"WHERE id IN ({', '.join('?' for _ in chosen)}) AND {CLAIMABLE} "
-        "RETURNING *",
-        (str(RunStatus.CLAIMED), runner_id, now, now, *chosen),
-    )
+    # Only the runs of label classes this runner fits are read: a backlog of runs it cannot
+    # take never hides (nor slows the claim of) one it can.
+    take = _take_postgres if db.dialect == "postgres" else _take_sqlite
+    rows = take(tx, db, runner, max_runs, now)
     # A task run goes out with its task, project and the steps already done: read here, in
     # the claim's transaction, for every transport.
     runs = [
@@ -119,6 +109,128 @@ def claim(
     ]
     runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
     return runs
+
+
+# The label classes of pending runs, a row each (``labels``: what the class's runs require),
+# found by skipping through the index runs_pending_by_class: one step a class, however many
+# runs it holds. Then the classes the runner's labels (the one ``?``) fit.
+_CLASSES = """WITH RECURSIVE classes (labels) AS (
+    SELECT (SELECT labels FROM runs WHERE {claimable} ORDER BY {cls} LIMIT 1)
+    UNION ALL
+    SELECT (SELECT labels FROM runs WHERE {claimable} AND {cls} > {next_cls} ORDER BY {cls} LIMIT 1)
+    FROM classes WHERE classes.labels IS NOT NULL
+), fit AS (SELECT labels FROM classes WHERE labels IS NOT NULL AND {fits})"""
+
+# The first runs of one class, in claim order, that require no runner or this one (``?``):
+# read along runs_pending_by_class, so only runs this runner may take are visited.
+_IN_CLASS = (
+    "SELECT id, priority, created_at FROM runs WHERE {claimable} AND {cls} = {this_cls} "
+    f"AND {PINNED_TO} = ? AND available_at <= ?{{after}} "
+    "ORDER BY priority DESC, created_at, id LIMIT ?"
+)
+# Past the run (priority, created_at, id) in claim order: a later read of the same claim.
+_AFTER = " AND (priority < ? OR (priority = ? AND (created_at > ? OR (created_at = ? AND id > ?))))"
+
+
+def _classes(db: Database) -> str:
+    cls = LABEL_CLASS[db.dialect]
+    return _CLASSES.format(
+        claimable=CLAIMABLE,
+        cls=cls,
+        next_cls=cls.replace("labels", "classes.labels"),
+        fits=db.json_subset("labels"),
+    )
+
+
+def _pins(runner: Row) -> list[str]:
+    """The values of ``PINNED_TO`` a runner may take: no runner required, or itself."""
+    return ["", runner["name"]] if runner["name"] else [""]
+
+
+def _take_sqlite(tx: Tx, db: Database, runner: Row, limit: int, now: float) -> list[Row]:
+    """Claim the first ``limit`` runs ``runner`` may take, in claim order: the classes it
+    fits, then each class's first runs (for each runner a run may require), merged. The
+    immediate transaction holds SQLite's one write lock: nothing is locked row by row."""
+    fit = [
+        r["labels"]
+        for r in tx.execute(f"{_classes(db)} SELECT labels FROM fit", (runner["labels"],))
+    ]
+    arm = _IN_CLASS.format(claimable=CLAIMABLE, cls="labels", this_cls="?", after="")
+    arms: list[str] = []
+    params: list[object] = []
+    for labels in fit:
+        for pin in _pins(runner):
+            arms.append(f"SELECT * FROM ({arm})")
+            params += [labels, pin, now, limit]
+    if not arms:
+        return []
+    chosen = tx.execute(
+        f"{' UNION ALL '.join(arms)} ORDER BY priority DESC, created_at, id LIMIT ?",
+        (*params, limit),
+    )
+    return _set_claimed(tx, [c["id"] for c in chosen], runner["id"], now)
+
+
+def _take_postgres(tx: Tx, db: Database, runner: Row, limit: int, now: float) -> list[Row]:
+    """As ``_take_sqlite``, in one read that also locks the runs it chose, passing over
+    those another claim holds (``SKIP LOCKED``). While those leave it short, it reads on
+    past the last run read."""
+    pins = _pins(runner)
+    cls = LABEL_CLASS[db.dialect]
+    taken: list[Row] = []
+    after: tuple[object, ...] = ()
+    while True:
+        want = limit - len(taken)
+        arm = _IN_CLASS.format(
+            claimable=CLAIMABLE,
+            cls=cls,
+            this_cls=cls.replace("labels", "fit.labels"),
+            after=_AFTER if after else "",
+        )
+        # The chosen runs are locked by primary key alone: with ``status = 'pending'`` in
+        # that statement, PostgreSQL may scan a pending index instead, which it takes for
+        # tiny until it has statistics (a fresh table, a backlog grown since the last
+        # ANALYZE). A run claimed meanwhile is locked as it now is, and left out here.
+        candidates = tx.execute(
+            f"{_classes(db)}, candidates AS ("
+            "SELECT c.id, c.priority, c.created_at FROM fit CROSS JOIN LATERAL "
+            f"({' UNION ALL '.join(f'({arm})' for _ in pins)}) AS c "
+            "ORDER BY c.priority DESC, c.created_at, c.id LIMIT ?"
+            "), locked AS ("
+            "SELECT id, status, available_at FROM runs "
+            "WHERE id = ANY (ARRAY (SELECT id FROM candidates)) "
+            f"{db.lock_rows(skip_locked=True)}"
+            ") SELECT c.id, c.priority, c.created_at, l.status, l.available_at "
+            "FROM candidates AS c LEFT JOIN locked AS l ON l.id = c.id "
+            "ORDER BY c.priority DESC, c.created_at, c.id",
+            (runner["labels"], *(x for pin in pins for x in (pin, now, *after, want)), want),
+        )
+        chosen = [
+            c["id"]
+            for c in candidates
+            if c["status"] == RunStatus.PENDING and c["available_at"] <= now
+        ]
+        taken += _set_claimed(tx, chosen, runner["id"], now, guard="")
+        if len(taken) >= limit or len(candidates) < want:
+            return taken
+        last = candidates[-1]
+        p, c = last["priority"], last["created_at"]
+        after = (p, p, c, c, last["id"])
+
+
+def _set_claimed(
+    tx: Tx, ids: list[str], runner_id: str, now: float, guard: str = f" AND {CLAIMABLE}"
+) -> list[Row]:
+    """Claim the runs ``ids`` for the runner (those the ``guard`` lets through); their rows
+    as written."""
+    if not ids:
+        return []
+    return tx.execute(
+        "UPDATE runs SET status = ?, runner_id = ?, attempts = attempts + 1, "
+        "claimed_at = ?, started_at = NULL, cancel_requested = 0, updated_at = ? "
+        f"WHERE id IN ({', '.join('?' for _ in ids)}){guard} RETURNING *",
+        (str(RunStatus.CLAIMED), runner_id, now, now, *ids),
+    )
 
 
 def check_not_lost(runner: Row) -> None:

@@ -106,7 +106,7 @@ class RunStore:
         """Is any pending run ready to be claimed (its backoff over)? With ``since``: one
         that became so after ``since`` (written, or its backoff ended)."""
         with self.db.transaction(write=False) as tx:
-            return claims.has_claimable(tx, now, since)
+            return claims.has_claimable(tx, self.db, now, since)
 
     def claimable(self, now: float, limit: int) -> list[Claimable]:
         """Pending runs ready to be claimed, in the order claims take them (at most

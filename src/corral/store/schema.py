@@ -16,7 +16,9 @@ each pool's demand as its autoscaler last saw it (``corral.store.event_triggers`
 drain asked through any coordinator reaches the runner through the one holding its
 socket: the grace it was given; 13 agent tokens' run and expiry; 14 the coordinator
 holding each runner's socket (the gateway forwards requests for its actors there); 15
-the coordinators that are up, and since when (``corral.store.coordinators``).
+the coordinators that are up, and since when (``corral.store.coordinators``); 16 pending
+runs by label class, so that a claim reads only the runs its runner can take, and by last
+change (``corral.store.claims``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,34 @@ CREATE TABLE coordinator_leases (
     expires_at {real} NOT NULL
 );
 """
+
+# A run's label class: the runs of one class require the same labels. Its JSON list of labels
+# (written sorted), hashed on PostgreSQL, where an index entry may not exceed about 2.7 kB.
+LABEL_CLASS = {"sqlite": "labels", "postgres": "md5(labels)"}
+# The runner a run requires, '' for any: an equality, which PostgreSQL's planner knows keeps
+# the index's order for the columns after it (it does not for ``IS NULL``).
+PINNED_TO = "coalesce(required_runner, '')"
+
+
+# When a pending run last became claimable: written, or its backoff ends (the later).
+LAST_CHANGE = {
+    "sqlite": "max(available_at, updated_at)",
+    "postgres": "greatest(available_at, updated_at)",
+}
+
+
+def _pending_backlog(dialect: str) -> str:
+    # Pending runs by class, then the runner they require, in the order claims take them: a
+    # claim reads the classes its runner fits and, in each, the runs in order; a backlog of
+    # runs it cannot take is never read (corral.store.claims). And by last change: the
+    # reconciler's look for runs claimable since its last one reads only those.
+    return (
+        f"CREATE INDEX runs_pending_by_class ON runs ({LABEL_CLASS[dialect]}, {PINNED_TO}, "
+        "priority DESC, created_at, id) WHERE status = 'pending';\n"
+        f"CREATE INDEX runs_pending_by_change ON runs ({LAST_CHANGE[dialect]}) "
+        "WHERE status = 'pending';\n"
+    )
+
 
 MIGRATIONS: list[tuple[int, str | Callable[[str], str]]] = [
     (
@@ -375,6 +405,7 @@ CREATE TABLE coordinators (
 );
 """,
     ),
+    (16, _pending_backlog),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]
