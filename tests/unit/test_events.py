@@ -7,7 +7,6 @@ import json
 import pytest
 
 from corral.coordinator.event_hub import (
-    BUSY_ROUND,
     KEEPALIVE_S,
     MAX_ROUND_S,
     ROUND_S,
@@ -122,10 +121,9 @@ def test_the_pump_wakes_every_stream_for_a_keepalive_each_keepalive_period() -> 
     assert all(s.keepalive and s.ready.is_set() for s in streams)
 
 
-def test_the_pump_pauses_longer_after_busy_rounds_and_with_more_streams() -> None:
+def test_the_pump_pauses_longer_between_rounds_with_more_streams() -> None:
     hub = EventHub(None, None, None)  # type: ignore[arg-type]  # only the pause is used
     hub.subscriptions.add(Subscription(EventFilter(), 0, 100))
-    assert hub.round_s(0) == hub.round_s(500) == ROUND_S  # one stream: rounds are cheap
+    assert hub.round_s == ROUND_S  # one stream (logs -f): a change is soon seen
     hub.subscriptions.update(Subscription(EventFilter(), 0, 100) for _ in range(49))
-    assert hub.round_s(1) < 0.015  # few changes: soon seen
-    assert hub.round_s(BUSY_ROUND) == hub.round_s(5000) == MAX_ROUND_S  # 50 streams, busy
+    assert hub.round_s == MAX_ROUND_S  # fifty: each round writes fifty times

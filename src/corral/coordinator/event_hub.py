@@ -42,14 +42,13 @@ PAGE = 500
 # How often the pump reads under a stream of changes. Each round writes to every stream
 # (one write each: ~50 µs of the coordinator's CPU with the server's machinery), so fifty
 # streams fed every 10 ms would cost a quarter of a core whatever the rate of changes.
-# After a round of few events the next may come ROUND_S later (a change is soon seen);
-# the more events the last round had, the longer the pause, up to ROUND_PER_STREAM_S a
-# stream (at most MAX_ROUND_S) once a round reads BUSY_ROUND events: under load fifty
-# streams cost a few hundredths of a core, and a change waits up to 0.1 s more.
+# Rounds come at most every ROUND_PER_STREAM_S a stream (ROUND_S at least, MAX_ROUND_S at
+# most): the streams cost at most ~500 writes a second, a few hundredths of a core, and a
+# change waits up to 0.1 s more with fifty streams under a stream of changes (a change
+# after a quiet spell is read at once).
 ROUND_S = 0.01
 ROUND_PER_STREAM_S = 0.002
 MAX_ROUND_S = 0.1
-BUSY_ROUND = 50
 KEEPALIVE_S = 15.0  # a stream quiet this long sends a comment (every poll_interval_s or so)
 log = logging.getLogger("corral.coordinator")
 T = TypeVar("T")
@@ -176,28 +175,25 @@ class EventHub:
                 return
             after = page[-1].id
 
-    def round_s(self, events: int) -> float:
-        """The least time between two rounds of the pump, after a round of ``events``
-        (see ROUND_S)."""
-        most = min(MAX_ROUND_S, max(ROUND_S, ROUND_PER_STREAM_S * len(self.subscriptions)))
-        return ROUND_S + (most - ROUND_S) * min(1.0, events / BUSY_ROUND)
+    @property
+    def round_s(self) -> float:
+        """The least time between two rounds of the pump (see ROUND_S)."""
+        return min(MAX_ROUND_S, max(ROUND_S, ROUND_PER_STREAM_S * len(self.subscriptions)))
 
     async def _run(self) -> None:
         last_round = 0.0
-        pause = ROUND_S
         while True:
             async with self._starting:  # against a subscribe() that would find it running
                 if not self.subscriptions:
                     self._cursor = None  # when someone comes, start from the newest again
                     self._pump = None
                     return
-            # Under a stream of changes, rounds come at most every ``pause`` (``round_s``):
-            # each round is a read (and on PostgreSQL a numbering commit) that dispatch would
-            # wait behind, and a write to every stream; a change after a quiet spell is read
-            # at once.
+            # Under a stream of changes, rounds come at most every ``round_s``: each round is
+            # a read (and on PostgreSQL a numbering commit) that dispatch would wait behind,
+            # and a write to every stream; a change after a quiet spell is read at once.
             since = asyncio.get_running_loop().time() - last_round
-            if since < pause:
-                await asyncio.sleep(pause - since)
+            if since < self.round_s:
+                await asyncio.sleep(self.round_s - since)
             last_round = asyncio.get_running_loop().time()
             woken = self.notifier.event(EVENTS)
             try:
@@ -208,7 +204,6 @@ class EventHub:
             if batch:
                 self._cursor = batch[-1].id
                 self._fan_out(batch)
-            pause = self.round_s(len(batch))
             self.nudge_when_due(last_round)
             if len(batch) < PAGE:
                 await wait_for(woken, self.poll_interval_s)
