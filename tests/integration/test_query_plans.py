@@ -126,3 +126,18 @@ def test_the_look_for_runs_claimable_since_does_not_read_the_backlog(store: Stor
     store.runs.create_many([command(labels=("gpu",)) for _ in range(3000)], NOW - 100)
     with_backlog = rows_read(store, look)
     assert with_backlog <= 2 * alone + 10, (alone, with_backlog)
+
+
+def test_the_reconciler_does_not_read_pending_runs(store: Store) -> None:
+    """The reconciler's pass each second looks for overdue runs among the held ones only (it
+    read every run, in id order, on SQLite: 100,000 pending runs cost the coordinator 77 ms
+    of CPU a second)."""
+
+    def reconcile() -> None:
+        store.reconcile(NOW + 10, lost_after_s=30.0, timeout_grace_s=5.0, up_since=NOW)
+
+    store.runs.create_many([command(timeout_s=60.0)], NOW)
+    alone = rows_read(store, reconcile)
+    store.runs.create_many([command(labels=("gpu",)) for _ in range(3000)], NOW - 100)
+    with_backlog = rows_read(store, reconcile)
+    assert with_backlog <= 2 * alone + 10, (alone, with_backlog)

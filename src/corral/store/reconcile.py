@@ -70,10 +70,13 @@ def reconcile(
             released = release_runner_runs(tx, rid, now, f"runner {rid} was lost")
             result.requeued.extend(released[0])
             result.failed.extend(released[1])
+        # The held runs are found through their index (runs_held), then locked in id order:
+        # with the ORDER BY on the same select, SQLite read every run in id order instead,
+        # each second (100,000 pending runs: 77 ms of the coordinator's CPU a second).
         overdue = tx.execute(
-            f"SELECT * FROM runs WHERE status IN ({HELD}) "
-            "AND timeout_s IS NOT NULL "
-            "AND COALESCE(started_at, claimed_at) + timeout_s + ? < ? ORDER BY id "
+            "SELECT * FROM runs WHERE id IN ("
+            f"SELECT id FROM runs WHERE status IN ({HELD}) AND timeout_s IS NOT NULL "
+            "AND COALESCE(started_at, claimed_at) + timeout_s + ? < ?) ORDER BY id "
             + db.lock_rows(),
             (timeout_grace_s, now),
         )
