@@ -165,3 +165,16 @@ def test_claimable_since_sees_runs_written_or_whose_backoff_ended_since(store: S
     store.runs.create(command(), NOW + 70)
     assert store.runs.has_claimable(NOW + 70, since=NOW + 69)
     assert not store.runs.has_claimable(NOW + 69, since=NOW + 61)  # not yet written then
+
+
+def test_the_claimable_read_gives_each_run_its_own_labels(store: Store) -> None:
+    """The claim board's read (``RunStore.claimable``) parses each label set once a read:
+    every run still comes with its own labels and required runner, in claim order."""
+    specs = [command(labels=("a",)), command(), command(labels=("b", "a"), required_runner="r")]
+    runs = [*store.runs.create_many(specs, NOW), *store.runs.create_many(specs, NOW + 1)]
+    read = store.runs.claimable(NOW + 1, 10)
+    want = sorted(runs, key=lambda r: (r.created_at, r.id))
+    assert [c.run_id for c in read] == [r.id for r in want]
+    assert [(c.labels, c.required_runner) for c in read] == [
+        (frozenset(r.labels), r.required_runner) for r in want
+    ]

@@ -59,10 +59,13 @@ def claimable(tx: Tx, now: float, limit: int) -> list[Claimable]:
         "ORDER BY priority DESC, created_at, id LIMIT ?",
         (now, limit),
     )
-    return [
-        Claimable(RunId(r["id"]), r["required_runner"], frozenset(json.loads(r["labels"])))
-        for r in rows
-    ]
+    # Runs share a few label sets: each is parsed once a read (a read is up to 1,000 runs,
+    # once a round of the claim board).
+    labels: dict[str, frozenset[str]] = {}
+    for r in rows:
+        if r["labels"] not in labels:
+            labels[r["labels"]] = frozenset(json.loads(r["labels"]))
+    return [Claimable(RunId(r["id"]), r["required_runner"], labels[r["labels"]]) for r in rows]
 
 
 def claim(
