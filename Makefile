@@ -25,7 +25,7 @@ lint: install
 
 ## test: everything CI runs (needs PostgreSQL, see CORRAL_TEST_PG)
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n 3 --dist loadfile --durations=40
 
 ## bench: dispatch latency and throughput on SQLite and PostgreSQL
 bench: install
