@@ -106,7 +106,11 @@ class Embedded:
         runner: RunnerSettings | None = None,
         settings: CoordinatorSettings | None = None,
     ) -> None:
-        port = _free_port()
+        # Bound here and handed to the server: a port only looked up, then bound later,
+        # may be taken in between by another process (tests run side by side in CI).
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        port = int(self._socket.getsockname()[1])
         self.url = f"http://127.0.0.1:{port}"
         # Only this process talks to it: a token of its own, never written anywhere.
         self.token = new_secret()
@@ -157,7 +161,7 @@ class Embedded:
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
-        serving = asyncio.create_task(self._server.serve())
+        serving = asyncio.create_task(self._server.serve(sockets=[self._socket]))
         while not self._server.started:
             if serving.done():
                 await serving
@@ -170,9 +174,3 @@ class Embedded:
             await self.runner.run()
             self._server.should_exit = True
         await serving
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
