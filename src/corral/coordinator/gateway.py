@@ -138,16 +138,7 @@ async def serve(scope: Scope, receive: Receive, send: Send) -> None:
     except CorralError as exc:
         await JSONResponse(exc.to_dict(), exc.http_status)(scope, receive, send)
         return
-    coordinator = scope["app"].state.coordinator
-    forward = Forward(
-        coordinator.actors,
-        coordinator.tunnels,
-        target,
-        path,
-        coordinator.settings,
-        peers=coordinator.peers,
-    )
-    await forward(scope, receive, send)
+    await _forward(scope["app"].state.coordinator, target, path)(scope, receive, send)
 
 
 @router.api_route("/gateway/{target}", methods=_METHODS, include_in_schema=False)
@@ -159,8 +150,12 @@ async def gateway(
     path: str = "",
 ) -> Response:
     """Forward the request to the actor (woken if need be); its response streams back."""
-    coordinator = request.app.state.coordinator
-    forward = Forward(
+    return _Forwarded(_forward(request.app.state.coordinator, target, path))
+
+
+def _forward(coordinator: Any, target: str, path: str) -> Forward:
+    """The forwarding of one request to ``target``'s actor, by ``coordinator``."""
+    return Forward(
         coordinator.actors,
         coordinator.tunnels,
         target,
@@ -168,7 +163,6 @@ async def gateway(
         coordinator.settings,
         peers=coordinator.peers,
     )
-    return _Forwarded(forward)
 
 
 class _Forwarded(Response):
