@@ -167,9 +167,10 @@ class Soak:
         with open(self.root / "faults.log", "a") as log:
             log.write(f"{stamp} {what}\n")
 
-    def post_mortem(self, violations: list[str], round_no: int) -> Path:
+    def post_mortem(self, violations: list[str], round_no: int) -> tuple[Path, list[str]]:
         """The stored history of the runs a violation names (their events, the runners),
-        kept beside the logs: the database goes with the soak."""
+        kept beside the logs (the database goes with the soak), and told as lines: each
+        run's events with the faults of their time, for a CI log to explain itself."""
         run_ids = sorted({m for v in violations for m in re.findall(r"run_[0-9a-f]{12}", v)})
         path = self.root / f"post-mortem-round{round_no}.json"
         with psycopg.connect(self.db_url) as conn:
@@ -187,7 +188,29 @@ class Soak:
             ],
         }
         path.write_text(json.dumps(record, indent=1))
-        return path
+        names = {runner_id: name for runner_id, name, _ in runners}
+        told: list[tuple[float, str]] = []
+        for run_id, at, runner_id, data in events:
+            fields = json.loads(data)
+            told.append(
+                (
+                    at,
+                    f"{run_id} {fields.get('status')} attempt {fields.get('attempts')} "
+                    f"runner {names.get(runner_id, runner_id)} error {fields.get('error')!r}",
+                )
+            )
+        if events:
+            first, last = events[0][1] - 30.0, events[-1][1] + 5.0
+            for line in (self.root / "faults.log").read_text().splitlines():
+                at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=UTC)
+                if first <= at.timestamp() <= last:
+                    told.append((at.timestamp(), f"fault: {line[24:]}"))
+        for entry in read_entries(self.ledger_path, self.cluster.ledger_path):
+            if entry.run_id in run_ids:
+                told.append((entry.at, f"{entry.run_id} ledger: {entry.event} {entry.attempt}"))
+        for d in self.disruptions:
+            told.append((d.end, f"disruption {d.what} of {d.runner} since {_clock(d.start)}"))
+        return path, [f"{_clock(at)} {what}" for at, what in sorted(told)]
 
     def open(self) -> None:
         self.pg.create()
@@ -726,6 +749,10 @@ def _error_code(response: httpx.Response) -> str | None:
     return response.headers.get("x-corral-error")
 
 
+def _clock(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
 def soak(
     root: Path,
     *,
@@ -760,7 +787,10 @@ def soak(
             if figures.calm_s[-1][1] > 30:
                 report(f"slow to end after the chaos: {'; '.join(figures.last_open[:8])}")
             if new:
-                report(f"post-mortem: {the_soak.post_mortem(new, figures.rounds)}")
+                path, story = the_soak.post_mortem(new, figures.rounds)
+                report(f"post-mortem: {path}")
+                for line in story:
+                    report(f"  {line}")
     finally:
         the_soak.close()
     return figures
