@@ -67,6 +67,9 @@ from corral.errors import Conflict, CorralError, InvalidRequest
 # The coordinators declare a runner lost after this long without news of it: a runner cut
 # off for longer loses its runs, which start again elsewhere as new attempts.
 LOST_AFTER_S = 5.0
+# PostgreSQL outages this close count as one: the coordinators' pools take a moment to
+# reconnect, and the runners' reports to get answers again.
+PG_OUTAGES_APART_S = 2.0
 SLOTS = 3
 MAX_ATTEMPTS = 20  # no run must fail for want of attempts, however often it is lost
 SETTLE_TIMEOUT_S = 120.0
@@ -157,6 +160,7 @@ class Soak:
         # (coordinator, killed at, started again at): a request it was handling then may
         # get no answer at all.
         self.coordinator_downs: list[tuple[str, float, float]] = []
+        self.pg_outages: list[tuple[float, float]] = []  # (stop asked, up again)
         self.calm_violations: list[str] = []
 
     # ---- set up and tear down ------------------------------------------------------------
@@ -697,21 +701,28 @@ class Soak:
             return None
         self.down.add("postgres")
         mode = self.rng.choice(("fast", "immediate"))
+        start = time.time()  # a stop refuses connections from its first instant
         self.pg.stop(mode)
         self._note(f"stopped PostgreSQL ({mode})")
-        start = time.time()
 
         def restart() -> None:
             self.pg.start()
             self.down.discard("postgres")
             self._note("started PostgreSQL")
+            self.pg_outages.append((start, time.time()))
             # Nothing is stored while the database is away: a runner hears no answer to its
             # reports, and once that lasted its lease, it stops its work and the run is
             # started again. That is an outage that cut every runner off — a runner's last
             # answer may be a heartbeat before it began, and answers take a moment to
-            # resume after it: counted from 2 s short of the threshold.
-            if time.time() - start >= LOST_AFTER_S - 2.0:
-                self.disruptions.append(Disruption("PostgreSQL down", None, start, time.time()))
+            # resume after it: counted from 2 s short of the threshold. Outages close
+            # together count as one: the moment between them may answer no one.
+            began, ended = self.pg_outages[-1]
+            for earlier_start, earlier_end in reversed(self.pg_outages[:-1]):
+                if began - earlier_end > PG_OUTAGES_APART_S:
+                    break
+                began = earlier_start
+            if ended - began >= LOST_AFTER_S - 2.0:
+                self.disruptions.append(Disruption("PostgreSQL down", None, began, ended))
             self.figures.postgres_restarts += 1
 
         # Now and then longer than the lost-runner threshold: leases run out while nothing
