@@ -180,16 +180,23 @@ class Phase:
 
 
 def throughput(
-    kind: str, runs: int, subscribers: int, drain: bool, profile: Path | None = None
+    kind: str,
+    runs: int,
+    subscribers: int,
+    drain: bool,
+    profile: Path | None = None,
+    spy_options: list[str] = SPY_OPTIONS,
 ) -> Phase:
     """The dispatch benchmark's control plane on a fresh database (nothing left over from
     another phase), with ``subscribers`` streams attached (0: none). ``profile``: py-spy
-    records the coordinator meanwhile, into this file (collapsed stacks)."""
+    records the coordinator meanwhile, into this file (collapsed stacks, ``spy_options``)."""
     with tempfile.TemporaryDirectory() as tmp, database(kind, Path(tmp)) as url:
         # Its connections named, their server processes' CPU is measured too.
         db = f"{url}&application_name={url.rsplit('%3D', 1)[1]}" if kind == "postgres" else url
         with cluster(db, 4, 8, Path(tmp), "websocket", NOOP_RUNNER) as target:
-            return _throughput(target, db, runs, subscribers, drain, profile, Path(tmp))
+            return _throughput(
+                target, db, runs, subscribers, drain, profile, spy_options, Path(tmp)
+            )
 
 
 def _throughput(
@@ -199,6 +206,7 @@ def _throughput(
     subscribers: int,
     drain: bool,
     profile: Path | None,
+    spy_options: list[str],
     tmp: Path,
 ) -> Phase:
     attached = Subscribers(target.url, subscribers, tmp, drain) if subscribers else None
@@ -212,7 +220,7 @@ def _throughput(
                     "record",
                     "--pid",
                     str(target.coordinator_pid),
-                    *SPY_OPTIONS,
+                    *spy_options,
                     str(profile),
                 ],
                 stdout=subprocess.DEVNULL,
