@@ -83,6 +83,8 @@ def create_app(
         )
         # Waiting runner sockets are woken for new runs by its rounds.
         jobs.append(asyncio.create_task(coordinator.dispatch_forever()))
+        # Runner sockets whose Init or runner is late are closed by it.
+        jobs.append(asyncio.create_task(coordinator.deadlines.run_forever()))
         # Several coordinators may share a PostgreSQL database: hear what the others change.
         db = opened.db
         app.state.listener = None

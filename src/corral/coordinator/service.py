@@ -25,6 +25,7 @@ from corral.coordinator.auth import Authenticator, Principal
 from corral.coordinator.autoscaler import Autoscaler
 from corral.coordinator.claims import READ_LIMIT, ClaimBoard
 from corral.coordinator.connections import Connections
+from corral.coordinator.deadlines import SocketDeadlines
 from corral.coordinator.event_hub import EVENTS, EventHub
 from corral.coordinator.link_core import Outcome, apply_reports, may_owe_callback, wakeups
 from corral.coordinator.metrics import Metrics
@@ -96,6 +97,7 @@ class Coordinator:
         )
         self.waiters = SocketWaiters()  # runner sockets with a free slot (``dispatch_forever``)
         self.connections = Connections()
+        self.deadlines = SocketDeadlines(clock)  # the runner sockets' one timer
         self.actors = Actors(store, self.notifier, clock)
         self.tunnels = TunnelHub(self.connections)  # the gateway's requests to runners
         # The gateway forwards requests for runners connected to another coordinator.

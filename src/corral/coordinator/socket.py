@@ -11,6 +11,8 @@ command stored since (a cancel request stores its cancel command) is sent in ord
 stored before they are sent, so a restarted coordinator resends whatever the runner had
 not acknowledged. What touches the store is
 ``LinkCore`` (synchronous, run here in a thread); this module only moves frames and waits.
+Its deadlines (the Init's, the runner's lost threshold) are kept by the coordinator's one
+timer for all sockets (``deadlines.py``), which calls ``tick``.
 
 The read loop never waits on the store after registration: applying events, persisting
 command acks, marking a runner draining and actors' KV requests go, in order, to one
@@ -33,6 +35,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from corral.coordinator.actors import kv_request
 from corral.coordinator.auth import Access, Principal, require
 from corral.coordinator.connections import Connections
+from corral.coordinator.deadlines import RECHECK_S
 from corral.coordinator.link_core import (
     ApplyEvents,
     ChannelOutput,
@@ -57,6 +60,7 @@ from corral.protocol.outputs import (
     Stopping,
     Tunnelled,
 )
+from corral.protocol.server import SessionState
 
 log = logging.getLogger("corral.coordinator")
 REASON_STORE_FAILED = "corral.store_failed"
@@ -112,9 +116,9 @@ class SocketPump:
         await self.ws.accept()
         self._tasks = [
             self._start(self._read(), "reading"),
-            self._start(self._tick(), "timing"),
             self._start(self._store_work(), "storing"),
         ]
+        self.coordinator.deadlines.add(self, self.channel.session.next_deadline())
         try:
             await self.closed.wait()
         finally:
@@ -183,15 +187,18 @@ class SocketPump:
                 continue
             await self._handle(self.channel.receive(message, clock.now()))
 
-    async def _tick(self) -> None:
-        clock = self.coordinator.clock
-        while not self.closed.is_set():
-            deadline = self.channel.session.next_deadline()
-            delay = 1.0 if deadline is None else max(0.0, deadline - clock.now())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.closed.wait(), min(delay, 1.0))
-            if not self.closed.is_set():
-                await self._handle(self.channel.tick(clock.now()))
+    def tick(self, now: float) -> float | None:
+        """Its deadline may have passed (the coordinator's one timer asks:
+        ``coordinator.deadlines``): a session whose time is up closes the socket. When to
+        look again: its next deadline, soon while it registers, never once it is closing."""
+        outputs = self.channel.tick(now)
+        if outputs:  # a Close: its task ends the socket, as a loop of it would
+            self._tasks.append(self._start(self._handle(outputs), "timing"))
+        session = self.channel.session
+        deadline = session.next_deadline()
+        if deadline is None and session.state is not SessionState.CLOSED:
+            return now + RECHECK_S  # registering: the store's time, not the runner's
+        return deadline
 
     # ---- what the channel asks -----------------------------------------------------------
 
