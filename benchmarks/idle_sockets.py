@@ -1,12 +1,15 @@
 """Idle runner sockets: what one coordinator spends holding N connected, idle runners.
 
 One ``corral serve`` process (SQLite, or PostgreSQL with ``--db postgres``: a schema of its
-own on ``CORRAL_TEST_PG``); this process opens N WebSocket connections to
-``/runner/socket`` and speaks the protocol minimally: a valid ``ToServerInit`` per socket
-(distinct names), then nothing but a ``ToServerPing`` every 3 s (frames from the
-coordinator are read and dropped). Like the real runner, it asks for no compression and
-sends no transport-level keepalive pings. Once all are
-connected and a settling pause is over, it samples the coordinator's CPU
+own on ``CORRAL_TEST_PG``); ``--clients`` worker processes (this script with ``--worker``,
+2,500 sockets each by default: one Python process is too slow to keep 10,000 pinging on
+time) open N WebSocket connections to ``/runner/socket`` between them and speak the
+protocol minimally: a valid ``ToServerInit`` per socket (distinct names), then nothing but a
+``ToServerPing`` every 3 s (frames from the coordinator are read and dropped). Like the
+real runner, they ask for no compression and send no transport-level keepalive pings. A
+socket that fails to connect is counted, not fatal. Each process raises its
+``RLIMIT_NOFILE`` (the coordinator inherits this one's) to what N sockets need. Once all
+are connected and a settling pause is over, it samples the coordinator's CPU
 (/proc/<pid>/stat utime+stime) over the measurement window and its RSS
 (/proc/<pid>/status VmRSS). Then, with the idle sockets still open, a real ``corral
 runner`` (1 slot, a label of its own) joins and runs that need its label are dispatched one
@@ -15,19 +18,24 @@ every socket's push loop into a claim; now only the socket it fits: ``coordinato
 
     python benchmarks/idle_sockets.py [--sockets 1000] [--measure 30] [--settle 10]
                                       [--dispatch-samples 30] [--db sqlite|postgres]
+                                      [--clients K] [--batch 50]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import resource
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 from dispatch import database, measure_latency, pct
@@ -38,6 +46,7 @@ from websockets.exceptions import ConnectionClosed
 from corral.protocol import messages as m
 
 TICKS = os.sysconf("SC_CLK_TCK")
+SCRIPT = str(Path(__file__).resolve())  # the worker processes run it too
 PING_S = 3.0
 DISPATCH_WARMUP = 5  # runs dispatched to the real runner before the measured ones
 TOKEN = "crl_bench-admin-token"  # CORRAL_TOKEN of the coordinator it starts
@@ -63,7 +72,9 @@ class IdleRunner:
         self.ws: ClientConnection | None = None
         self.runner_id: str | None = None
         self.pings = 0
-        self.closed: str | None = None
+        self.closed: str | None = None  # the close code and reason, if the coordinator closed it
+        self.failed: str | None = None  # why it could not connect
+        self.life: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         self.ws = await connect(
@@ -112,82 +123,166 @@ class IdleRunner:
             reader.cancel()
 
 
-async def open_all(
-    url: str, count: int, batch: int
-) -> tuple[list[IdleRunner], list[asyncio.Task[None]]]:
+async def open_all(url: str, first: int, count: int, batch: int) -> list[IdleRunner]:
     """Connect ``count`` runners, ``batch`` at a time; each pings from its Init on, as a
     real runner does (a socket silent until the last one connected would be declared lost
-    when connecting takes longer than the lost threshold)."""
-    runners = [IdleRunner(url, f"idle-{i:04d}") for i in range(count)]
-    lives: list[asyncio.Task[None]] = []
+    when connecting takes longer than the lost threshold). One that fails is counted."""
+    runners = [IdleRunner(url, f"idle-{i:05d}") for i in range(first, first + count)]
     for offset in range(0, count, batch):
         group = runners[offset : offset + batch]
-        await asyncio.gather(*(r.connect() for r in group))
-        lives += [asyncio.create_task(r.live()) for r in group]
-    return runners, lives
+        results = await asyncio.gather(*(r.connect() for r in group), return_exceptions=True)
+        for runner, result in zip(group, results, strict=True):
+            if isinstance(result, BaseException):
+                runner.failed = f"{type(result).__name__}: {str(result)[:80]}"
+            else:
+                runner.life = asyncio.create_task(runner.live())
+    return runners
+
+
+async def worker(url: str, first: int, count: int, batch: int) -> None:
+    """One client process: open its sockets, say how it went (a JSON line), keep them
+    pinging until its standard input closes, then say how many the coordinator closed."""
+    started = time.monotonic()
+    runners = await open_all(url, first, count, batch)
+    failed = Counter(r.failed for r in runners if r.failed is not None)
+    report(
+        connected=sum(r.failed is None for r in runners),
+        failed=dict(failed.most_common(3)),
+        seconds=time.monotonic() - started,
+    )
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    lives = [r.life for r in runners if r.life is not None]
+    for task in lives:
+        task.cancel()
+    await asyncio.gather(*lives, return_exceptions=True)
+    closed = Counter(r.closed for r in runners if r.closed is not None)
+    report(closed=sum(closed.values()), reasons=dict(closed.most_common(3)))
+    await asyncio.gather(*(r.ws.close() for r in runners if r.ws is not None))
+
+
+def report(**fields: object) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+class Clients:
+    """The worker processes, and what they said."""
+
+    def __init__(self, procs: list[asyncio.subprocess.Process]) -> None:
+        self.procs = procs
+
+    @classmethod
+    async def start(cls, url: str, sockets: int, clients: int, batch: int) -> Clients:
+        procs = []
+        for k in range(clients):
+            first, last = sockets * k // clients, sockets * (k + 1) // clients
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    SCRIPT,
+                    "--worker",
+                    url,
+                    "--first",
+                    str(first),
+                    "--sockets",
+                    str(last - first),
+                    "--batch",
+                    str(max(1, batch // clients)),
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                )
+            )
+        return cls(procs)
+
+    async def said(self) -> list[dict[str, Any]]:
+        """The next line of each."""
+        lines = await asyncio.gather(*(p.stdout.readline() for p in self.procs if p.stdout))
+        return [json.loads(line) if line else {} for line in lines]
+
+    def cpu_seconds(self) -> float:
+        return sum(cpu_seconds(p.pid) for p in self.procs)
+
+    async def stop(self) -> list[dict[str, Any]]:
+        for proc in self.procs:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        said = await self.said()
+        await asyncio.gather(*(p.wait() for p in self.procs))
+        return said
 
 
 async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
     ws_url = url.replace("http://", "ws://") + "/runner/socket"
-    client_cpu0 = time.process_time()
+    clients = args.clients or max(1, -(-args.sockets // 2500))
     t0 = time.monotonic()
     rss_before = rss_mib(pid)
     cpu_at_start = cpu_seconds(pid)
-    runners, lives = await open_all(ws_url, args.sockets, args.batch)
-    connect_s = time.monotonic() - t0
+    workers = await Clients.start(ws_url, args.sockets, clients, args.batch)
+    opened = await workers.said()
+    connect_s = max([o.get("seconds", 0.0) for o in opened], default=time.monotonic() - t0)
     connect_cpu = cpu_seconds(pid) - cpu_at_start
+    connected = sum(o.get("connected", 0) for o in opened)
+    failures: Counter[str] = Counter()
+    for o in opened:
+        failures.update(o.get("failed", {}))
     await asyncio.sleep(args.settle)
 
-    cpu0, wall0, ccpu0 = cpu_seconds(pid), time.monotonic(), time.process_time()
+    cpu0, wall0, ccpu0 = cpu_seconds(pid), time.monotonic(), workers.cpu_seconds()
     samples = []
     while time.monotonic() - wall0 < args.measure:
         await asyncio.sleep(min(5.0, args.measure - (time.monotonic() - wall0)))
         samples.append(rss_mib(pid))
     wall = time.monotonic() - wall0
     cpu = cpu_seconds(pid) - cpu0
-    client_cpu = time.process_time() - ccpu0
-    closed = [r for r in runners if r.closed is not None]
-    async with httpx.AsyncClient(base_url=url, timeout=30, headers=AUTH) as http:
+    client_cpu = workers.cpu_seconds() - ccpu0
+    load = os.getloadavg()
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers=AUTH) as http:
         listed = (await http.get("/runners")).json()["runners"]
     active = sum(r["state"] == "active" for r in listed)
 
     cpu_before_dispatch = cpu_seconds(pid)
     try:
         dispatch = await asyncio.to_thread(probe_dispatch, url, args.dispatch_samples)
-    except httpx.HTTPError as exc:  # a coordinator too busy to answer: say so, and the rest
+    except (httpx.HTTPError, RuntimeError) as exc:  # a coordinator too busy to answer
         print(f"  dispatch to a real runner failed: {exc!r}")
         dispatch = []
     dispatch_cpu_ms = (
         1000 * (cpu_seconds(pid) - cpu_before_dispatch) / max(1, len(dispatch) + DISPATCH_WARMUP)
     )
+    stopped = await workers.stop()
+    closed = sum(s.get("closed", 0) for s in stopped)
+    reasons: Counter[str] = Counter()
+    for s in stopped:
+        reasons.update(s.get("reasons", {}))
 
-    for task in lives:
-        task.cancel()
-    await asyncio.gather(*lives, return_exceptions=True)
-    await asyncio.gather(*(r.ws.close() for r in runners if r.ws is not None))
-
-    per_socket_kib = (samples[-1] - rss_before) * 1024 / args.sockets
+    per_socket_kib = (samples[-1] - rss_before) * 1024 / max(1, connected)
+    per_socket_us = 1e6 * cpu / wall / max(1, connected)
     print(
         f"\nidle sockets on {os.cpu_count()} cores: one `corral serve` ({args.db}), {args.sockets} "
-        f"WebSocket runners pinging every {PING_S:.0f} s"
+        f"WebSocket runners pinging every {PING_S:.0f} s, from {clients} client processes"
     )
     print(
         f"  connect + Init of all sockets    {connect_s:8.1f} s  "
-        f"(coordinator CPU {connect_cpu:.1f} s)"
+        f"(coordinator CPU {connect_cpu:.1f} s, "
+        f"{1000 * connect_cpu / max(1, connected):.1f} ms a socket)"
+    )
+    print(
+        f"  sockets connected                {connected:8d} / {args.sockets}"
+        + (f"; failed: {dict(failures.most_common(3))}" if failures else "")
     )
     print(
         f"  coordinator CPU, idle            {100 * cpu / wall:8.1f} % of one core "
-        f"({cpu:.2f} s over {wall:.1f} s)"
+        f"({cpu:.2f} s over {wall:.1f} s; {per_socket_us:.1f} µs a socket a second)"
     )
     print(
         f"  coordinator RSS                  {samples[-1]:8.1f} MiB "
         f"(before the sockets {rss_before:.1f} MiB; ~{per_socket_kib:.0f} KiB per socket; "
         f"samples {', '.join(f'{s:.0f}' for s in samples)})"
     )
-    print(f"  client CPU (this process)        {100 * client_cpu / wall:8.1f} % of one core")
+    print(f"  client CPU (the workers)         {100 * client_cpu / wall:8.1f} % of one core")
     print(
         f"  runners active in the store      {active:8d} / {args.sockets}; "
-        f"sockets closed by the coordinator: {len(closed)}"
+        f"sockets closed by the coordinator: {closed}"
+        + (f" {dict(reasons.most_common(3))}" if reasons else "")
     )
     if dispatch:
         print(
@@ -195,8 +290,10 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
             f"{pct(dispatch, 99):.1f} ms p99 ({len(dispatch)} runs, one at a time); "
             f"coordinator CPU {dispatch_cpu_ms:.1f} ms per run dispatched"
         )
-    print(f"  1-min load average at the end    {os.getloadavg()[0]:8.1f}")
-    print(f"  client CPU overall               {time.process_time() - client_cpu0:8.1f} s")
+    print(
+        f"  load average (1, 5, 15 min)      {load[0]:8.1f} {load[1]:.1f} {load[2]:.1f} "
+        "(at the end of the idle window)"
+    )
 
 
 def probe_dispatch(url: str, samples: int, warmup: int = DISPATCH_WARMUP) -> list[float]:
@@ -235,13 +332,21 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=10.0, help="seconds before measuring")
     parser.add_argument("--batch", type=int, default=50, help="sockets opened at once")
     parser.add_argument(
+        "--clients", type=int, default=0, help="client processes (0: one per 2,500 sockets)"
+    )
+    parser.add_argument(
         "--dispatch-samples", type=int, default=30, help="runs dispatched to a real runner"
     )
     parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--worker", metavar="WS_URL", help=argparse.SUPPRESS)
+    parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = min(hard, max(soft, 2 * args.sockets + 256))
+    wanted = min(hard, max(soft, args.sockets + 1024))
     resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))  # inherited by the coordinator
+    if args.worker:
+        asyncio.run(worker(args.worker, args.first, args.sockets, args.batch))
+        return
 
     with (
         tempfile.TemporaryDirectory() as tmp,
