@@ -356,6 +356,10 @@ _FIELD_NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in _ALL}
 
 
 def encode(message: Message) -> str:
+    if type(message) is ToClientPong and math.isfinite(message.ts):
+        # The most frequent frame (one per ping of every runner, a few thousand a second on
+        # a coordinator holding 10,000 sockets): written as json.dumps would, a tenth the CPU.
+        return f'{{"v":{PROTOCOL_VERSION},"type":"ToClientPong","ts":{message.ts!r}}}'
     # Tuples (headers, labels, acknowledgements) are JSON arrays as they are: only bytes
     # (base64) and numbered items need turning into JSON (this is in every frame's path).
     frame: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": type(message).__name__}

@@ -101,6 +101,20 @@ def test_every_message_round_trips(side: Literal["server", "client"], message: M
     assert decode(text.encode(), side=side) == message  # bytes frames too
 
 
+@pytest.mark.parametrize(
+    "ts", [1_700_000_000.25, 1795715547.4722311, 0.1, 1e-7, 1e22, 3, -2.5, 5e-324]
+)
+def test_a_pong_is_written_as_json_would_write_it(ts: float) -> None:
+    """Pongs take a shortcut (they are most of the frames a coordinator sends)."""
+    expected = json.dumps(
+        {"v": PROTOCOL_VERSION, "type": "ToClientPong", "ts": ts},
+        separators=(",", ":"),
+        allow_nan=False,
+    )
+    assert encode(ToClientPong(ts)) == expected
+    assert decode(expected, side="client") == ToClientPong(float(ts))
+
+
 @pytest.mark.parametrize(("side", "message"), SAMPLES, ids=lambda x: type(x).__name__)
 def test_wire_shape_is_versioned_and_tagged(
     side: Literal["server", "client"], message: Message
