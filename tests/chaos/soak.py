@@ -70,6 +70,8 @@ LOST_AFTER_S = 5.0
 # PostgreSQL outages this close count as one: the coordinators' pools take a moment to
 # reconnect, and the runners' reports to get answers again.
 PG_OUTAGES_APART_S = 2.0
+# A PostgreSQL outage this long may cost runners their leases (see ``_restart_postgres``).
+PG_OUTAGE_CUTS_OFF_S = 1.0
 SLOTS = 3
 MAX_ATTEMPTS = 20  # no run must fail for want of attempts, however often it is lost
 SETTLE_TIMEOUT_S = 120.0
@@ -710,18 +712,21 @@ class Soak:
             self.down.discard("postgres")
             self._note("started PostgreSQL")
             self.pg_outages.append((start, time.time()))
-            # Nothing is stored while the database is away: a runner hears no answer to its
-            # reports, and once that lasted its lease, it stops its work and the run is
-            # started again. That is an outage that cut every runner off — a runner's last
-            # answer may be a heartbeat before it began, and answers take a moment to
-            # resume after it: counted from 2 s short of the threshold. Outages close
-            # together count as one: the moment between them may answer no one.
+            # Nothing is stored while the database is away: a WebSocket runner's socket is
+            # closed when what it sent cannot be stored, it cannot register again, a
+            # long-poll runner's heartbeats are not answered; once that lasted its lease,
+            # it stops its work and the run is started again. That is an outage that cut
+            # every runner off. The lease is short here (a third less than the 5 s
+            # threshold), a runner's last answer may be a ping interval before the outage
+            # began, and answers take a moment to resume after it: an outage of a second
+            # counts. Outages close together count as one: the moment between them may
+            # answer no one.
             began, ended = self.pg_outages[-1]
             for earlier_start, earlier_end in reversed(self.pg_outages[:-1]):
                 if began - earlier_end > PG_OUTAGES_APART_S:
                     break
                 began = earlier_start
-            if ended - began >= LOST_AFTER_S - 2.0:
+            if ended - began >= PG_OUTAGE_CUTS_OFF_S:
                 self.disruptions.append(Disruption("PostgreSQL down", None, began, ended))
             self.figures.postgres_restarts += 1
 

@@ -6,7 +6,6 @@ nor the web framework (``corral up`` uses the options below too).
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from corral.cli.log_format import configure_logging, log_format_option
 from corral.cli.options import URLS, comma_list, labels_from, option
 from corral.credentials import client_token
 from corral.runner.core import RunnerCore
-from corral.runner.process import watch_children_with_pidfds
+from corral.runner.process import run_loop
 from corral.runner.settings import RunnerSettings
 
 
@@ -175,9 +174,8 @@ def runner_cmd(url: str, token: str | None, log_format: str, **kwargs: object) -
     settings = replace(runner_settings(url, **kwargs), token=found)  # type: ignore[arg-type]
 
     async def main() -> None:
-        watch_children_with_pidfds()
         runner = RunnerCore(settings)
         runner.install_signal_handlers()
         await runner.run()
 
-    asyncio.run(main())
+    run_loop(main())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import click
@@ -10,6 +9,7 @@ import click
 from corral.actors.kinds import load_kinds
 from corral.cli.log_format import configure_logging, log_format_option
 from corral.cli.options import option
+from corral.runner.process import run_loop
 from corral.runner.serverless import ServerlessEndpoint, serve
 from corral.runner.settings import RunnerSettings
 
@@ -41,4 +41,4 @@ def serverless_endpoint(
     configure_logging(log_format)
     base = RunnerSettings(actor_kinds=load_kinds(config))
     endpoint = ServerlessEndpoint(base, drain_grace_s=drain_grace)
-    asyncio.run(serve(endpoint, host, port))
+    run_loop(serve(endpoint, host, port))

@@ -30,6 +30,7 @@ from corral.credentials import coordinator_token
 from corral.dashboard.site import address as dashboard_address
 from corral.errors import Conflict, CorralError, InvalidRequest, Unavailable
 from corral.runner.core import RunnerCore
+from corral.runner.process import run_loop
 from corral.store.db import redact_url
 
 DEFAULT_DB = ".corral/corral.db"
@@ -320,4 +321,4 @@ def up(log_format: str, **kwargs: Any) -> None:
         server.should_exit = True
         await serving
 
-    asyncio.run(main())
+    run_loop(main())
