@@ -89,7 +89,9 @@ def create_app(
         db = opened.db
         app.state.listener = None
         if isinstance(db, PostgresDatabase):
-            app.state.listener = Listener(db.url, db.node, coordinator.notifier)
+            app.state.listener = Listener(
+                db.url, db.node, coordinator.notifier, rescan=coordinator.rescan
+            )
             jobs.append(asyncio.create_task(app.state.listener.run_forever()))
         try:
             yield

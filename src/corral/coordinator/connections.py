@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from corral.protocol import messages as wire
+    from corral.store.runners import Head
 
 
 class LiveLink(Protocol):
@@ -35,6 +36,11 @@ class LiveLink(Protocol):
     @property
     def closed(self) -> asyncio.Event:
         """Set once the socket is closed."""
+        ...
+
+    def behind(self, head: Head) -> bool:
+        """Its runner's row holds something the socket has not passed on (commands, a
+        state other than active): after a lost notification it must look again."""
         ...
 
     async def drain(self, grace_s: float) -> None:

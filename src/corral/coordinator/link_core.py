@@ -83,7 +83,7 @@ from corral.runners import RunnerState
 from corral.runs import Run, RunStatus
 from corral.store import LogLine, Store
 from corral.store.commands import Command
-from corral.store.runners import Order
+from corral.store.runners import Head, Order
 from corral.subagents import Mode
 
 log = logging.getLogger("corral.coordinator")
@@ -285,6 +285,12 @@ class RunnerChannel:
 
     def kv_answered(self, request_id: int, result: dict[str, Any]) -> list[ChannelOutput]:
         return self._lift(self.session.kv_answered(request_id, result))
+
+    def behind(self, head: Head) -> bool:
+        """Has the runner's row (``RunnerStore.heads``) anything this socket has not passed
+        on? Commands stored past what it sent, or a state other than active (a drain, a
+        stop, lost). After a lost notification only such a socket needs to look again."""
+        return head.last_command_idx > self._sent_idx or head.state is not RunnerState.ACTIVE
 
     # ---- orders from the rest of the coordinator -------------------------------------------
 

@@ -5,16 +5,19 @@ One connection per coordinator ``LISTEN``s on its schema's channel; the triggers
 and the listener notifies it here, as if the change had been made in this process.
 
 A notification sent while the listener was not connected (PostgreSQL restarted, the link
-broke) is lost: so after every connect the listener wakes every waiter once
-(``Notifier.notify_all``) and each looks at the store again — a bounded re-scan, one look
-per waiter, not a polling loop. The connection sends TCP keepalives, so a link that died
-silently is noticed within seconds.
+broke) is lost: so after every connect the listener asks for a bounded re-scan, not a
+polling loop (``rescan``; by default ``Notifier.notify_all``: every waiter looks at the
+store again, once). The coordinator's (``Coordinator.rescan``) wakes its runner sockets
+only where one read of their runners' rows shows something they have not passed on: woken
+all at once, 10,000 sockets each claimed and read their runner's row together. The
+connection sends TCP keepalives, so a link that died silently is noticed within seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 import psycopg
 from psycopg import sql
@@ -27,25 +30,37 @@ log = logging.getLogger("corral.coordinator")
 
 
 class Listener:
-    def __init__(self, url: str, node: str, notifier: Notifier) -> None:
+    def __init__(
+        self,
+        url: str,
+        node: str,
+        notifier: Notifier,
+        rescan: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.url = url
         self.node = node  # our own writes' name: their notifications were handled here
         self.notifier = notifier
+        self.rescan = rescan or self._wake_all
+        self._rescanning: asyncio.Task[None] | None = None
         self.connects = 0  # how many times it has connected (and re-scanned)
         self.listening = asyncio.Event()  # set while connected
         self.application_name = f"corral listener {node}"  # its name in pg_stat_activity
 
     async def run_forever(self) -> None:
         failures = 0  # connects failed in a row
-        while True:
-            connects = self.connects
-            try:
-                await self._listen()
-            except (psycopg.OperationalError, OSError) as exc:
-                log.warning("wake-up listener disconnected: %s", exc)
-            self.listening.clear()
-            failures = 0 if self.connects > connects else failures + 1
-            await asyncio.sleep(backoff_delay(failures, base=0.1, cap=2.0))
+        try:
+            while True:
+                connects = self.connects
+                try:
+                    await self._listen()
+                except (psycopg.OperationalError, OSError) as exc:
+                    log.warning("wake-up listener disconnected: %s", exc)
+                self.listening.clear()
+                failures = 0 if self.connects > connects else failures + 1
+                await asyncio.sleep(backoff_delay(failures, base=0.1, cap=2.0))
+        finally:
+            if self._rescanning is not None:
+                self._rescanning.cancel()
 
     async def _listen(self) -> None:
         async with await psycopg.AsyncConnection.connect(
@@ -65,9 +80,19 @@ class Listener:
             await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(row[0]))))
             self.connects += 1
             self.listening.set()
-            # Whatever was sent while nobody listened: every waiter looks again.
-            self.notifier.notify_all()
+            # Whatever was sent while nobody listened is looked for again, beside the
+            # notifications that come from now on.
+            self._rescanning = asyncio.create_task(self._rescan())
             async for note in conn.notifies():
                 origin, _, topic = note.payload.partition(" ")
                 if origin != self.node:
                     self.notifier.notify(topic)
+
+    async def _rescan(self) -> None:
+        try:
+            await self.rescan()
+        except Exception:  # the database went away again: the next connect re-scans
+            log.exception("re-scan after the listener connected failed")
+
+    async def _wake_all(self) -> None:
+        self.notifier.notify_all()

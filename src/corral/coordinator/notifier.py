@@ -52,6 +52,10 @@ class Notifier:
         the way would have said is found by that look (``corral.coordinator.listener``)."""
         self.notify(*list(self._events))
 
+    def waited(self) -> list[str]:
+        """The topics someone waits on now."""
+        return list(self._events)
+
 
 async def wait_for(
     event: asyncio.Event, timeout: float, hangup: asyncio.Future[None] | None = None

@@ -425,6 +425,30 @@ class Coordinator:
         self.notifier.notify(*wakeups(runner_id, events, applied.outcomes))
         return applied.outcomes
 
+    async def rescan(self) -> None:
+        """Notifications may have been lost (the listener was away: ``listener.py``). Every
+        waiter looks at the store again — but the runner sockets held here only where one
+        read of their runners' rows shows something they have not passed on (commands past
+        what they sent, a drain, a stop): woken all at once, each socket read its runner's
+        row and claimed, and 10,000 of them at once starved everything else."""
+        links = dict(self.connections.by_runner)
+        held = {runner_topic(runner_id) for runner_id in links}
+        self.notifier.notify(*(t for t in self.notifier.waited() if t not in held))
+        try:
+            heads = await self.in_thread(self.store.runners.heads, list(links))
+        except Exception:  # the database is away again: each socket looks for itself
+            log.exception("re-scan: reading the runners' rows failed")
+            self.notifier.notify(*held)
+            return
+        behind = [
+            runner_topic(runner_id)
+            for runner_id, link in links.items()
+            if runner_id not in heads or link.behind(heads[runner_id])
+        ]
+        self.notifier.notify(*behind)
+        if behind:
+            log.info("re-scan: %d of %d runner sockets look again", len(behind), len(links))
+
     # ---- reconciliation ------------------------------------------------------------------
 
     async def reconcile_once(self) -> Reconciled:

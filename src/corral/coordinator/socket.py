@@ -61,6 +61,7 @@ from corral.protocol.outputs import (
     Tunnelled,
 )
 from corral.protocol.server import SessionState
+from corral.store.runners import Head
 
 log = logging.getLogger("corral.coordinator")
 REASON_STORE_FAILED = "corral.store_failed"
@@ -145,6 +146,9 @@ class SocketPump:
         return asyncio.create_task(guarded())
 
     # ---- what the rest of the coordinator asks (``LiveLink``) ------------------------------
+
+    def behind(self, head: Head) -> bool:
+        return self.channel.behind(head)
 
     async def drain(self, grace_s: float) -> None:
         await self._handle(self.channel.drain(grace_s))

@@ -30,6 +30,18 @@ class Order(NamedTuple):
     drain_grace_left_s: float | None
 
 
+class Head(NamedTuple):
+    """A runner's row as the coordinator holding its socket compares it with what it sent:
+    its state and the index of the last command stored for it (0: none)."""
+
+    state: RunnerState
+    last_command_idx: int
+
+
+# Runner ids named in one statement of ``heads`` (SQLite allows 32,766 variables).
+_HEADS_CHUNK = 1000
+
+
 class RunnerStore:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -192,6 +204,23 @@ class RunnerStore:
         if state is not RunnerState.DRAINING or row["drain_grace_s"] is None:
             return Order(state, None)
         return Order(state, max(0.0, row["drain_at"] + row["drain_grace_s"] - now))
+
+    def heads(self, runner_ids: Sequence[str]) -> dict[str, Head]:
+        """The state and last command of each of ``runner_ids`` (unknown ones are left out),
+        in one read: what a coordinator whose listener reconnected compares with its
+        sockets, instead of each socket looking at its own row (``Coordinator.rescan``)."""
+        heads: dict[str, Head] = {}
+        with self.db.transaction(write=False) as tx:
+            for start in range(0, len(runner_ids), _HEADS_CHUNK):
+                chunk = runner_ids[start : start + _HEADS_CHUNK]
+                rows = tx.execute(
+                    "SELECT id, state, next_command_idx FROM runners "
+                    f"WHERE id IN ({', '.join('?' for _ in chunk)})",
+                    tuple(chunk),
+                )
+                for row in rows:
+                    heads[row["id"]] = Head(RunnerState(row["state"]), row["next_command_idx"] - 1)
+        return heads
 
     def coordinator_url(self, runner_id: str) -> str | None:
         """The coordinator holding the runner's socket, as far as the store knows (the
