@@ -21,16 +21,19 @@ Either side closing closes the other (1013: the actor could not be reached).
 
 A request for an actor whose runner is connected to another coordinator (several on one
 PostgreSQL database) is forwarded to that one, streamed both ways (``peers.py``); if it
-answers that the runner is not there (it moved), or cannot be reached (it died: the
+answers that the runner is not there (it moved), or refuses the connection (it died: the
 runner is re-owned by the next coordinator it connects to), the gateway looks again for
-up to the runner-lost threshold. WebSocket upgrades are forwarded the same way.
+up to the runner-lost threshold. A peer that fails once it may have taken the request is
+``tunnel_lost``: the actor may have run it, and it is never sent twice. WebSocket
+upgrades are forwarded the same way.
 
 A request body is sent only once the runner has the actor's port (it acknowledged the
 request start), so a retry never needs what the client has already sent. Errors have
 stable codes: ``actor_not_found`` and ``actor_destroyed`` (404), ``actor_not_ready`` (503:
 not connectable in time), ``tunnel_lost`` (503: its runner was gone longer than its lost
-threshold before answering); a response that breaks off once started is cut (the client
-sees an incomplete response, never a complete wrong one).
+threshold before answering, or the peer it was forwarded to failed with it); a response
+that breaks off once started is cut (the client sees an incomplete response, never a
+complete wrong one).
 """
 
 from __future__ import annotations
@@ -327,9 +330,9 @@ class Forward:
         return await self.peers.holding(runner_id)
 
     async def _look_again(self, actor_id: str, runner_id: str) -> None:
-        """The runner's coordinator did not have it (it moved) or was not reached (it died:
-        the runner is re-owned when it reconnects): look again shortly, for at most the
-        runner-lost threshold."""
+        """The runner's coordinator did not have it (it moved) or refused the connection
+        (it died: the runner is re-owned when it reconnects): look again shortly, for at
+        most the runner-lost threshold."""
         self.tunnels.placements.forget(actor_id)
         now = time.monotonic()
         if self.elsewhere_until is None:

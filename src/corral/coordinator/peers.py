@@ -10,6 +10,13 @@ coordinator looks again.
 
     client ──▶ A /gateway/… ──(runner on B)──▶ B /gateway/{actor_id}/… ──tunnel──▶ runner
 
+A request goes to the actor at most once. Only a peer that refused the connection
+provably never saw it; one that failed once connected (it died, say) may have sent it
+through the runner's tunnel already, and the actor may be running it: looking again
+would send it a second time (the runner's next socket is on A, a new request there). So
+it fails instead (503 ``tunnel_lost``), and kept connections are let go before the peer
+would close them as idle (``KEEPALIVE_S``), so that a live peer never fails one that way.
+
 A WebSocket is forwarded the same way: A opens one to B's gateway and, once B accepted
 (the actor did), accepts the client's with the same subprotocol and passes messages both
 ways until either side closes.
@@ -38,6 +45,7 @@ log = logging.getLogger("corral.coordinator")
 # On a forwarded request: the coordinator that forwarded it (it is not forwarded again).
 FORWARDED_HEADER = "x-corral-forwarded-by"
 CONNECT_TIMEOUT_S = 2.0
+KEEPALIVE_S = 2.0  # below the peer's keep-alive (uvicorn's 5 s): it never closes one we reuse
 # Not passed to the coordinator a request is forwarded to (its client writes its own; the
 # caller's token goes: the peer checks it too).
 _NOT_TO_PEER = HOP_BY_HOP | {FORWARDED_HEADER}
@@ -59,7 +67,8 @@ class Peers:
         if self._client is None:
             # No read timeout: an actor may take its time to answer, or stream for long.
             timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
-            self._client = httpx.AsyncClient(timeout=timeout)
+            limits = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
+            self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
         return self._client
 
     async def holding(self, runner_id: str) -> str | None:
@@ -78,8 +87,9 @@ class Peers:
     ) -> bool:
         """Forward an HTTP request (its body read from ``upload``, None at its end) to a
         peer's gateway at ``url``, and stream the answer back until it ends or the client
-        is ``gone``. False if the peer could not be reached or does not have the runner,
-        before any of the body went (the caller looks again); after, ``tunnel_lost``."""
+        is ``gone``. False if the peer refused the connection or does not have the runner,
+        before any of the body went (the caller looks again); ``tunnel_lost`` if it may
+        have taken the request (see the top)."""
         body_sent = False
 
         async def body(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
@@ -98,11 +108,12 @@ class Peers:
         outgoing = self.client.build_request(scope["method"], url, headers=headers, content=content)
         try:
             response = await self.client.send(outgoing, stream=True)
-        except httpx.TransportError as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             log.info("gateway: %s not reached (%s)", url, exc)
-            if body_sent:
-                raise Unavailable(f"{url} went away", code="tunnel_lost") from exc
             return False
+        except httpx.TransportError as exc:
+            log.info("gateway: %s went away with %s (%r)", url, scope["path"], exc)
+            raise Unavailable(f"{url} went away with the request", code="tunnel_lost") from exc
         try:
             if response.status_code == 503 and ERROR_HEADER in response.headers and not body_sent:
                 return False
@@ -122,9 +133,9 @@ class Peers:
 
     async def websocket(self, ws: WebSocket, peer: str, actor_id: str, path: str) -> bool:
         """Forward the client's WebSocket (not accepted yet) to the peer's gateway, then
-        relay messages both ways. False if the peer could not be reached or answered that
-        the runner is not there (the caller looks again); any other refusal closes the
-        client's socket (1013)."""
+        relay messages both ways. False if the peer refused the connection or answered that
+        the runner is not there (the caller looks again); any other refusal or failure
+        closes the client's socket (1013: the peer may have opened the actor's already)."""
         base = peer.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
         protocols = [
             part.strip()
@@ -151,7 +162,11 @@ class Peers:
                 return False  # the runner is not there (any more): look again
             await ws.close(WS_CLOSE_TRY_AGAIN, f"refused: {exc.response.status_code}")
             return True
-        except (OSError, TimeoutError, websockets.WebSocketException):
+        except (TimeoutError, websockets.WebSocketException) as exc:  # once connected, maybe
+            await ws.close(WS_CLOSE_TRY_AGAIN, "tunnel_lost")
+            log.info("gateway: %s went away with a WebSocket (%r)", peer, exc)
+            return True
+        except OSError:  # its connection refused (TimeoutError is one, caught above)
             return False
         async with upstream:
             await ws.accept(subprotocol=upstream.subprotocol)
