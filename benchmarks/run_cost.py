@@ -3,10 +3,11 @@ plane (4 runners x 8 slots whose runs start no process: noop_runner.py), --round
 each database, each round on a coordinator and database of its own.
 
 CPU time per run holds up on a loaded machine where runs/s does not: this is the figure of
-issue 16 §3 (goal ≤ 0.2 ms a run on SQLite). On PostgreSQL the server processes serving
-the coordinator are measured too. --profile records each round with py-spy (collapsed
-stacks of the thread holding the GIL, or of every thread with --all-threads; pip install
-py-spy).
+issue 16 §3 (goal ≤ 0.2 ms a run on SQLite). Also the share of it on the event loop's thread
+(the rest is the store's worker threads and the interpreter's), and on PostgreSQL the CPU of
+the server processes serving the coordinator. --profile records each round with py-spy
+(collapsed stacks of the thread holding the GIL, or of every thread with --all-threads; pip
+install py-spy).
 
     python benchmarks/run_cost.py [--runs 10000] [--rounds 3] [--db sqlite|postgres|both]
                                   [--profile DIR] [--all-threads]
@@ -16,13 +17,62 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from events import SPY_OPTIONS, Phase, throughput
+from dispatch import NOOP_RUNNER, Throughput, cluster, cpu_seconds, database, measure_throughput
+from events import PY_SPY, SPY_OPTIONS, database_cpu
 
-# Every thread's Python and native stacks (the store's threads run SQL without the GIL).
-ALL_THREADS = ["--format", "raw", "--rate", "200", "--nonblocking", "--native", "--output"]
+# Every thread's Python stacks (the store's threads run SQL without the GIL).
+ALL_THREADS = ["--format", "raw", "--rate", "200", "--nonblocking", "--output"]
+
+
+@dataclass
+class Round:
+    measured: Throughput
+    runs: int
+    cpu_s: float  # the coordinator's process
+    loop_cpu_s: float  # its main thread: the event loop
+    database_cpu_s: float  # PostgreSQL's server processes serving it (0: SQLite)
+
+    def ms(self, seconds: float) -> float:
+        return seconds * 1000 / self.runs
+
+
+def one_round(kind: str, runs: int, profile: Path | None, spy_options: list[str]) -> Round:
+    with tempfile.TemporaryDirectory() as tmp, database(kind, Path(tmp)) as url:
+        # Its connections named, their server processes' CPU is measured too.
+        db = f"{url}&application_name={url.rsplit('%3D', 1)[1]}" if kind == "postgres" else url
+        with cluster(db, 4, 8, Path(tmp), "websocket", NOOP_RUNNER) as target:
+            pid = target.coordinator_pid
+            spy = None
+            if profile is not None:
+                spy = subprocess.Popen(
+                    [PY_SPY, "record", "--pid", str(pid), *spy_options, str(profile)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                time.sleep(1)  # py-spy attached
+            cpu, loop = cpu_seconds(pid), main_thread_cpu(pid)
+            db_before = database_cpu(db)
+            measured = measure_throughput(target, runs)
+            cpu, loop = cpu_seconds(pid) - cpu, main_thread_cpu(pid) - loop
+            db_after = database_cpu(db)
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(30)
+    used_db = sum(after - db_before.get(p, 0.0) for p, after in db_after.items())
+    return Round(measured, runs, cpu, loop, used_db)
+
+
+def main_thread_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def load() -> str:
@@ -38,32 +88,36 @@ def main() -> None:
     parser.add_argument(
         "--all-threads",
         action="store_true",
-        help="profile every thread with native frames (by default the thread holding the GIL)",
+        help="profile every thread (by default the thread holding the GIL)",
     )
     args = parser.parse_args()
     kinds = ["sqlite", "postgres"] if args.db == "both" else [args.db]
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
+    spy = ALL_THREADS if args.all_threads else SPY_OPTIONS
     print(f"load average at the start: {load()}", flush=True)
     for kind in kinds:
-        phases: list[Phase] = []
+        rounds: list[Round] = []
         for n in range(args.rounds):
             profile = args.profile / f"{kind}-{n}.txt" if args.profile else None
-            spy = ALL_THREADS if args.all_threads else SPY_OPTIONS
-            phase = throughput(kind, args.runs, 0, True, profile, spy)
-            phases.append(phase)
+            r = one_round(kind, args.runs, profile, spy)
+            rounds.append(r)
             print(
-                f"  {kind:8} {phase.measured.runs_per_s:6.0f} runs/s  coordinator "
-                f"{phase.cpu_ms_per_run:.3f} ms a run  database "
-                f"{phase.database_ms_per_run(args.runs):.3f} ms a run  (load {load()})",
+                f"  {kind:8} {r.measured.runs_per_s:6.0f} runs/s  coordinator "
+                f"{r.ms(r.cpu_s):.3f} ms a run (event loop {r.ms(r.loop_cpu_s):.3f})  "
+                f"database {r.ms(r.database_cpu_s):.3f} ms a run  (load {load()})",
                 flush=True,
             )
+
+        def median(seconds: list[float]) -> float:
+            return statistics.median(seconds) * 1000 / args.runs
+
         print(
             f"{kind:8} {args.runs} runs x {args.rounds}, medians: "
-            f"{statistics.median(p.measured.runs_per_s for p in phases):6.0f} runs/s, "
-            f"coordinator {statistics.median(p.cpu_ms_per_run for p in phases):.3f} ms a run, "
-            f"database {statistics.median(p.database_ms_per_run(args.runs) for p in phases):.3f}"
-            " ms a run",
+            f"{statistics.median(r.measured.runs_per_s for r in rounds):6.0f} runs/s, "
+            f"coordinator {median([r.cpu_s for r in rounds]):.3f} ms a run (event loop "
+            f"{median([r.loop_cpu_s for r in rounds]):.3f}), database "
+            f"{median([r.database_cpu_s for r in rounds]):.3f} ms a run",
             flush=True,
         )
     print(f"load average at the end: {load()}")
