@@ -3,7 +3,8 @@ the peer is an httpx transport that records what reached it. A request that may 
 reached the peer (it failed after the connection was made) is never sent again, by any
 path: it fails with ``tunnel_lost``. Only one the peer provably never got (its connection
 was refused) is looked for again and sent. (The chaos soak's L1-6: B took a request and
-died, A sent it again through the runner's new socket, and the actor ran it twice.)"""
+died, A sent it again through the runner's new socket, and the actor ran it twice.) A
+WebSocket upgrade alike."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from typing import Any
 import httpx
 import pytest
 from starlette.types import Message
+from websockets.exceptions import InvalidMessage
 
 from corral.actors.lifecycle import ActorState, CrashPolicy, Life
 from corral.actors.model import Actor
+from corral.coordinator import peers as peers_module
 from corral.coordinator.connections import Connections
 from corral.coordinator.gateway import Forward
 from corral.coordinator.peers import Peers
@@ -116,3 +119,35 @@ async def test_a_peer_that_refused_the_connection_never_saw_it_and_is_looked_for
     peer = Peer(httpx.ConnectError("Connection refused"))
     assert await forwarded(peer) == (200, b"ran")
     assert peer.reached == 1
+
+
+class ClientSocket:
+    """The client's WebSocket, not accepted yet, as ``Peers.websocket`` uses it."""
+
+    def __init__(self) -> None:
+        self.scope: dict[str, Any] = {"headers": []}
+        self.closed: tuple[int, str] | None = None
+
+    async def close(self, code: int, reason: str = "") -> None:
+        self.closed = (code, reason)
+
+
+@pytest.mark.parametrize(
+    ("failure", "looked_again"),
+    [
+        (ConnectionRefusedError(), True),
+        (InvalidMessage("did not receive a valid HTTP response"), False),
+        (TimeoutError("timed out during opening handshake"), False),
+    ],
+)
+async def test_a_websocket_is_forwarded_again_only_if_the_peer_refused_the_connection(
+    monkeypatch: pytest.MonkeyPatch, failure: Exception, looked_again: bool
+) -> None:
+    async def connect(*args: Any, **kwargs: Any) -> None:
+        raise failure
+
+    monkeypatch.setattr(peers_module.websockets, "connect", connect)
+    peers, ws = Peers(OWN, lambda runner_id: asyncio.sleep(0, PEER)), ClientSocket()
+    done = await peers.websocket(ws, PEER, ACTOR, "/ws")  # type: ignore[arg-type]
+    assert done is not looked_again
+    assert ws.closed == (None if looked_again else (1013, "tunnel_lost"))
