@@ -5,11 +5,11 @@ own on ``CORRAL_TEST_PG``); ``--clients`` worker processes (this script with ``-
 2,500 sockets each by default: one Python process is too slow to keep 10,000 pinging on
 time) open N WebSocket connections to ``/runner/socket`` between them and speak the
 protocol minimally: a valid ``ToServerInit`` per socket (distinct names), then nothing but a
-``ToServerPing`` every 3 s (frames from the coordinator are read and dropped). Like the
-real runner, they ask for no compression and send no transport-level keepalive pings. A
-socket that fails to connect is counted, not fatal. Each process raises its
-``RLIMIT_NOFILE`` (the coordinator inherits this one's) to what N sockets need. Once all
-are connected and a settling pause is over, it samples the coordinator's CPU
+``ToServerPing`` as often as the answer to its Init asks (3 s by default; frames from the
+coordinator are read and dropped). Like the real runner, they ask for no compression and
+send no transport-level keepalive pings. A socket that fails to connect is counted, not
+fatal. Each process raises its ``RLIMIT_NOFILE`` (the coordinator inherits this one's) to
+what N sockets need. Once all are connected and a settling pause is over, it samples the coordinator's CPU
 (/proc/<pid>/stat utime+stime) over the measurement window and its RSS
 (/proc/<pid>/status VmRSS). Then, with the idle sockets still open, a real ``corral
 runner`` (1 slot, a label of its own) joins and runs that need its label are dispatched one
@@ -18,7 +18,7 @@ every socket's push loop into a claim; now only the socket it fits: ``coordinato
 
     python benchmarks/idle_sockets.py [--sockets 1000] [--measure 30] [--settle 10]
                                       [--dispatch-samples 30] [--db sqlite|postgres]
-                                      [--clients K] [--batch 50]
+                                      [--clients K] [--batch 50] [--ping-interval S]
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ class IdleRunner:
         self.ws: ClientConnection | None = None
         self.runner_id: str | None = None
         self.pings = 0
+        self.ping_s = PING_S  # what the coordinator's Init says (a real runner pings so)
         self.closed: str | None = None  # the close code and reason, if the coordinator closed it
         self.failed: str | None = None  # why it could not connect
         self.life: asyncio.Task[None] | None = None
@@ -98,9 +99,11 @@ class IdleRunner:
         hello = m.decode(await asyncio.wait_for(self.ws.recv(), 60), side="client")
         assert isinstance(hello, m.ToClientInit), hello
         self.runner_id = hello.runner_id
+        self.ping_s = float(hello.metadata.get("ping_interval", PING_S))
 
     async def live(self) -> None:
-        """Ping every 3 s (first one at a random offset), drop whatever comes in."""
+        """Ping as often as the coordinator asked (first one at a random offset), drop
+        whatever comes in."""
         assert self.ws is not None
         ws = self.ws
 
@@ -110,11 +113,11 @@ class IdleRunner:
 
         reader = asyncio.create_task(drop_incoming())
         try:
-            await asyncio.sleep(PING_S * (hash(self.name) % 1000) / 1000)
+            await asyncio.sleep(self.ping_s * (hash(self.name) % 1000) / 1000)
             while True:
                 await ws.send(m.encode(m.ToServerPing(time.time())))
                 self.pings += 1
-                await asyncio.sleep(PING_S)
+                await asyncio.sleep(self.ping_s)
         except ConnectionClosed as exc:
             self.closed = (
                 f"{exc.rcvd.code if exc.rcvd else '?'} {exc.rcvd.reason if exc.rcvd else ''}"
@@ -146,6 +149,7 @@ async def worker(url: str, first: int, count: int, batch: int) -> None:
     runners = await open_all(url, first, count, batch)
     failed = Counter(r.failed for r in runners if r.failed is not None)
     report(
+        ping_s=max(r.ping_s for r in runners),
         connected=sum(r.failed is None for r in runners),
         failed=dict(failed.most_common(3)),
         seconds=time.monotonic() - started,
@@ -221,6 +225,7 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
     connect_s = max([o.get("seconds", 0.0) for o in opened], default=time.monotonic() - t0)
     connect_cpu = cpu_seconds(pid) - cpu_at_start
     connected = sum(o.get("connected", 0) for o in opened)
+    ping_s = max(o.get("ping_s", PING_S) for o in opened)
     failures: Counter[str] = Counter()
     for o in opened:
         failures.update(o.get("failed", {}))
@@ -258,7 +263,7 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
     per_socket_us = 1e6 * cpu / wall / max(1, connected)
     print(
         f"\nidle sockets on {os.cpu_count()} cores: one `corral serve` ({args.db}), {args.sockets} "
-        f"WebSocket runners pinging every {PING_S:.0f} s, from {clients} client processes"
+        f"WebSocket runners pinging every {ping_s:g} s, from {clients} client processes"
     )
     print(
         f"  connect + Init of all sockets    {connect_s:8.1f} s  "
@@ -338,6 +343,9 @@ def main() -> None:
         "--dispatch-samples", type=int, default=30, help="runs dispatched to a real runner"
     )
     parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument(
+        "--ping-interval", type=float, help="the coordinator's --ping-interval (its default)"
+    )
     parser.add_argument("--worker", metavar="WS_URL", help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -348,13 +356,13 @@ def main() -> None:
         asyncio.run(worker(args.worker, args.first, args.sockets, args.batch))
         return
 
+    env = {"CORRAL_TOKEN": TOKEN}
+    if args.ping_interval is not None:
+        env["CORRAL_PING_INTERVAL"] = str(args.ping_interval)
     with (
         tempfile.TemporaryDirectory() as tmp,
         database(args.db, Path(tmp)) as db,
-        corral_serve(db if args.db == "postgres" else "idle.db", {"CORRAL_TOKEN": TOKEN}) as (
-            url,
-            pid,
-        ),
+        corral_serve(db if args.db == "postgres" else "idle.db", env) as (url, pid),
     ):
         asyncio.run(bench(args, url, pid))
 
