@@ -71,6 +71,12 @@ class ActorApp:
             self.hits[name] = self.hits.get(name, 0) + 1
             return Response(headers={"x-hits": str(self.hits[name]), "content-length": "42"})
 
+        @app.get("/busy/{name}")
+        async def busy(name: str) -> Response:
+            # Its own 503, with the header a runner uses to say the actor never saw it.
+            self.hits[name] = self.hits.get(name, 0) + 1
+            return Response(status_code=503, headers={"x-corral-error": "actor_not_here"})
+
         @app.get("/stream")
         async def stream(n: int, size: int) -> StreamingResponse:
             async def parts() -> AsyncIterator[bytes]:
@@ -351,6 +357,16 @@ async def test_a_runner_without_the_actor_answers_503_and_the_gateway_finds_it_a
     assert "b" not in world.actor.hits  # the actor never saw it
     world.runner.ports[(ACTOR, 2)] = world.actor_port  # it moved to generation 2 meanwhile
     assert (await world.client.get(f"/gateway/{ACTOR}/count/b")).json()["hits"] == 1
+
+
+async def test_an_actors_own_503_is_answered_once_whatever_its_headers_say(
+    world: World,
+) -> None:
+    """The actor ran it: only the runner may say it did not (x-corral-error), never the
+    actor's own response, which would have the gateway send it again."""
+    response = await world.client.get(f"/gateway/{ACTOR}/busy/c")
+    assert (response.status_code, world.actor.hits["c"]) == (503, 1)
+    assert "x-corral-error" not in response.headers  # the runner kept it back
 
 
 async def test_unknown_and_destroyed_actors_are_404_with_stable_codes(world: World) -> None:

@@ -48,8 +48,9 @@ class Peer:
     """The other coordinator: each failure in turn, then 200. ``reached`` counts the
     requests its gateway took (what it may have sent on to the actor)."""
 
-    def __init__(self, *failures: httpx.TransportError) -> None:
+    def __init__(self, *failures: httpx.TransportError, answer: int = 200, **headers: str) -> None:
         self.failures = list(failures)
+        self.answer, self.headers = answer, headers
         self.reached = 0
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -58,7 +59,8 @@ class Peer:
             self.reached += 1  # taken: its tunnel may have sent it to the runner already
         if failure is not None:
             raise failure
-        return httpx.Response(200, stream=httpx.ByteStream(b"ran"))
+        headers = {name.replace("_", "-"): value for name, value in self.headers.items()}
+        return httpx.Response(self.answer, headers=headers, stream=httpx.ByteStream(b"ran"))
 
 
 async def forwarded(peer: Peer) -> tuple[int, bytes]:
@@ -118,6 +120,14 @@ async def test_any_failure_once_connected_fails_the_request(failure: httpx.Trans
 async def test_a_peer_that_refused_the_connection_never_saw_it_and_is_looked_for_again() -> None:
     peer = Peer(httpx.ConnectError("Connection refused"))
     assert await forwarded(peer) == (200, b"ran")
+    assert peer.reached == 1
+
+
+async def test_a_peers_503_is_passed_on_unless_it_says_the_actor_never_saw_it() -> None:
+    """Only the runner's codes (and a peer's ``runner_not_here``) say the actor never saw
+    it; a 503 with another is the actor's answer (or a failure after it took it)."""
+    peer = Peer(answer=503, x_corral_error="actor_failed")
+    assert await forwarded(peer) == (503, b"ran")
     assert peer.reached == 1
 
 

@@ -53,12 +53,12 @@ from corral.actors.lifecycle import ActorState
 from corral.actors.model import DEFAULT_POOL, Actor, NewActor, Placement
 from corral.coordinator import auth
 from corral.coordinator.auth import Access, Principal, require
-from corral.coordinator.peers import FORWARDED_HEADER, Peers
+from corral.coordinator.peers import FORWARDED_HEADER, RUNNER_NOT_HERE, Peers
 from corral.coordinator.tunnel import Reply, TunnelHub, TunnelRequest
 from corral.errors import CorralError, InvalidRequest, NotFound, Unavailable
 from corral.protocol import messages as wire
 from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES, MAX_TUNNEL_WS_MESSAGE_BYTES
-from corral.runner.tunnel import ERROR_HEADER, HOP_BY_HOP
+from corral.runner.tunnel import ERROR_HEADER, HOP_BY_HOP, NEVER_SEEN
 from corral.wire import problem_with
 
 log = logging.getLogger("corral.coordinator")
@@ -68,9 +68,6 @@ MAX_REWAKES = 3  # wakes again after it stopped while we waited
 MAX_ATTEMPTS = 4  # tries through a runner (503 + x-corral-error: it did not have the actor)
 RETRY_BASE_S = 0.05
 PEER_RETRY_S = 0.25  # the runner's coordinator did not have it, or could not be reached
-# A forwarded request whose runner is not connected here: the forwarding coordinator looks
-# again (503 with x-corral-error, as a runner says an actor is not on it).
-RUNNER_NOT_HERE = "runner_not_here"
 # Never forwarded to an actor: the caller's corral token is not the actor's business.
 # (Transfer-Encoding goes to the runner, which drops it: it says a body follows.)
 _NOT_FORWARDED = (HOP_BY_HOP - {"transfer-encoding"}) | {"authorization"}
@@ -620,11 +617,12 @@ class Forward:
 
 
 def _retryable(reply: Reply) -> bool:
-    """The runner did not have the actor (it never saw the request): try again."""
+    """The runner did not have the actor (it never saw the request): try again. Only the
+    runner's own codes say so (a runner keeps the header back from an actor's response)."""
     return (
         isinstance(reply, wire.ToServerResponseStart)
         and reply.status == 503
-        and any(name.lower() == ERROR_HEADER for name, _ in reply.headers)
+        and any(k.lower() == ERROR_HEADER and v in NEVER_SEEN for k, v in reply.headers)
     )
 
 

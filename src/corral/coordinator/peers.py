@@ -38,12 +38,17 @@ from websockets.typing import Subprotocol
 
 from corral.errors import Unavailable
 from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES
-from corral.runner.tunnel import ERROR_HEADER, HOP_BY_HOP
+from corral.runner.tunnel import ERROR_HEADER, HOP_BY_HOP, NEVER_SEEN
 
 log = logging.getLogger("corral.coordinator")
 
 # On a forwarded request: the coordinator that forwarded it (it is not forwarded again).
 FORWARDED_HEADER = "x-corral-forwarded-by"
+# A forwarded request whose runner is not connected here: the forwarding coordinator looks
+# again (503 with x-corral-error, as a runner says an actor is not on it).
+RUNNER_NOT_HERE = "runner_not_here"
+# A peer's 503 whose x-corral-error says the actor never saw the request: look again.
+_LOOK_AGAIN = NEVER_SEEN | {RUNNER_NOT_HERE}
 CONNECT_TIMEOUT_S = 2.0
 KEEPALIVE_S = 2.0  # below the peer's keep-alive (uvicorn's 5 s): it never closes one we reuse
 # Not passed to the coordinator a request is forwarded to (its client writes its own; the
@@ -115,7 +120,8 @@ class Peers:
             log.info("gateway: %s went away with %s (%r)", url, scope["path"], exc)
             raise Unavailable(f"{url} went away with the request", code="tunnel_lost") from exc
         try:
-            if response.status_code == 503 and ERROR_HEADER in response.headers and not body_sent:
+            unseen = response.headers.get(ERROR_HEADER) in _LOOK_AGAIN
+            if response.status_code == 503 and unseen and not body_sent:
                 return False
             relay = asyncio.ensure_future(_relay_response(response, send))
             left = asyncio.ensure_future(gone.wait())
@@ -158,7 +164,8 @@ class Peers:
                 compression=None,
             )
         except websockets.InvalidStatus as exc:
-            if exc.response.status_code == 503 and ERROR_HEADER in exc.response.headers:
+            unseen = exc.response.headers.get(ERROR_HEADER) in _LOOK_AGAIN
+            if exc.response.status_code == 503 and unseen:
                 return False  # the runner is not there (any more): look again
             await ws.close(WS_CLOSE_TRY_AGAIN, f"refused: {exc.response.status_code}")
             return True

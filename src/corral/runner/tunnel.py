@@ -8,8 +8,10 @@ actor's local port, and its response comes back, both streamed (seed 002).
         whole in one message (to a coordinator at ``TUNNEL_WHOLE``)
 
 A request for an actor this runner does not have (not here, another generation, its port
-not accepting connections) is answered 503 with an ``x-corral-error`` header: the actor
-never saw it, so the gateway may find the actor again and retry. A failure once the actor
+not accepting connections) is answered 503 with an ``x-corral-error`` header naming why
+(``NEVER_SEEN``): the actor never saw it, so the gateway may find the actor again and
+retry. The actor's own responses never carry that header (it is kept back): whatever
+they say, the actor ran the request. A failure once the actor
 may have seen it is a 502 (before the response started) or a ``ToServerResponseAbort``
 (after), never retried. ``ToClientRequestAbort`` (the client went away) closes the
 connection to the actor. A WebSocket upgrade (``websocket``) opens one to the actor: its
@@ -44,6 +46,8 @@ ACTOR_NOT_HERE = "actor_not_here"  # not on this runner (or another generation):
 ACTOR_UNREACHABLE = "actor_unreachable"  # its port refused the connection: it never saw it
 WS_CLOSE_TOO_BIG = 1009
 ACTOR_FAILED = "actor_failed"  # the connection broke once the actor may have seen the request
+# The codes of a 503 that the gateway may send again: the actor never saw the request.
+NEVER_SEEN = frozenset({ACTOR_NOT_HERE, ACTOR_UNREACHABLE})
 # Hop-by-hop headers (RFC 9110 §7.6.1) and Host: they belong to one connection, not the message.
 HOP_BY_HOP = frozenset(
     {
@@ -197,7 +201,9 @@ class RunnerTunnel:
             self._answer_error(request_id, 502, ACTOR_FAILED, f"the actor failed: {exc}")
             return
         try:
-            headers = tuple((k, v) for k, v in response.headers if k not in HOP_BY_HOP)
+            headers = tuple(
+                (k, v) for k, v in response.headers if k not in HOP_BY_HOP and k != ERROR_HEADER
+            )
             head = wire.ToServerResponseStart(request_id, 0, response.status, headers)
             if (
                 response.length is not None
