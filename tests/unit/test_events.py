@@ -1,7 +1,9 @@
-"""Events without a database: the SSE encoding, filters, and a subscription's bound."""
+"""Events without a database: the SSE encoding, filters, a subscription's bound, and
+the pump's writes to attached streams."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -13,9 +15,10 @@ from corral.coordinator.event_hub import (
     Batch,
     EventHub,
     Subscription,
+    start_eagerly,
 )
 from corral.errors import InvalidRequest
-from corral.events import Event, EventFilter, EventKind, StoredData, sse, sse_message
+from corral.events import KEEPALIVE, Event, EventFilter, EventKind, StoredData, sse, sse_message
 
 
 def event(id: int, kind: EventKind = EventKind.LOG, **keys: str | None) -> Event:
@@ -66,9 +69,9 @@ def test_a_subscription_past_its_capacity_is_dropped_and_keeps_nothing() -> None
     subscription = Subscription(EventFilter.parse(kind="log"), live_from=0, capacity=3)
     offered(subscription, [event(1), event(2, EventKind.RUN), event(3)])
     assert taken(subscription) == [1, 3]
-    assert not subscription.ready.is_set()
+    assert not subscription.done.is_set()
     offered(subscription, [event(i) for i in range(4, 8)])
-    assert subscription.dropped and subscription.ready.is_set()
+    assert subscription.dropped and subscription.done.is_set()
     assert subscription.take() == []
     offered(subscription, [event(9)])  # dropped: nothing more is kept
     assert subscription.take() == []
@@ -110,15 +113,93 @@ def test_an_event_read_from_the_store_is_sent_as_its_stored_text_with_the_same_c
     assert sse(full).decode() == f"id: 9\nevent: actor\ndata: {compact}\n\n"
 
 
-def test_the_pump_wakes_every_stream_for_a_keepalive_each_keepalive_period() -> None:
+class Socket:
+    """A stream's writer: records what it is given; while ``full``, a write waits."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.full: asyncio.Future[None] | None = None
+
+    async def write(self, chunk: bytes) -> None:
+        if self.full is not None:
+            await self.full
+        self.written.append(chunk)
+
+
+def test_the_pump_writes_a_keepalive_to_every_stream_each_keepalive_period() -> None:
     hub = EventHub(None, None, None)  # type: ignore[arg-type]  # only the nudges are used
     streams = [Subscription(EventFilter(), 0, 100) for _ in range(2)]
+    sockets = [Socket() for _ in streams]
+    for stream, socket in zip(streams, sockets, strict=True):
+        stream.attach(socket.write, 0)
     hub.subscriptions.update(streams)
     hub.nudge_when_due(100.0)  # the pump's first round: the period starts
     hub.nudge_when_due(100.0 + KEEPALIVE_S - 0.1)
-    assert not any(s.keepalive or s.ready.is_set() for s in streams)
+    assert all(s.written == [] for s in sockets)
     hub.nudge_when_due(100.0 + KEEPALIVE_S)
-    assert all(s.keepalive and s.ready.is_set() for s in streams)
+    assert all(s.written == [KEEPALIVE] for s in sockets)
+
+
+def test_an_attached_stream_is_written_by_the_pump_in_order_and_queued_behind_a_full_socket() -> (
+    None
+):
+    async def scenario() -> None:
+        stream = Subscription(EventFilter.parse(kind="log"), live_from=2, capacity=4)
+        socket = Socket()
+        offered(stream, [event(2), event(3)])  # before attach: kept for it
+        stream.attach(socket.write, last=2)  # its catch-up sent event 2 already
+        assert socket.written == [sse(event(3))] and stream.last == 3
+        offered(stream, [event(4)])  # written at once, in the pump's round: no task
+        assert socket.written[-1] == sse(event(4))
+        socket.full = asyncio.get_running_loop().create_future()
+        offered(stream, [event(5)])  # this write waits for room
+        offered(stream, [event(6)])
+        offered(stream, [event(7), event(8)])  # queued behind it
+        assert len(socket.written) == 2 and stream.queued == 3
+        socket.full.set_result(None)
+        socket.full = None
+        await stream.settled()
+        await asyncio.sleep(0)  # the write's end writes what queued, as one write
+        assert socket.written[2:] == [sse(event(5)), b"".join(sse(event(i)) for i in (6, 7, 8))]
+        assert stream.last == 8 and not stream.done.is_set()
+        socket.full = asyncio.get_running_loop().create_future()
+        offered(stream, [event(i) for i in range(9, 14)])  # waits; then 5 behind: dropped
+        offered(stream, [event(i) for i in range(14, 19)])
+        assert stream.dropped and stream.done.is_set()
+        stream.cancel()  # the stream is gone
+        await stream.settled()
+        assert len(socket.written) == 4
+
+    asyncio.run(scenario())
+
+
+def test_a_coroutine_started_eagerly_runs_at_once_or_finishes_in_a_task() -> None:
+    async def at_once() -> None:
+        return None
+
+    async def scenario() -> None:
+        assert start_eagerly(at_once()) is None
+        room: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: list[int] = []
+
+        async def waits() -> None:
+            done.append(1)
+            await room
+            done.append(2)
+
+        task = start_eagerly(waits())
+        assert task is not None and done == [1]  # ran up to its wait here and now
+        room.set_result(None)
+        await task
+        assert done == [1, 2]
+        room = asyncio.get_running_loop().create_future()
+        stuck = start_eagerly(waits())
+        assert stuck is not None
+        stuck.cancel()
+        await asyncio.gather(stuck, return_exceptions=True)
+        assert stuck.cancelled()
+
+    asyncio.run(scenario())
 
 
 def test_the_pump_pauses_longer_between_rounds_with_more_streams() -> None:

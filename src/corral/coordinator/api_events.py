@@ -22,18 +22,19 @@ once it is back, and its shutdown does not wait for them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from corral.coordinator.auth import Access, require
 from corral.coordinator.event_hub import EventHub, Subscription
 from corral.coordinator.schemas import error_responses
 from corral.coordinator.service import Coordinator
 from corral.errors import InvalidRequest, NotFound
-from corral.events import KEEPALIVE, EventFilter, sse, sse_message
+from corral.events import EventFilter, sse, sse_message
 from corral.wire import Int64
 
 router = APIRouter()
@@ -61,7 +62,7 @@ async def events(
     pool: Annotated[str | None, Query(description="a pool's name")] = None,
     after: Annotated[Int64 | None, Query(ge=0, description="resume after this id")] = None,
     last_event_id: Annotated[str | None, Header(description="resume after this id")] = None,
-) -> StreamingResponse:
+) -> Response:
     """The store's changes and log lines as they commit (server-sent events)."""
     coordinator: Coordinator = request.app.state.coordinator
     where = EventFilter.parse(kind, run_id, session, plan, runner, actor, pool)
@@ -72,53 +73,76 @@ async def events(
         await hub.in_thread(hub.events.check_resume, resume)
     subscription = await hub.subscribe(where)
     start = subscription.live_from if resume is None else resume
-    return StreamingResponse(
-        _stream(hub, subscription, start),
-        media_type=MEDIA_TYPE,
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return EventStream(hub, subscription, start)
 
 
-async def _stream(hub: EventHub, subscription: Subscription, after: int) -> AsyncIterator[bytes]:
-    last = after
-    try:
-        yield sse_message("ready", {"last_event_id": last}, event_id=last)
-        async for event in hub.catch_up(subscription.where, after, subscription.live_from):
-            yield sse(event)
-            last = event.id
-        # Every stored event the filter wants is sent: the position is the pump's.
-        last = max(last, subscription.live_from)
-        yield sse_message("caught_up", {"last_event_id": last}, event_id=last)
-        while True:
-            # What came since the last look goes out as one write, not one per event; each
-            # batch's bytes were made once for every stream with this filter.
-            batches = subscription.take()
-            chunk = b"".join(batch.after(last) for batch in batches)
-            if chunk:
-                yield chunk
-                last = max(last, batches[-1].events[-1].id)
-            elif subscription.keepalive:
-                yield KEEPALIVE
-            subscription.keepalive = False
-            if subscription.dropped:
-                yield sse_message(
-                    "dropped",
-                    {
-                        "reason": "slow_consumer",
-                        "last_event_id": last,
-                        "message": f"this stream fell more than {subscription.capacity} events "
-                        "behind; resume after last_event_id",
-                    },
-                    event_id=last,
-                )
+class EventStream(Response):
+    """The stream as an ASGI response of its own. Its task sends ``ready`` and the
+    catch-up, attaches the subscription (from then on the pump writes the events: see
+    ``Subscription``), then only waits for the stream's end or its client's going."""
+
+    media_type = MEDIA_TYPE
+
+    def __init__(self, hub: EventHub, subscription: Subscription, after: int) -> None:
+        # As StreamingResponse: no body, so no content-length (the body is chunked).
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.hub = hub
+        self.subscription = subscription
+        self.after = after
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        subscription = self.subscription
+
+        async def write(chunk: bytes) -> None:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            last = self.after
+            await write(sse_message("ready", {"last_event_id": last}, event_id=last))
+            pages = self.hub.catch_up(subscription.where, last, subscription.live_from)
+            async for page in pages:
+                await write(b"".join(sse(event) for event in page))
+                last = page[-1].id
+            # Every stored event the filter wants is sent: the position is the pump's.
+            last = max(last, subscription.live_from)
+            await write(sse_message("caught_up", {"last_event_id": last}, event_id=last))
+            subscription.attach(write, last)
+            ended = asyncio.ensure_future(subscription.done.wait())
+            await asyncio.wait((gone, ended), return_when=asyncio.FIRST_COMPLETED)
+            ended.cancel()
+            if gone.done() or subscription.broken:
                 return
-            if subscription.ended:
-                return  # the coordinator is stopping (EventHub.end_streams)
-            # No timer of its own: the pump nudges every stream each KEEPALIVE_S (a timer
-            # set and cancelled at each wake-up was a tenth of a stream's cost).
-            await subscription.ready.wait()
-    finally:
-        hub.unsubscribe(subscription)
+            await subscription.settled()  # the pump's last write, if under way
+            if subscription.dropped:
+                await write(_dropped(subscription))
+            # Ended: dropped, or the coordinator is stopping (EventHub.end_streams).
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            gone.cancel()
+            subscription.cancel()
+            self.hub.unsubscribe(subscription)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _dropped(subscription: Subscription) -> bytes:
+    return sse_message(
+        "dropped",
+        {
+            "reason": "slow_consumer",
+            "last_event_id": subscription.last,
+            "message": f"this stream fell more than {subscription.capacity} events "
+            "behind; resume after last_event_id",
+        },
+        event_id=subscription.last,
+    )
 
 
 def _resume_id(header: str | None, after: int | None) -> int | None:

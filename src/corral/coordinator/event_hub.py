@@ -5,16 +5,18 @@ transaction) after each store call it is woken for (``EVENTS``, notified by
 ``Coordinator._db``), or every ``poll_interval_s`` for what other processes wrote: one
 read per round, however many subscribers. Each round is filtered once per distinct filter
 and encoded once per filter (``Batch``): fifty dashboards with the same filter share one
-list and one chunk of bytes. A subscription keeps at most ``capacity`` events: one that
-falls further behind is dropped (its stream says so and ends; the client resumes from its
-last id, read from the store), so a slow reader never makes the coordinator buffer
-without bound.
+list and one chunk of bytes, which the pump writes to each stream itself (see
+``Subscription``). A subscription keeps at most ``capacity`` events: one that falls
+further behind (its socket full) is dropped (its stream says so and ends; the client
+resumes from its last id, read from the store), so a slow reader never makes the
+coordinator buffer without bound.
 
 Joining without a gap or a duplicate::
 
     subscribe()      live_from = the pump's cursor (all it offers later is newer)
     catch_up()       the store's events in (after, live_from], page by page
-    then the queue   the pump's events, > live_from; none at or before ``after``
+    attach()         the queue, then each round's events as the pump writes them,
+                     > live_from; none at or before ``after``
 
 The pump runs only while someone subscribes.
 """
@@ -26,15 +28,15 @@ import contextlib
 import functools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio.to_thread
 
 from corral.coordinator.metrics import Metrics
 from corral.coordinator.notifier import Notifier, wait_for
-from corral.events import Event, EventFilter, sse
+from corral.events import KEEPALIVE, Event, EventFilter, sse
 from corral.store.events import EventStore
 
 EVENTS = "events"  # the notifier's topic: the store may have new events
@@ -52,6 +54,9 @@ MAX_ROUND_S = 0.1
 KEEPALIVE_S = 15.0  # a stream quiet this long sends a comment (every poll_interval_s or so)
 log = logging.getLogger("corral.coordinator")
 T = TypeVar("T")
+# Writes bytes to one stream (an ASGI ``send`` of a body chunk): returns once they are in
+# the socket's buffer, after waiting for room if the client reads slowly.
+Writer = Callable[[bytes], Coroutine[Any, Any, None]]
 
 
 class Batch:
@@ -78,28 +83,46 @@ class Batch:
 
 
 class Subscription:
+    """One stream's place in the fan-out. Until ``attach`` (its catch-up is sent) what
+    the pump offers waits in its queue; from then on the pump writes it to the stream
+    itself, in its round, through the stream's ``Writer``: no task of the stream's wakes
+    up for it (fifty such wake-ups each round, each resuming a generator under
+    Starlette's streaming response, were most of what the streams cost the coordinator).
+    A write that waits for a slow socket goes on in a task of its own while the next
+    batches queue behind it: past ``capacity`` events the stream is dropped."""
+
     def __init__(self, where: EventFilter, live_from: int, capacity: int) -> None:
         self.where = where
         self.live_from = live_from
         self.capacity = capacity
         self.queue: deque[Batch] = deque()
         self.queued = 0  # events in the queue
-        self.ready = asyncio.Event()
+        self.last = live_from  # the last event written (once attached)
+        self.done = asyncio.Event()  # the stream ends: dropped, ended, or a write failed
         self.dropped = False
-        self.keepalive = False  # a keepalive is due, if nothing else is sent (see nudge)
-        self.ended = False  # the coordinator is stopping: the stream ends (see end_streams)
+        self.ended = False  # the coordinator is stopping (see end_streams)
+        self.broken = False  # a write failed: the stream writes nothing more
+        self._write: Writer | None = None
+        self._sending: asyncio.Task[None] | None = None  # a write waiting for its socket
+
+    def attach(self, write: Writer, last: int) -> None:
+        """The stream sent its catch-up up to ``last``: the pump writes the rest."""
+        self._write = write
+        self.last = last
+        self._flush()
 
     def end(self) -> None:
         self.ended = True
-        self.ready.set()
+        self.done.set()
 
     def nudge(self) -> None:
-        """Wake the stream for a keepalive (it sends one if it has nothing else)."""
-        self.keepalive = True
-        self.ready.set()
+        """A keepalive, unless the stream has a write under way (a write is traffic)."""
+        if self._write is not None and self._sending is None and not self.done.is_set():
+            self._send(KEEPALIVE)
 
     def offer(self, batch: Batch) -> None:
-        """Queue ``batch`` (already filtered by ``where``: see ``Batch.of``)."""
+        """Queue ``batch`` (already filtered by ``where``: see ``Batch.of``) and write
+        what is queued if the stream is attached and no write of its is under way."""
         if self.dropped or not batch.events:
             return
         self.queue.append(batch)
@@ -108,14 +131,100 @@ class Subscription:
             self.dropped = True
             self.queue.clear()
             self.queued = 0
-        self.ready.set()
+            self.done.set()
+            return
+        self._flush()
 
     def take(self) -> list[Batch]:
         taken = list(self.queue)
         self.queue.clear()
         self.queued = 0
-        self.ready.clear()
         return taken
+
+    async def settled(self) -> None:
+        """The write under way, if any, is over (the stream may write after it)."""
+        if self._sending is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(self._sending)
+
+    def cancel(self) -> None:
+        """The stream is gone: no write of it goes on."""
+        self.done.set()
+        if self._sending is not None:
+            self._sending.cancel()
+
+    def _flush(self) -> None:
+        if self._write is None or self._sending is not None or self.done.is_set():
+            return
+        batches = self.take()
+        if not batches:
+            return
+        # What came since the last write goes out as one write; each batch's bytes were
+        # made once for every stream with this filter.
+        chunk = b"".join(batch.after(self.last) for batch in batches)
+        self.last = max(self.last, batches[-1].events[-1].id)
+        if chunk:
+            self._send(chunk)
+
+    def _send(self, chunk: bytes) -> None:
+        assert self._write is not None
+        try:
+            self._sending = start_eagerly(self._write(chunk))
+        except Exception:
+            log.debug("an event stream's write failed; it ends", exc_info=True)
+            self.broken = True
+            self.done.set()
+            return
+        if self._sending is not None:
+            self._sending.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._sending = None
+        if task.cancelled() or task.exception() is not None:
+            self.broken = True
+            self.done.set()
+            return
+        self._flush()
+
+
+def start_eagerly(coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+    """Run ``coroutine`` here and now until it first waits: ``None`` if it finished
+    without waiting (a write to a socket with room: the usual case), else a task that
+    runs the rest. (What Python 3.12's eager tasks do; a task for every write would
+    cost as much as the wake-up it replaces.)"""
+    try:
+        waiting = coroutine.send(None)
+    except StopIteration:
+        return None
+    return asyncio.ensure_future(_Resumed(coroutine, waiting).run())
+
+
+class _Resumed:
+    """The rest of a coroutine that already ran until it yielded ``waiting`` (the future
+    it waits for, as a task would have seen it), awaited as if it had not started."""
+
+    def __init__(self, coroutine: Coroutine[Any, Any, None], waiting: object) -> None:
+        self.coroutine = coroutine
+        self.waiting = waiting
+
+    async def run(self) -> None:
+        await self
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        waiting = self.waiting
+        while True:
+            try:
+                sent = yield waiting
+            except BaseException as exc:  # cancelled (or thrown in): the coroutine's to take
+                try:
+                    waiting = self.coroutine.throw(exc)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    waiting = self.coroutine.send(sent)
+                except StopIteration:
+                    return
 
 
 class EventHub:
@@ -163,15 +272,17 @@ class EventHub:
         self.subscriptions.discard(subscription)
         self.metrics.event_subscribers.set(len(self.subscriptions))
 
-    async def catch_up(self, where: EventFilter, after: int, until: int) -> AsyncIterator[Event]:
-        """The stored events in (``after``, ``until``] that ``where`` wants, in order."""
+    async def catch_up(
+        self, where: EventFilter, after: int, until: int
+    ) -> AsyncIterator[list[Event]]:
+        """The stored events in (``after``, ``until``] that ``where`` wants, in order, a
+        page at a time."""
         while after < until:
             page = await self.in_thread(self.events.read, after, where, PAGE)
-            for event in page:
-                if event.id > until:
-                    return
-                yield event
-            if len(page) < PAGE:
+            wanted = [event for event in page if event.id <= until]
+            if wanted:
+                yield wanted
+            if len(page) < PAGE or len(wanted) < len(page):
                 return
             after = page[-1].id
 
@@ -209,7 +320,7 @@ class EventHub:
                 await wait_for(woken, self.poll_interval_s)
 
     def nudge_when_due(self, now: float) -> None:
-        """Every KEEPALIVE_S (by the pump's clock ``now``), wake each stream for a keepalive."""
+        """Every KEEPALIVE_S (by the pump's clock ``now``), a keepalive to each stream."""
         if now < self._keepalive_at:
             return
         if self._keepalive_at:
