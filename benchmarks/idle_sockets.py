@@ -9,8 +9,8 @@ protocol minimally: a valid ``ToServerInit`` per socket (distinct names), then n
 coordinator are read and dropped). Like the real runner, they ask for no compression and
 send no transport-level keepalive pings. A socket that fails to connect is counted, not
 fatal. Each process raises its ``RLIMIT_NOFILE`` (the coordinator inherits this one's) to
-what N sockets need. Once all are connected and a settling pause is over, it samples the coordinator's CPU
-(/proc/<pid>/stat utime+stime) over the measurement window and its RSS
+what N sockets need. Once all are connected and a settling pause is over, it samples the
+coordinator's CPU (/proc/<pid>/stat utime+stime) over the measurement window and its RSS
 (/proc/<pid>/status VmRSS). Then, with the idle sockets still open, a real ``corral
 runner`` (1 slot, a label of its own) joins and runs that need its label are dispatched one
 at a time: POST /runs → the run's process has started, p50 and p99 (a new run used to wake
