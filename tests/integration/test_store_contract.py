@@ -198,6 +198,16 @@ def test_claim_takes_a_lease(store: Store) -> None:
     assert store.runs.claim(runner.id, 5, NOW + 2) == []
 
 
+def test_a_claim_is_a_heartbeat(store: Store) -> None:
+    """The runner that asks is heard: it counts its lease from its claims' answers too."""
+    runner = register(store)
+    store.runs.create(command(), NOW)
+    claim_one(store, runner, NOW + 4)
+    assert store.runners.get(runner.id).last_heartbeat_at == NOW + 4
+    assert store.runs.claim(runner.id, 1, NOW + 6) == []  # asked, even with nothing to take
+    assert store.runners.get(runner.id).last_heartbeat_at == NOW + 6
+
+
 def test_claim_orders_by_priority_then_fifo(store: Store) -> None:
     low_old = store.runs.create(command(priority=0), NOW)
     high_new = store.runs.create(command(priority=5), NOW + 3)

@@ -159,3 +159,45 @@ async def test_a_runner_that_was_not_running_asks_the_coordinator_before_stoppin
     finally:
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
+
+
+class ClaimingLink(SilentLink):
+    """Answers no heartbeat, but every poll, each with a run claimed: a claim writes the
+    runner's heartbeat (``store/claims.py``)."""
+
+    def __init__(self) -> None:
+        super().__init__(answering=False)
+        self.claims = 0
+
+    async def poll(self, *_: Any) -> list[dict[str, Any]]:
+        await asyncio.sleep(0.02)
+        self.claims += 1
+        if self.claims >= 45:  # three leases and more
+            self.answered_for_a_while.set()
+        return [{"run_id": f"run_{self.claims}"}]
+
+
+class TakingHost(HoldingHost):
+    """Takes every run it is given, with a slot always free."""
+
+    def start(self, assignment: dict[str, Any]) -> None:
+        pass
+
+    @property
+    def free_slots(self) -> int:
+        return 1
+
+
+@pytest.mark.anyio
+async def test_answered_claims_keep_the_lease_without_heartbeats() -> None:
+    link, host = ClaimingLink(), TakingHost()
+    transport = PollTransport(host, RunnerSettings(), link=link)  # type: ignore[arg-type]
+    await transport.open()
+    serving = asyncio.create_task(transport.serve())
+    try:
+        await asyncio.wait_for(link.answered_for_a_while.wait(), 10.0)
+        assert link.heartbeats > 0  # they were tried, and went unanswered
+        assert not host.stopped.is_set()
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)

@@ -246,15 +246,21 @@ class PollTransport:
             while self.host.free_slots <= 0:
                 await self.host.slot_freed()
             try:
-                runs = await self._retry(
-                    "poll",
-                    lambda: self.link.poll(self.rid, self.host.free_slots, self.poll_timeout_s),
-                )
+                runs = await self._retry("poll", self._claim)
             except (NotFound, LeaseLost):
                 await self._reregister()
                 continue
             for data in runs:
                 self._start(data)
+
+    async def _claim(self) -> list[dict[str, Any]]:
+        """One long poll. Runs in its answer were claimed, and a claim writes our heartbeat
+        (``store/claims.py``): the lease runs from when the poll was sent."""
+        sent_at = time.monotonic()
+        runs = await self.link.poll(self.rid, self.host.free_slots, self.poll_timeout_s)
+        if runs:
+            self.lease.heard(sent_at)
+        return runs
 
     async def _control_loop(self) -> None:
         while True:

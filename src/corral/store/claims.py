@@ -89,6 +89,10 @@ def claim(
     # holds) between this check and the commit, stranding the new claim.
     runner = row_by_id(tx, "runners", runner_id, lock=db.lock_rows())
     check_not_lost(runner)
+    # A runner asking for runs is heard, as by a heartbeat: its lease, which it counts from
+    # when it asked, holds here too (a heartbeat stuck behind an outage no longer ends it
+    # while its claims are answered).
+    tx.execute("UPDATE runners SET last_heartbeat_at = ? WHERE id = ?", (now, runner_id))
     if runner["state"] != RunnerState.ACTIVE:
         return []  # draining: it finishes what it has and takes nothing new
     if max_runs is None:
