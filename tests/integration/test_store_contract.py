@@ -994,6 +994,18 @@ def test_a_failed_outer_transaction_undoes_what_its_savepoints_did(store: Store)
     assert statuses(store, run_id) == ["cancelled"]
 
 
+def test_rows_name_a_column_added_after_the_statement_was_first_read(store: Store) -> None:
+    # SQLite's rows are named from a cache by statement text (``_SqliteTx.execute``).
+    with store.db.transaction() as tx:
+        tx.execute("CREATE TABLE named (a INTEGER)")
+        tx.execute("INSERT INTO named (a) VALUES (1)")
+        assert tx.execute("SELECT * FROM named") == [{"a": 1}]
+        tx.execute("ALTER TABLE named ADD COLUMN b INTEGER DEFAULT 2")
+        assert tx.execute("SELECT * FROM named") == [{"a": 1, "b": 2}]
+        assert tx.execute("SELECT * FROM named WHERE a = 0") == []
+        tx.execute("DROP TABLE named")
+
+
 # ---- slots freed by final reports not yet applied ---------------------------------------------
 
 

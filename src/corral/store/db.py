@@ -68,6 +68,14 @@ class Database(Protocol):
     def close(self) -> None: ...
 
 
+# The column names of each statement's rows, by its text: ``cursor.description`` is made
+# anew at each call (a tuple of seven for each column: 15 µs for a run's 37 columns, and
+# ``RETURNING *`` reads a run's row several times in its life). Bounded: statements with
+# lists of placeholders come in many lengths.
+_NAMES: dict[str, tuple[str, ...]] = {}
+_NAMES_KEPT = 1000
+
+
 class _SqliteTx:
     lock = ""
 
@@ -79,10 +87,15 @@ class _SqliteTx:
             cur = self._conn.execute(sql, tuple(params))
         except (OverflowError, UnicodeEncodeError) as exc:
             raise _unstorable(exc) from exc
-        if cur.description is None:
+        rows = cur.fetchall()  # none for a statement that returns no rows
+        if not rows:
             return []
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        names = _NAMES.get(sql)
+        if names is None or len(names) != len(rows[0]):  # a column added since (a migration)
+            if len(_NAMES) >= _NAMES_KEPT:
+                _NAMES.clear()
+            names = _NAMES[sql] = tuple(d[0] for d in cur.description)
+        return [dict(zip(names, row, strict=True)) for row in rows]
 
     def many(self, sql: str, rows: Sequence[Params]) -> None:
         if rows:
