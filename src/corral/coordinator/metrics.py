@@ -92,6 +92,7 @@ class Metrics:
         self.polls_waiting = self.runner_links.labels("poll")
         for transport in ("poll", "websocket"):
             self.claims.labels(transport)  # both series exist from the start, at zero
+        self._socket_claims = self.claims.labels("websocket")
 
     def claimed(self, transport: str, created_at: float, claimed_at: float, attempt: int) -> None:
         """A run went to a runner; its first claim also tells how long it waited."""
@@ -101,13 +102,18 @@ class Metrics:
 
     def started_on_socket(self, bodies: Iterable[Mapping[str, Any]]) -> None:
         """``start_run`` commands a runner socket sent (their runs as ``run_assignment_json``
-        has them: times in ISO 8601)."""
+        has them: times in ISO 8601), counted once for all of them: a push sends several."""
+        claims = 0
         for body in bodies:
             if body.get("type") == "start_run":
+                claims += 1
                 run = body["run"]
-                created = datetime.fromisoformat(run["created_at"]).timestamp()
-                claimed = datetime.fromisoformat(run["claimed_at"] or run["created_at"])
-                self.claimed("websocket", created, claimed.timestamp(), run["attempts"])
+                if run["attempts"] == 1:
+                    created = datetime.fromisoformat(run["created_at"]).timestamp()
+                    claimed = datetime.fromisoformat(run["claimed_at"] or run["created_at"])
+                    self.dispatch_seconds.observe(max(0.0, claimed.timestamp() - created))
+        if claims:
+            self._socket_claims.inc(claims)
 
     def store_call(self, operation: str, seconds: float) -> None:
         self.store_seconds.labels(operation).observe(seconds)
