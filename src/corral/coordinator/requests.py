@@ -20,10 +20,30 @@ def build_new_run(
             f"prompt is {len(body.prompt.encode())} bytes; the limit is {max_prompt_bytes}"
         )
     kind = RunType(body.type)
-    base = NewRun(
+    if kind is RunType.COMMAND:
+        if not body.command or not body.command[0]:
+            raise InvalidRequest("a command run needs a non-empty 'command' argv list")
+        return _new_run(body, kind, command=tuple(body.command))
+    if not body.prompt or not body.prompt.strip():
+        raise InvalidRequest(f"a {kind} run needs a 'prompt'")
+    if body.command:
+        raise InvalidRequest(f"a {kind} run takes a prompt, not a 'command'")
+    if kind is RunType.START_SESSION:
+        return _new_run(body, kind, agent=resolve(profiles, body.agent_name))
+    return _resume(_new_run(body, kind), body, store, profiles)
+
+
+def _new_run(
+    body: CreateRun, kind: RunType, command: tuple[str, ...] = (), agent: AgentSpec | None = None
+) -> NewRun:
+    """The request's run, with what its kind adds, made in one go: a ``replace`` of it
+    afterwards would cost more than the rest of the request's validation."""
+    return NewRun(
         type=kind,
         prompt=body.prompt,
+        command=command,
         session_name=body.session_name,
+        agent=agent,
         project_dir=body.project_dir,
         labels=tuple(body.labels),
         timeout_s=body.timeout_s,
@@ -34,17 +54,6 @@ def build_new_run(
         parent_session=body.parent_session,
         callback=body.callback,
     )
-    if kind is RunType.COMMAND:
-        if not body.command or not body.command[0]:
-            raise InvalidRequest("a command run needs a non-empty 'command' argv list")
-        return replace(base, command=tuple(body.command))
-    if not body.prompt or not body.prompt.strip():
-        raise InvalidRequest(f"a {kind} run needs a 'prompt'")
-    if body.command:
-        raise InvalidRequest(f"a {kind} run takes a prompt, not a 'command'")
-    if kind is RunType.START_SESSION:
-        return replace(base, agent=resolve(profiles, body.agent_name))
-    return _resume(base, body, store, profiles)
 
 
 def _resume(base: NewRun, body: CreateRun, store: Store, profiles: dict[str, AgentSpec]) -> NewRun:
