@@ -47,6 +47,7 @@ import functools
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from corral.errors import InvalidRequest
@@ -120,9 +121,10 @@ class Event:
     @functools.cached_property
     def encoded(self) -> bytes:
         """As ``sse`` sends it: encoded once, however many streams send it."""
+        kind = self.kind.value
         if isinstance(self.data, StoredData):  # by hand: the same JSON as below, faster
             body = (
-                f'{{"id":{self.id},"kind":"{self.kind.value}","at":{self.at!r},'
+                f'{{"id":{self.id},"kind":"{kind}","at":{self.at!r},'
                 f'"run_id":{_string(self.run_id)},"session_id":{_string(self.session_id)},'
                 f'"session_name":{_string(self.session_name)},'
                 f'"plan_id":{_string(self.plan_id)},"runner_id":{_string(self.runner_id)},'
@@ -131,7 +133,7 @@ class Event:
             )
         else:
             body = json.dumps(self.to_json(), separators=(",", ":"))
-        return f"id: {self.id}\nevent: {self.kind.value}\ndata: {body}\n\n".encode()
+        return f"id: {self.id}\nevent: {kind}\ndata: {body}\n\n".encode()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,7 +152,9 @@ class Event:
 
 
 def _string(value: str | None) -> str:
-    return "null" if value is None else json.dumps(value)
+    # What json.dumps makes of a string (ensure_ascii), without its way through JSONEncoder:
+    # an event encodes up to seven of them.
+    return "null" if value is None else encode_basestring_ascii(value)
 
 
 @dataclass(frozen=True)
