@@ -2,8 +2,9 @@
 
 The coordinator declares a runner lost once it has not heard from it for its lost
 threshold (``lost_after_s``, told at registration), and gives its runs to other runners.
-The runner counts the same silence from its side, from when it sent the last registration
-or heartbeat that was answered (the coordinator heard it no earlier), and stops its work a
+The runner counts the same silence from its side, from when it sent the last registration,
+heartbeat or claim that was answered (the coordinator heard it no earlier; a claim writes
+the runner's heartbeat), and stops its work a
 margin before the lease ends — the time stopping takes (SIGTERM, grace, SIGKILL), at most
 a third of the threshold — so that a run never goes on here while another runner starts
 it again. The WebSocket runner keeps the same lease in ``corral.protocol.runner``.
@@ -26,7 +27,7 @@ class Lease:
         self.lapsed = False  # it ran out, and nothing was answered since
 
     def heard(self, sent_at: float) -> None:
-        """A registration or heartbeat sent at ``sent_at`` was answered."""
+        """A registration, a heartbeat or a claim sent at ``sent_at`` was answered."""
         if self.heard_at is None or sent_at > self.heard_at:
             self.heard_at = sent_at
             self.lapsed = False

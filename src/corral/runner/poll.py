@@ -5,8 +5,8 @@
                last one it handled, which that acknowledges
     heartbeat  tells the coordinator it is alive and which runs it holds; the answer says
                which it no longer holds (those are stopped at once)
-    lease      stops all work when no heartbeat was answered for the lease (``lease.py``):
-               by then the coordinator may be giving the runs to other runners
+    lease      stops all work when no heartbeat (nor claim) was answered for the lease
+               (``lease.py``): by then the coordinator may be giving the runs to others
     outbox     reports, batched into POST /runner/events
 
 Every call survives the coordinator's absence: retried forever with capped, jittered
