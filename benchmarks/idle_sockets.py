@@ -19,6 +19,7 @@ every socket's push loop into a claim; now only the socket it fits: ``coordinato
     python benchmarks/idle_sockets.py [--sockets 1000] [--measure 30] [--settle 10]
                                       [--dispatch-samples 30] [--db sqlite|postgres]
                                       [--clients K] [--batch 50] [--ping-interval S]
+                                      [--connect-within S]
 """
 
 from __future__ import annotations
@@ -126,12 +127,21 @@ class IdleRunner:
             reader.cancel()
 
 
-async def open_all(url: str, first: int, count: int, batch: int) -> list[IdleRunner]:
+async def open_all(
+    url: str, first: int, count: int, batch: int, within_s: float = 0.0
+) -> list[IdleRunner]:
     """Connect ``count`` runners, ``batch`` at a time; each pings from its Init on, as a
     real runner does (a socket silent until the last one connected would be declared lost
-    when connecting takes longer than the lost threshold). One that fails is counted."""
+    when connecting takes longer than the lost threshold). One that fails is counted.
+    ``within_s`` (0: no limit): no socket is opened after so many seconds (a coordinator
+    that cannot take them all is then measured with what it took)."""
     runners = [IdleRunner(url, f"idle-{i:05d}") for i in range(first, first + count)]
+    end = time.monotonic() + within_s if within_s else None
     for offset in range(0, count, batch):
+        if end is not None and time.monotonic() > end:
+            for runner in runners[offset:]:
+                runner.failed = "not tried (--connect-within)"
+            break
         group = runners[offset : offset + batch]
         results = await asyncio.gather(*(r.connect() for r in group), return_exceptions=True)
         for runner, result in zip(group, results, strict=True):
@@ -142,11 +152,11 @@ async def open_all(url: str, first: int, count: int, batch: int) -> list[IdleRun
     return runners
 
 
-async def worker(url: str, first: int, count: int, batch: int) -> None:
+async def worker(url: str, first: int, count: int, batch: int, within_s: float) -> None:
     """One client process: open its sockets, say how it went (a JSON line), keep them
     pinging until its standard input closes, then say how many the coordinator closed."""
     started = time.monotonic()
-    runners = await open_all(url, first, count, batch)
+    runners = await open_all(url, first, count, batch, within_s)
     failed = Counter(r.failed for r in runners if r.failed is not None)
     report(
         ping_s=max(r.ping_s for r in runners),
@@ -175,7 +185,9 @@ class Clients:
         self.procs = procs
 
     @classmethod
-    async def start(cls, url: str, sockets: int, clients: int, batch: int) -> Clients:
+    async def start(
+        cls, url: str, sockets: int, clients: int, batch: int, within_s: float
+    ) -> Clients:
         procs = []
         for k in range(clients):
             first, last = sockets * k // clients, sockets * (k + 1) // clients
@@ -191,6 +203,8 @@ class Clients:
                     str(last - first),
                     "--batch",
                     str(max(1, batch // clients)),
+                    "--connect-within",
+                    str(within_s),
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                 )
@@ -220,7 +234,7 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
     t0 = time.monotonic()
     rss_before = rss_mib(pid)
     cpu_at_start = cpu_seconds(pid)
-    workers = await Clients.start(ws_url, args.sockets, clients, args.batch)
+    workers = await Clients.start(ws_url, args.sockets, clients, args.batch, args.connect_within)
     opened = await workers.said()
     connect_s = max([o.get("seconds", 0.0) for o in opened], default=time.monotonic() - t0)
     connect_cpu = cpu_seconds(pid) - cpu_at_start
@@ -346,6 +360,12 @@ def main() -> None:
     parser.add_argument(
         "--ping-interval", type=float, help="the coordinator's --ping-interval (its default)"
     )
+    parser.add_argument(
+        "--connect-within",
+        type=float,
+        default=0.0,
+        help="open no socket after this many seconds, measure what connected (0: no limit)",
+    )
     parser.add_argument("--worker", metavar="WS_URL", help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -353,7 +373,7 @@ def main() -> None:
     wanted = min(hard, max(soft, args.sockets + 1024))
     resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))  # inherited by the coordinator
     if args.worker:
-        asyncio.run(worker(args.worker, args.first, args.sockets, args.batch))
+        asyncio.run(worker(args.worker, args.first, args.sockets, args.batch, args.connect_within))
         return
 
     env = {"CORRAL_TOKEN": TOKEN}
