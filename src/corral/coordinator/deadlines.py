@@ -88,4 +88,8 @@ class SocketDeadlines:
         while True:
             self._sooner.clear()
             self.tick(self.clock.now())
-            await wait_for(self._sooner, self.next_wait(self.clock.now()))
+            wait = self.next_wait(self.clock.now())
+            if wait > 0:
+                await wait_for(self._sooner, wait)
+            else:  # due already (the clock moved on while it ticked): let the loop run first
+                await asyncio.sleep(0)
