@@ -152,14 +152,15 @@ async def test_the_autoscaler_runs_what_the_actors_want_and_scales_down(
 
         await wait_async(stopped, "the runner stopped")
         assert (await http.get("/pools/sl")).json()["errors"] == []
-    # What the autoscaler wanted, each change once, as the pool's events.
+    # What the autoscaler wanted, each change once, as the pool's events. Its first look
+    # at the pool may come after the actor was created: then it never saw (0, 0).
     events = EventStore(store.db)
     demands = [
         (e.data["wanted_slots"], e.data["desired_runners"])
         for e in events.read(0, EventFilter.parse(kind="pool", pool="sl"), limit=100)
         if e.data.get("serverless") is not None
     ]
-    assert demands == [(None, None), (0, 0), (1, 1)]
+    assert demands in ([(None, None), (0, 0), (1, 1)], [(None, None), (1, 1)])
 
 
 def broken_endpoint() -> FastAPI:
