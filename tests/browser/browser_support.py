@@ -152,6 +152,24 @@ class Page:
             )
         )
 
+    def clipped_chart_labels(self) -> list[str]:
+        """The texts of the charts' labels that stick out of their chart's drawing (cut off
+        on screen: an axis label wider than the room left of the axis)."""
+        clipped: list[str] = self.driver.execute_script(
+            """
+            const out = [];
+            for (const svg of document.querySelectorAll("figure.chart svg")) {
+              const box = svg.viewBox.baseVal;
+              for (const text of svg.querySelectorAll("text")) {
+                const b = text.getBBox();
+                if (b.x < box.x || b.x + b.width > box.x + box.width) out.push(text.textContent);
+              }
+            }
+            return out;
+            """
+        )
+        return clipped
+
     def shot(self, name: str) -> Path:
         self.shots.mkdir(parents=True, exist_ok=True)
         path = self.shots / f"{name}.png"

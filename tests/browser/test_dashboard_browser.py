@@ -57,6 +57,7 @@ def test_every_page_loads_without_console_errors_on_a_desktop_and_a_phone(
                 page.wait_for('tr[data-state="active"]')
             if path == "/charts":
                 page.wait_for("figure.chart svg rect.bar")
+                assert page.clipped_chart_labels() == []
             page.shot(f"{label}{path.replace('/', '-')}")
             assert not page.overflows_sideways(), f"{path} is wider than a {label} window"
         page.go(f"/runs/{failed}")

@@ -6,7 +6,7 @@ import { watch } from "../live.js";
 
 const W = 560;
 const H = 180;
-const PAD = { left: 44, right: 8, top: 8, bottom: 28 };
+const PAD = { left: 52, right: 8, top: 8, bottom: 28 };
 const READ_EVERY_MS = 10000;
 
 export function render(main) {
@@ -21,8 +21,8 @@ export function render(main) {
       figures,
       figure(`Runs finished per minute, last ${data.minutes} minutes, by outcome`, stacked(data)),
       figure(`How long runs took, last ${data.days} days`, bars(data.durations.map((b) => [b.le === null ? "longer" : `≤${seconds(b.le)}`, b.count]), String)),
-      figure(`Cost per day, last ${data.days} days`, bars(data.cost_per_day.map((d) => [d.day.slice(5), d.cost_usd]), money)),
-      figure(`Cost per agent, last ${data.days} days`, bars(data.cost_per_agent.map((a) => [a.agent, a.cost_usd]), money)),
+      figure(`Cost per day, last ${data.days} days`, bars(data.cost_per_day.map((d) => [d.day.slice(5), d.cost_usd]), money, axisMoney)),
+      figure(`Cost per agent, last ${data.days} days`, bars(data.cost_per_agent.map((a) => [a.agent, a.cost_usd]), money, axisMoney)),
     );
   };
   replace(main, h("h1", {}, "Charts"), totals, figures);
@@ -52,6 +52,15 @@ function atMostEvery(ms, refresh) {
     await refresh();
   };
   return { call, stop: () => clearTimeout(timer) };
+}
+
+// An axis has room for about six characters: "$0", "$0.042", "$12.50", "$1.2k" (the bars'
+// titles and the figure's label keep the exact amounts).
+function axisMoney(usd) {
+  if (usd === 0) return "$0";
+  if (usd < 1) return "$" + usd.toPrecision(2).replace(/0+$/, "");
+  if (usd < 1000) return "$" + usd.toFixed(usd < 100 ? 2 : 0);
+  return "$" + (usd / 1000).toFixed(1) + "k";
 }
 
 function seconds(s) {
@@ -98,9 +107,9 @@ function stacked(data) {
   return h("div", {}, svg, legend);
 }
 
-function bars(pairs, format) {
+function bars(pairs, format, axisFormat = format) {
   const max = Math.max(0, ...pairs.map(([, v]) => v));
-  const { svg, y } = frame(pairs.map(([k, v]) => `${k}: ${format(v)}`).join("; ") || "no data", max, format);
+  const { svg, y } = frame(pairs.map(([k, v]) => `${k}: ${format(v)}`).join("; ") || "no data", max, axisFormat);
   const step = (W - PAD.left - PAD.right) / Math.max(1, pairs.length);
   pairs.forEach(([key, value], i) => {
     const x = PAD.left + i * step;
