@@ -220,6 +220,7 @@ async def test_one_identity_is_one_runner(settings: CoordinatorSettings) -> None
         assert twin.status_code == 409
         detail = twin.json()["detail"]
         assert detail["error"] == "duplicate_runner"
+        assert twin.json()["error"]["code"] == "duplicate_runner"  # corral's error body too
         assert (detail["runner_id"], detail["hostname"]) == (runner_id, "build-7")
         assert (detail["project_dir"], detail["executor_profile"]) == (PROJECT, "coding")
 

@@ -165,7 +165,10 @@ def _duplicate(old: Runner, body: AoRegister) -> JSONResponse:
         "project_dir": body.project_dir,
         "executor_profile": body.executor_profile,
     }
-    return JSONResponse({"detail": detail}, status_code=409)
+    # That system's runner reads ``detail``; corral's clients (and the API document) read
+    # the one error body every other refusal has.
+    error = {"code": "duplicate_runner", "message": detail["message"]}
+    return JSONResponse({"error": error, "detail": detail}, status_code=409)
 
 
 @router.delete("/runners/{runner_id}", tags=["runners"])
