@@ -88,3 +88,39 @@ async def test_a_start_that_took_too_long_reports_no_exit_status() -> None:
     assert "code" not in await reports.state("stopped")
     assert not [e for e in reports.events if e.get("state") == "running"]
     await actors.close()
+
+
+# ---- a request for a generation that is starting (wire.TUNNEL_STARTING) ---------------------
+
+SLOW_LISTENER = "import time; time.sleep(0.3)\n" + LISTENER
+
+
+async def test_a_request_for_a_starting_generation_waits_until_it_accepts() -> None:
+    reports = Reports()
+    actors = host(reports, SLOW_LISTENER)
+    start(actors)
+    assert actors.port_of("act_1", 1) is None  # not accepting yet
+    assert await actors.port_when_started("act_1", 2) is None  # not that generation
+    assert await actors.port_when_started("act_2", 1) is None  # not here
+    port = await asyncio.wait_for(actors.port_when_started("act_1", 1), WAIT_S)
+    assert port is not None and port == actors.port_of("act_1", 1)
+    await actors.close()
+
+
+async def test_a_request_for_a_start_that_fails_finds_no_port() -> None:
+    """The runner answers it 503 (``actor_not_here``): the actor never saw it."""
+    reports = Reports()
+    actors = host(reports, DEAF, start_threshold_s=0.5)
+    start(actors)
+    assert await asyncio.wait_for(actors.port_when_started("act_1", 1), WAIT_S) is None
+    await actors.close()
+
+
+async def test_a_request_for_an_actor_that_cannot_be_spawned_finds_no_port() -> None:
+    reports = Reports()
+    kinds = {"k": ActorKind("k", ("/nonexistent/actor",))}
+    actors = ActorHost(kinds, reports, None, {"PATH": "/usr/bin:/bin"})
+    start(actors)
+    assert await asyncio.wait_for(actors.port_when_started("act_1", 1), WAIT_S) is None
+    assert (await reports.state("stopped"))["code"] == 127
+    await actors.close()

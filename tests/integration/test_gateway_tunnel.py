@@ -178,7 +178,7 @@ class Directory:
 class ActorRunner(RunnerCore):
     ports: dict[tuple[str, int], int]
 
-    def port_of(self, actor_id: str, generation: int) -> int | None:
+    async def port_when_started(self, actor_id: str, generation: int) -> int | None:
         return self.ports.get((actor_id, generation))
 
 

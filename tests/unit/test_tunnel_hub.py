@@ -6,11 +6,14 @@ a socket that went away (the runner's duplicate is acknowledged then)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
+from corral.actors.model import Placement
 from corral.coordinator.connections import Connections
 from corral.coordinator.tunnel import TunnelHub
+from corral.ids import ActorId
 from corral.protocol import messages as wire
 
 pytestmark = pytest.mark.anyio
@@ -82,3 +85,23 @@ async def test_acknowledgements_due_on_a_socket_that_went_away_are_dropped(
     link.closed.set()
     await asyncio.wait_for(came.wait(), 10)  # their time came
     assert link.sent == [] and hub.runner(RUNNER).acks == []
+
+
+async def test_a_request_may_go_to_a_starting_actor_once_its_start_went_out_on_the_socket() -> None:
+    """Only to the generation the socket was told to start, through that same socket (the
+    runner reads the command first), and only to a runner that holds such a request until
+    the actor accepts connections."""
+    hub, link = await connected(wire.TUNNEL_STARTING)
+    starting = Placement(ActorId("act_1"), RUNNER, 2)
+    assert not hub.starting(starting)  # no start command sent yet
+    hub.start_sent(link, "act_1", 2)  # type: ignore[arg-type]
+    assert hub.starting(starting)
+    assert not hub.starting(replace(starting, generation=3))
+    assert not hub.starting(replace(starting, runner_id="rnr_000000000002"))
+    newer = FakeLink()  # the runner's next socket: the command may have been lost
+    hub._connections.by_runner[RUNNER] = newer  # type: ignore[assignment]
+    await hub.resume(RUNNER, newer, version=wire.TUNNEL_STARTING)  # type: ignore[arg-type]
+    assert not hub.starting(starting)
+    older, old_link = await connected(wire.TUNNEL_WHOLE)  # it would answer 503 at once
+    older.start_sent(old_link, "act_1", 2)  # type: ignore[arg-type]
+    assert not older.starting(starting)

@@ -8,7 +8,10 @@ Seed 002, as the gateway sees it:
     subscribe to the actor's changes, then read it     (a change in between still wakes us)
     not connectable ──▶ wake it; wait for a change (at most ``WAKE_TIMEOUT_S`` in all)
         stopped or asleep again ──▶ wake again (at most ``MAX_REWAKES`` times)
-    connectable on (runner, generation) ──▶ ToClientRequestStart through the runner's socket
+    connectable on (runner, generation), or starting there with its start command sent on
+    the socket this coordinator holds (a runner at ``TUNNEL_STARTING`` holds the request
+    until the actor accepts connections: the report that it runs is not waited for)
+        ──▶ ToClientRequestStart through the runner's socket
         a 503 with x-corral-error: the runner does not have it ──▶ find it again, retry
         (the actor never saw the request; backoff, at most ``MAX_ATTEMPTS`` tries)
     the response streams back as it comes; the client going away aborts the request
@@ -593,6 +596,8 @@ class Forward:
             if (placement := actor.placement) is not None:
                 self.tunnels.placements.put(actor_id, changed, placement)
                 return placement
+            if (starting := _starting(actor)) is not None and self.tunnels.starting(starting):
+                return starting  # its runner holds the request until it accepts connections
             if _asleep(actor.state) and moved:
                 # Asleep, or stopped again since we woke it (seed 002: "Receive Stopped msg,
                 # retry wake"; a wake it no longer needs is ignored by its lifecycle).
@@ -624,6 +629,13 @@ def _retryable(reply: Reply) -> bool:
         and reply.status == 503
         and any(k.lower() == ERROR_HEADER and v in NEVER_SEEN for k, v in reply.headers)
     )
+
+
+def _starting(actor: Actor) -> Placement | None:
+    """Where the actor is starting, if it is: not connectable yet, and not cached."""
+    if actor.state is not ActorState.STARTING or actor.life.runner_id is None:
+        return None
+    return Placement(actor.id, actor.life.runner_id, actor.life.generation)
 
 
 def _asleep(state: ActorState) -> bool:

@@ -44,7 +44,7 @@ from corral.coordinator.link_core import (
     RunnerChannel,
     Wake,
 )
-from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic, wait_any
+from corral.coordinator.notifier import RUNS_AVAILABLE, actor_topic, runner_topic, wait_any
 from corral.coordinator.service import Coordinator
 from corral.coordinator.waiters import Waiter, after_claim
 from corral.errors import CorralError, Forbidden
@@ -352,6 +352,7 @@ class SocketPump:
                 if pushed.commands:
                     coordinator.metrics.started_on_socket(c.body for c in pushed.commands)
                 await self._handle(channel.pushed(pushed))
+                self._starts_sent(pushed.commands)
                 declined, missed = after_claim(reserved, pushed.claimed, declined)
                 if missed:  # taken by others, or not for it: another round hands them out
                     notifier.notify(RUNS_AVAILABLE)
@@ -380,6 +381,17 @@ class SocketPump:
         finally:
             if self._woken:  # woken for runs it will not claim now: others may take them
                 notifier.notify(RUNS_AVAILABLE)
+
+    def _starts_sent(self, commands: list[m.Indexed]) -> None:
+        """Actors this socket told to start: the gateway may send their requests now
+        (``TunnelHub.starting``), and waits for nothing else."""
+        topics = []
+        for command in commands:
+            if command.body.get("type") == "start_actor":
+                actor_id = str(command.body["actor_id"])
+                self.coordinator.tunnels.start_sent(self, actor_id, int(command.body["generation"]))
+                topics.append(actor_topic(actor_id))
+        self.coordinator.notifier.notify(*topics)
 
     def _wake(self, reserved: list[RunId] | None) -> None:
         """A round of the socket waiters reserved these runs for it (None: claim without a

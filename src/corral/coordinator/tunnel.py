@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("corral.coordinator")
 
 ACK_DELAY_S = 0.01  # a response's last acknowledgement waits this long for others
+MAX_STARTS = 10_000  # start commands remembered (one an actor: the last one sent)
 
 # What the gateway sends (acknowledgements are not kept: they are repeated instead).
 TunnelPart = (
@@ -194,6 +195,8 @@ class TunnelHub:
         self._runners: dict[str, _Runner] = {}
         self._sending: set[asyncio.Future[None]] = set()  # acknowledgements on their way
         self.placements = PlacementCache()
+        # The last start command sent for each actor: (runner, generation, socket).
+        self._starts: OrderedDict[str, tuple[str, int, LiveLink]] = OrderedDict()
 
     def runner(self, runner_id: str) -> _Runner:
         runner = self._runners.get(runner_id)
@@ -225,6 +228,30 @@ class TunnelHub:
             # Nothing open and no socket (a serverless runner gone for good, maybe): what
             # comes of its requests later is an orphan, acknowledged and dropped.
             del self._runners[request.runner_id]
+
+    # ---- actors starting: a request may go before they run (``wire.TUNNEL_STARTING``) ------
+
+    def start_sent(self, link: LiveLink, actor_id: str, generation: int) -> None:
+        """``link`` has sent its runner the command to start that generation of the actor."""
+        assert link.runner_id is not None
+        self._starts[actor_id] = (link.runner_id, generation, link)
+        self._starts.move_to_end(actor_id)
+        while len(self._starts) > MAX_STARTS:
+            self._starts.popitem(last=False)
+
+    def starting(self, placement: Placement) -> bool:
+        """May a request for ``placement``, an actor still starting, go now? Yes once its
+        start command went out on the socket the request would take (the runner reads it
+        first), to a runner that holds such a request until the actor accepts connections."""
+        entry = self._starts.get(placement.actor_id)
+        if entry is None or entry[:2] != (placement.runner_id, placement.generation):
+            return False
+        runner = self._runners.get(placement.runner_id)
+        return (
+            runner is not None
+            and runner.version >= wire.TUNNEL_STARTING
+            and self._link(placement.runner_id) is entry[2]
+        )
 
     # ---- the runner's sockets (called by socket.py) ----------------------------------------
 

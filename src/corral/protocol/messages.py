@@ -58,9 +58,13 @@ PROTOCOL_VERSION = 1
 # (TUNNEL_PARTS), a WebSocket message may also come in several chunks (``more``), and a
 # request without a body in its start alone (``end``); 3 (TUNNEL_WHOLE), a response may
 # come whole in its start (``data``, ``end``), and acknowledgements several to a frame
-# (``ToClientTunnelAcks``).
+# (``ToClientTunnelAcks``); 4 (TUNNEL_STARTING, a runner's), a request for a generation it
+# was told to start waits until that generation accepts connections (or answers that the
+# actor is not here if it never does), so the gateway may send it before the runner
+# reports the actor running.
 TUNNEL_PARTS = 2
 TUNNEL_WHOLE = 3
+TUNNEL_STARTING = 4
 INT64_MAX = 2**63 - 1  # every integer on the wire fits the store's columns
 
 # WebSocket close codes and the reasons that travel with them.

@@ -72,6 +72,8 @@ class HostedActor:
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     child: Child | None = None
     accepting: bool = False
+    # Set once its start is decided: it accepts connections, or it never will.
+    started: asyncio.Event = field(default_factory=asyncio.Event)
     stop_asked: bool = False  # it is being stopped (told to, or of the runner's accord)
     told_to_stop: bool = False  # by the coordinator (stop_actor): its SIGTERM is an end
     sleep_asked: bool = False
@@ -132,6 +134,15 @@ class ActorHost:
         if not hosted.accepting or hosted.stop_asked:
             return None
         return hosted.port
+
+    async def port_when_started(self, actor_id: str, generation: int) -> int | None:
+        """``port_of``, once that generation's start is decided if it is starting: the
+        gateway may send a request as soon as the start command went out
+        (``wire.TUNNEL_STARTING``)."""
+        hosted = self._actors.get(actor_id)
+        if hosted is not None and hosted.generation == generation:
+            await hosted.started.wait()
+        return self.port_of(actor_id, generation)
 
     def touch(self, actor_id: str) -> None:
         """A request reached the actor: it is not idle."""
@@ -208,6 +219,7 @@ class ActorHost:
             log.warning("actor %s: cannot start %s: %s", hosted.actor_id, hosted.kind.name, exc)
             status = 127
         finally:
+            hosted.started.set()  # it never will (if it had not)
             if self._actors.get(hosted.actor_id) is hosted:
                 del self._actors[hosted.actor_id]
             self._by_secret.pop(hosted.secret, None)
@@ -229,8 +241,10 @@ class ActorHost:
             child.signal_group(signal.SIGTERM)
         exited = asyncio.create_task(child.proc.wait())
         try:
-            if await self._accepting(hosted, exited):
-                hosted.accepting = True
+            accepting = await self._accepting(hosted, exited)
+            hosted.accepting = accepting
+            hosted.started.set()
+            if accepting:
                 hosted.last_activity = time.monotonic()
                 self._state(hosted.actor_id, hosted.generation, "running")
                 await self._watch_idle(hosted, exited)

@@ -83,10 +83,10 @@ class RunnerCore:
         self._slot_freed.clear()
         await self._slot_freed.wait()
 
-    def port_of(self, actor_id: str, generation: int) -> int | None:
+    async def port_when_started(self, actor_id: str, generation: int) -> int | None:
         """The tunnel's lookup for a request to an actor: the request also counts as the
         actor's activity (its ``sleep_after`` idle timer starts over)."""
-        port = self.actors.port_of(actor_id, generation)
+        port = await self.actors.port_when_started(actor_id, generation)
         if port is not None:
             self.actors.touch(actor_id)
         return port

@@ -46,9 +46,10 @@ class Host(Protocol):
 
     async def slot_freed(self) -> None: ...
 
-    def port_of(self, actor_id: str, generation: int) -> int | None:
+    async def port_when_started(self, actor_id: str, generation: int) -> int | None:
         """The local port of that generation of an actor this runner hosts (the tunnel's
-        target), once it accepts connections; None if it has no such actor."""
+        target), once it accepts connections (waiting while it starts); None if it has no
+        such actor, or its start failed."""
         ...
 
 

@@ -1,24 +1,25 @@
 """The runner's end of the tunnel: a request the gateway sent for an actor goes to the
 actor's local port, and its response comes back, both streamed (seed 002).
 
-    ToClientRequestStart ──▶ port_of(actor, generation) ──▶ HTTP/1.1, streaming ──▶ the actor
+    ToClientRequestStart ──▶ port_when_started(actor, generation) ──▶ HTTP/1.1 ──▶ the actor
     ToClientRequestChunk … ToClientRequestEnd ──▶ the request body, as the actor reads it
     ToServerResponseStart, …Chunk (≤ 64 KiB, within the window), …End ◀── the response
     ToServerResponseStart with data and end ◀── a response of a declared length ≤ 64 KiB,
         whole in one message (to a coordinator at ``TUNNEL_WHOLE``)
 
+A request for a generation of an actor that is starting here waits until it accepts
+connections (the gateway sends it once the start command went out: ``TUNNEL_STARTING``).
 A request for an actor this runner does not have (not here, another generation, its port
-not accepting connections) is answered 503 with an ``x-corral-error`` header naming why
-(``NEVER_SEEN``): the actor never saw it, so the gateway may find the actor again and
-retry. The actor's own responses never carry that header (it is kept back): whatever
-they say, the actor ran the request. A failure once the actor
-may have seen it is a 502 (before the response started) or a ``ToServerResponseAbort``
-(after), never retried. ``ToClientRequestAbort`` (the client went away) closes the
-connection to the actor. A WebSocket upgrade (``websocket``) opens one to the actor: its
-messages are the chunks both ways, a large one in several (101 once open; the end closes
-it). Numbering,
-acknowledgements and replay are the link's (``RunnerConnection``); this module only moves
-bytes.
+not accepting connections, a start that failed) is answered 503 with an
+``x-corral-error`` header naming why (``NEVER_SEEN``): the actor never saw it, so the
+gateway may find the actor again and retry. The actor's own responses never carry that
+header (it is kept back): whatever they say, the actor ran the request. A failure once
+the actor may have seen it is a 502 (before the response started) or a
+``ToServerResponseAbort`` (after), never retried. ``ToClientRequestAbort`` (the client
+went away) closes the connection to the actor. A WebSocket upgrade (``websocket``) opens
+one to the actor: its messages are the chunks both ways, a large one in several (101
+once open; the end closes it). Numbering, acknowledgements and replay are the link's
+(``RunnerConnection``); this module only moves bytes.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ HOP_BY_HOP = frozenset(
 
 
 class ActorPorts(Protocol):
-    def port_of(self, actor_id: str, generation: int) -> int | None:
-        """The local port of that generation of the actor, once it accepts connections."""
+    async def port_when_started(self, actor_id: str, generation: int) -> int | None:
+        """The local port of that generation of the actor, once it accepts connections;
+        None if it is not here, or never will (waiting while it starts)."""
         ...
 
 
@@ -162,7 +164,7 @@ class RunnerTunnel:
         start = forward.start
         request_id = start.request_id
         try:
-            port = self._ports.port_of(start.actor_id, start.generation)
+            port = await self._ports.port_when_started(start.actor_id, start.generation)
             if port is None:
                 self._answer_error(
                     request_id, 503, ACTOR_NOT_HERE, "the actor is not on this runner"

@@ -76,7 +76,7 @@ class WebSocketTransport:
             total_slots=settings.slots,
             labels=settings.labels,
             # tunnel: the gateway may send requests for our actors through this link.
-            metadata={"hostname": socket.gethostname(), "tunnel": wire.TUNNEL_WHOLE},
+            metadata={"hostname": socket.gethostname(), "tunnel": wire.TUNNEL_STARTING},
             rng=rng or random.Random(),
             max_backoff_s=settings.max_backoff_s,
             # Our processes must be gone (SIGTERM, grace, SIGKILL) before the lease ends.
