@@ -47,6 +47,7 @@ from corral.coordinator.schemas import (
 from corral.coordinator.settings import CoordinatorSettings
 from corral.coordinator.tunnel import TunnelHub
 from corral.coordinator.waiters import SocketWaiters
+from corral.coordinator.writer import StoreWriter
 from corral.errors import Conflict, CorralError, Forbidden, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import CLOSE_POLICY_VIOLATION
@@ -119,6 +120,8 @@ class Coordinator:
         self.left = asyncio.Event()
         self.reconciling = False  # it held the reconciler's lease at its last pass
         self.first_pass = asyncio.Event()  # set once a pass has looked at the lease
+        # The runner sockets' writes, committed in groups on SQLite (``in_writer``).
+        self.writer = StoreWriter(store.db, lambda: self.notifier.notify(EVENTS))
 
     async def in_thread(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """``fn(*args, **kwargs)`` (a blocking store call) on a worker thread, off the loop,
@@ -127,6 +130,13 @@ class Coordinator:
             return await anyio.to_thread.run_sync(partial(self._timed, fn, *args, **kwargs))
         finally:
             self.notifier.notify(EVENTS)  # it may have written events: streams look
+
+    async def in_writer(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """``fn(*args, **kwargs)``, a store call that writes, as ``in_thread`` runs it — on
+        SQLite with the others queued meanwhile, one commit for them all (``writer.py``)."""
+        if self.store.db.dialect != "sqlite":
+            return await self.in_thread(fn, *args, **kwargs)
+        return await self.writer.call(partial(self._timed, fn, *args, **kwargs))
 
     def _timed(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         started = time.perf_counter()

@@ -10,7 +10,8 @@ free slots together with their numbered start commands (one transaction), and ev
 command stored since (a cancel request stores its cancel command) is sent in order — all
 stored before they are sent, so a restarted coordinator resends whatever the runner had
 not acknowledged. What touches the store is
-``LinkCore`` (synchronous, run here in a thread); this module only moves frames and waits.
+``LinkCore`` (synchronous, run here in a thread: the writes of all sockets on one, committed
+in groups on SQLite, ``writer.py``); this module only moves frames and waits.
 Its deadlines (the Init's, the runner's lost threshold) are kept by the coordinator's one
 timer for all sockets (``deadlines.py``), which calls ``tick``.
 
@@ -244,14 +245,14 @@ class SocketPump:
                 assert runner_id is not None  # nothing is handed over before registering
                 now = coordinator.clock.now()
                 if isinstance(out, ApplyEvents):
-                    applied = await coordinator.in_thread(
+                    applied = await coordinator.in_writer(
                         core.apply, runner_id, out.last_idx, out.events, now
                     )
                     await self._handle(channel.applied(applied))
                 elif isinstance(out, CommandsAcked):
-                    await coordinator.in_thread(core.acknowledge, runner_id, out.last_command_idx)
+                    await coordinator.in_writer(core.acknowledge, runner_id, out.last_command_idx)
                 elif isinstance(out, KvRequested):
-                    result = await coordinator.in_thread(
+                    result = await coordinator.in_writer(
                         kv_request,
                         coordinator.store,
                         runner_id,
@@ -262,7 +263,7 @@ class SocketPump:
                     )
                     await self._handle(channel.kv_answered(out.request_id, result))
                 else:
-                    await coordinator.in_thread(core.draining, runner_id, now)
+                    await coordinator.in_writer(core.draining, runner_id, now)
         except Exception:
             log.exception("runner %s: storing what it sent failed", channel.runner_id)
             await self.close(m.CLOSE_GOING_AWAY, REASON_STORE_FAILED)
@@ -336,7 +337,7 @@ class SocketPump:
                 self.push_wanted.clear()
                 reserved, self._reserved = self._reserved, None
                 try:
-                    pushed = await coordinator.in_thread(
+                    pushed = await coordinator.in_writer(
                         self.core.push_work,
                         runner_id,
                         coordinator.clock.now(),

@@ -51,8 +51,10 @@ class Database(Protocol):
     def transaction(self, *, write: bool = True, flat: bool = False) -> Any:
         """A context manager yielding ``Tx``. Opened inside one already open in this thread,
         a savepoint of it (its failure undoes only its own writes; the outer one commits
-        them all at once) — unless the outer one is ``flat``: then what is opened inside
-        joins it, and any failure undoes it all (no savepoint round trips)."""
+        them all at once) — unless the one it is opened in is ``flat``: then what is opened
+        inside joins it, and any failure undoes it all (no savepoint round trips). A ``flat``
+        savepoint is flat for what is opened inside it, as it would be on its own: a group
+        of calls in one transaction (``coordinator/writer.py``) runs each as it runs alone."""
         ...
 
     def lock_rows(self, *, skip_locked: bool = False) -> str:
@@ -150,7 +152,7 @@ class SqliteDatabase:
             if self._local.flat:
                 yield _SqliteTx(self._conn())
                 return
-            with self._savepoint() as tx:
+            with self._savepoint(flat) as tx:
                 yield tx
             return
         if not write:
@@ -185,19 +187,19 @@ class SqliteDatabase:
             raise Unavailable(f"commit failed: {exc}") from exc
 
     @contextmanager
-    def _savepoint(self) -> Iterator[Tx]:
+    def _savepoint(self, flat: bool) -> Iterator[Tx]:
         """A transaction inside this thread's open one: undone alone if it fails."""
-        conn, depth = self._conn(), self._local.depth
+        conn, depth, outer_flat = self._conn(), self._local.depth, self._local.flat
         name = f"corral_sp{depth}"
         conn.execute(f"SAVEPOINT {name}")
-        self._local.depth = depth + 1
+        self._local.depth, self._local.flat = depth + 1, flat
         try:
             yield _SqliteTx(conn)
         except BaseException:
             conn.execute(f"ROLLBACK TO {name}")
             raise
         finally:
-            self._local.depth = depth
+            self._local.depth, self._local.flat = depth, outer_flat
             conn.execute(f"RELEASE {name}")
 
     def lock_rows(self, *, skip_locked: bool = False) -> str:
@@ -293,8 +295,12 @@ class PostgresDatabase:
             yield _PostgresTx(current)  # joins the open transaction
             return
         if current is not None:  # inside this thread's open transaction: a savepoint
-            with current.transaction():
-                yield _PostgresTx(current)
+            outer_flat, self._local.flat = self._local.flat, flat
+            try:
+                with current.transaction():
+                    yield _PostgresTx(current)
+            finally:
+                self._local.flat = outer_flat
             return
         try:
             with self._pool.connection(timeout=30) as conn, conn.transaction():

@@ -1,0 +1,157 @@
+"""Group commit: the runner sockets' store writes, taken together by one thread.
+
+Each runner socket applies its runner's reports and claims runs for it several hundred
+times a second on a busy coordinator, each a store call of its own. On SQLite they all
+queue on the database's one write lock, and each pays for its commit and for the lock
+passing from thread to thread. ``StoreWriter`` runs them on one thread instead: it takes
+every call queued meanwhile (a group) and runs them in order in one transaction, each as it
+would run alone (its transactions are savepoints of the group's: one that fails undoes only
+its own writes), with one commit for them all. A caller is answered once the group has
+committed: a runner's reports are acknowledged only when they are stored.
+
+A call that fails the way the database does (``Unavailable``), or with an error the store
+does not know (a bug), may have left the transaction unusable: the group is rolled back,
+and its calls are run again one by one, each in its own transaction, as without a group.
+
+Only on SQLite. On PostgreSQL a group's one transaction would hold the row locks of several
+runners at once, which a reconciler taking them in another order could deadlock against;
+there the connection pool lets the calls run side by side (``Coordinator.in_thread``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from corral.errors import CorralError, Unavailable
+from corral.store.db import Database
+
+log = logging.getLogger("corral.coordinator")
+T = TypeVar("T")
+MAX_GROUP = 64  # calls in one transaction: bounds what one failure makes run again
+
+
+@dataclass
+class _Call:
+    run: Callable[[], Any]
+    future: asyncio.Future[Any]
+
+
+Answer = tuple[Exception | None, Any]  # what a call raised, or else what it returned
+
+
+class StoreWriter:
+    """One thread that runs queued store calls in groups, one commit a group."""
+
+    def __init__(self, db: Database, answered: Callable[[], None]) -> None:
+        self._db = db
+        self._answered = answered  # after each group's answers: the calls wrote events
+        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    async def call(self, run: Callable[[], T]) -> T:
+        """``run()`` (a blocking store call) in the next group; its result once committed."""
+        if self._closed:
+            raise Unavailable("the coordinator is stopping")
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._thread = threading.Thread(target=self._serve, name="corral-writer", daemon=True)
+            self._thread.start()
+        assert self._loop is not None
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._queue.put(_Call(run, future))
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # As a call on a worker thread: a cancelled caller still waits until its call
+            # has run, so that what it does next (a socket's goodbye) comes after it.
+            await asyncio.wait([future])
+            if not future.cancelled():
+                future.exception()  # seen: it is the caller's to ignore now
+            raise
+
+    def close(self) -> None:
+        """The thread ends once the calls queued before have run (blocks until then)."""
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    # ---- on the writer's thread -----------------------------------------------------------
+
+    def _serve(self) -> None:
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            if first is None:
+                return
+            group = [first]
+            while len(group) < MAX_GROUP:
+                try:
+                    call = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if call is None:
+                    stop = True
+                    break
+                group.append(call)
+            answers = run_group(self._db, [c.run for c in group])
+            assert self._loop is not None
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                self._loop.call_soon_threadsafe(self._answer, group, answers)
+
+    # ---- on the event loop ----------------------------------------------------------------
+
+    def _answer(self, group: list[_Call], answers: list[Answer]) -> None:
+        for call, (error, result) in zip(group, answers, strict=True):
+            if call.future.done():
+                continue
+            if error is not None:
+                call.future.set_exception(error)
+            else:
+                call.future.set_result(result)
+        self._answered()
+
+
+def run_group(db: Database, calls: Sequence[Callable[[], Any]]) -> list[Answer]:
+    """Each of ``calls`` in order, all in one transaction (one alone in its own): what each
+    raised or returned. Refused (``CorralError``), a call undoes only its own writes; if one
+    fails otherwise, they all run again one by one."""
+    if len(calls) > 1:
+        try:
+            with db.transaction():
+                return [_in_group(call) for call in calls]
+        except (_GroupFailed, Unavailable) as exc:
+            log.warning("a group of %d store calls failed (%r): each runs alone", len(calls), exc)
+    return [_alone(call) for call in calls]
+
+
+class _GroupFailed(Exception):
+    """A call of the group failed in a way that may have spoilt its transaction."""
+
+
+def _in_group(call: Callable[[], Any]) -> Answer:
+    try:
+        return None, call()
+    except Unavailable as exc:
+        raise _GroupFailed from exc
+    except CorralError as exc:  # refused: its own writes were undone with it
+        return exc, None
+    except Exception as exc:
+        raise _GroupFailed from exc
+
+
+def _alone(call: Callable[[], Any]) -> Answer:
+    try:
+        return None, call()
+    except Exception as exc:
+        return exc, None

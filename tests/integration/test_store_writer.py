@@ -1,0 +1,157 @@
+"""Group commit (``coordinator/writer.py``) on SQLite and PostgreSQL: the calls of a group
+share one transaction, each as it would run alone — a refused one undoes only its own
+writes, a flat one joins its own savepoint, a runner's refused report undoes only itself —
+and a call that fails otherwise makes them all run again one by one, none applied twice."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from corral.coordinator.link_core import Outcome, apply_reports, parse_events
+from corral.coordinator.writer import StoreWriter, run_group
+from corral.errors import LeaseLost, Unavailable
+from corral.protocol.messages import Indexed
+from corral.runs import NewRun, RunStatus, RunType
+from corral.store import Store
+
+NOW = 1_700_000_000.0
+
+
+def create(store: Store, name: str) -> Callable[[], str]:
+    return lambda: store.runs.create(NewRun(type=RunType.COMMAND, command=(name,)), NOW).id
+
+
+def commands(store: Store) -> list[str]:
+    return sorted(run.command[0] for run in store.runs.list(limit=100))
+
+
+def test_a_refused_call_undoes_only_its_own_writes(store: Store) -> None:
+    def refused() -> None:
+        with store.db.transaction():
+            store.runs.create(NewRun(type=RunType.COMMAND, command=("b",)), NOW)
+            raise LeaseLost("refused")
+
+    answers = run_group(store.db, [create(store, "a"), refused, create(store, "c")])
+    errors = [error for error, _ in answers]
+    assert errors[0] is None and errors[2] is None
+    assert isinstance(errors[1], LeaseLost)
+    assert commands(store) == ["a", "c"]
+
+
+def test_a_call_that_fails_otherwise_makes_each_run_alone_and_none_twice(store: Store) -> None:
+    ran: list[str] = []
+
+    def counted(name: str) -> Callable[[], str]:
+        def call() -> str:
+            ran.append(name)
+            return create(store, name)()
+
+        return call
+
+    def broken() -> None:
+        with store.db.transaction():
+            store.runs.create(NewRun(type=RunType.COMMAND, command=("b",)), NOW)
+            raise RuntimeError("a bug")
+
+    answers = run_group(store.db, [counted("a"), broken, counted("c")])
+    assert answers[0][0] is None and answers[2][0] is None
+    assert isinstance(answers[1][0], RuntimeError)
+    assert ran == ["a", "a", "c"]  # the group's try was rolled back: "a" ran again alone
+    assert commands(store) == ["a", "c"]
+
+
+def test_a_flat_call_joins_its_own_savepoint_and_is_undone_whole(store: Store) -> None:
+    run_id = create(store, "x")()
+
+    def flat_then_refused() -> None:
+        with store.db.transaction(flat=True):
+            store.runs.request_cancel(run_id, NOW)  # joins the call's savepoint
+            raise LeaseLost("a later report is refused")
+
+    answers = run_group(store.db, [flat_then_refused, create(store, "a")])
+    assert isinstance(answers[0][0], LeaseLost) and answers[1][0] is None
+    assert store.runs.get(run_id).status is RunStatus.PENDING
+    assert commands(store) == ["a", "x"]
+
+
+def test_a_refused_report_in_a_group_undoes_only_itself(store: Store) -> None:
+    runner, _ = store.runners.register(
+        name="r", hostname="h", labels=[], slots=2, version="t", transport="websocket", now=NOW
+    )
+    for _ in range(2):
+        store.runs.create(NewRun(type=RunType.COMMAND, command=("true",)), NOW)
+    a, b = (run.id for run in store.runs.claim(runner.id, 2, NOW))
+    bodies: list[dict[str, Any]] = [
+        {"type": "started", "run_id": a, "attempt": 1},
+        {"type": "finished", "run_id": b, "attempt": 7, "status": "failed"},  # not its lease
+        {"type": "finished", "run_id": a, "attempt": 1, "status": "completed", "exit_code": 0},
+    ]
+    batch = parse_events([Indexed(i, body) for i, body in enumerate(bodies, 1)])
+
+    def then(outcomes: list[Outcome]) -> None:
+        store.commands.events_applied(runner.id, 3)
+
+    answers = run_group(
+        store.db,
+        [
+            create(store, "before"),
+            lambda: apply_reports(store, runner.id, batch, NOW + 1, then),
+            create(store, "after"),
+        ],
+    )
+    assert [error for error, _ in answers] == [None, None, None]
+    outcomes = answers[1][1].outcomes
+    assert outcomes[0][0] is None and outcomes[2][0] is None
+    assert isinstance(outcomes[1][0], LeaseLost)
+    assert store.runs.get(a).status is RunStatus.COMPLETED
+    assert store.runs.get(b).status is RunStatus.CLAIMED  # untouched
+    assert store.commands.state(runner.id).last_event_idx == 3
+    assert "before" in commands(store) and "after" in commands(store)
+
+
+@pytest.mark.anyio
+async def test_callers_are_answered_once_their_group_committed(store: Store) -> None:
+    answered: list[int] = []
+    writer = StoreWriter(store.db, lambda: answered.append(1))
+    try:
+        ids = await asyncio.gather(*(writer.call(create(store, str(n))) for n in range(10)))
+        assert sorted(store.runs.get(i).command[0] for i in ids) == [str(n) for n in range(10)]
+        with pytest.raises(LeaseLost):
+            await writer.call(lambda: (_ for _ in ()).throw(LeaseLost("refused")))
+        assert answered  # once a group: the calls may have written events
+    finally:
+        writer.close()
+    with pytest.raises(Unavailable):
+        await writer.call(create(store, "late"))
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_caller_waits_until_its_call_has_run(store: Store) -> None:
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def slow() -> None:
+        started.set()
+        release.wait(30)
+        ran.append("slow")
+
+    writer = StoreWriter(store.db, lambda: None)
+    try:
+        task = asyncio.create_task(writer.call(slow))
+        await asyncio.to_thread(started.wait, 30)
+        task.cancel()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not task.done()  # it waits for the call, as a worker thread's caller does
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ran == ["slow"]
+    finally:
+        release.set()
+        writer.close()
