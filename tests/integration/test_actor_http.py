@@ -1,7 +1,9 @@
 """The runner's HTTP/1.1 client to actors (``runner/actor_http.py``) against real loopback
 servers: connections are kept alive and reused, one the actor closed is not reused, a
 refused port and a response that breaks off are told apart (the gateway retries only the
-first), and bodies stream both ways."""
+first), bodies stream both ways, responses end where HTTP says (a length, chunks, the
+connection's end, none for HEAD, 204 or 304), and a request head that a header would break
+is never sent."""
 
 from __future__ import annotations
 
@@ -155,3 +157,61 @@ async def test_connections_an_actor_closed_are_let_go_when_another_is_asked() ->
         assert (await read_all(client, port, "/b"))[0] == 200
     assert gone_port not in client._idle and kept.writer.is_closing()
     await client.aclose()
+
+
+def answers(raw: bytes) -> Handler:
+    """Reads a request head, answers ``raw``, then closes."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(raw)
+        await writer.drain()
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("raw", "body"),
+    [
+        # HTTP/1.0 without a length: the body ends with the connection.
+        (b"HTTP/1.0 200 OK\r\n\r\nuntil the end", b"until the end"),
+        # An interim 100 Continue, then the response.
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", b"ok"),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", b""),
+    ],
+)
+async def test_responses_end_where_http_says(raw: bytes, body: bytes) -> None:
+    client = ActorClient()
+    async with Server(answers(raw)) as port:
+        assert await read_all(client, port, "/") == (200 if body else 204, body)
+    await client.aclose()
+
+
+async def test_the_answer_to_head_has_no_body_whatever_its_length_says() -> None:
+    client = ActorClient()
+    async with Server(answers(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n")) as port:
+        response = await client.send(port, "HEAD", "/", [], None)
+        assert response.length == 0 and [part async for part in response.chunks(1024)] == []
+        assert ("content-length", "100") in response.headers
+        await response.aclose()
+    await client.aclose()
+
+
+async def test_a_header_that_would_break_the_request_head_is_never_sent() -> None:
+    server = Server(keep_alive)
+    async with server as port:
+        for headers in ([("x-a", "1\r\nx-b: 2")], [("x a", "1")]):
+            with pytest.raises(ActorBroke):
+                await ActorClient().send(port, "GET", "/", headers, None)
+        with pytest.raises(ActorBroke):
+            await ActorClient().send(port, "GET", "/a b", [], None)
+    assert server.connections == 0
+
+
+async def test_a_body_shorter_than_its_declared_length_breaks_the_request() -> None:
+    async def short() -> AsyncIterator[bytes]:
+        yield b"abc"
+
+    async with Server(keep_alive) as port:
+        with pytest.raises(ActorBroke):
+            await ActorClient().send(port, "POST", "/", [("content-length", "10")], short())
