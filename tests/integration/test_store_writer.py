@@ -125,7 +125,7 @@ async def test_callers_are_answered_once_their_group_committed(store: Store) -> 
             await writer.call(lambda: (_ for _ in ()).throw(LeaseLost("refused")))
         assert answered  # once a group: the calls may have written events
     finally:
-        writer.close()
+        await writer.close()
     with pytest.raises(Unavailable):
         await writer.call(create(store, "late"))
 
@@ -154,4 +154,4 @@ async def test_a_cancelled_caller_waits_until_its_call_has_run(store: Store) -> 
         assert ran == ["slow"]
     finally:
         release.set()
-        writer.close()
+        await writer.close()

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import anyio.to_thread
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -103,7 +102,7 @@ def create_app(
                 job.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await job
-            await anyio.to_thread.run_sync(coordinator.writer.close)
+            await coordinator.writer.close()
             if owns_store:
                 opened.close()
             if sole is not None:

@@ -29,12 +29,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import anyio.to_thread
+
 from corral.errors import CorralError, Unavailable
 from corral.store.db import Database
 
 log = logging.getLogger("corral.coordinator")
 T = TypeVar("T")
-MAX_GROUP = 64  # calls in one transaction: bounds what one failure makes run again
+MAX_GROUP = 64  # calls taken into one transaction, about: what one failure makes run again
 
 
 @dataclass
@@ -52,7 +54,8 @@ class StoreWriter:
     def __init__(self, db: Database, answered: Callable[[], None]) -> None:
         self._db = db
         self._answered = answered  # after each group's answers: the calls wrote events
-        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list[_Call] | None] = queue.SimpleQueue()
+        self._asked: list[_Call] = []  # calls made in this turn of the event loop
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -67,7 +70,11 @@ class StoreWriter:
             self._thread.start()
         assert self._loop is not None
         future: asyncio.Future[T] = self._loop.create_future()
-        self._queue.put(_Call(run, future))
+        # Handed over once the loop's turn is done, with the others made in it: one wake-up
+        # of the writer's thread for them, not one each.
+        if not self._asked:
+            self._loop.call_soon(self._hand_over)
+        self._asked.append(_Call(run, future))
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -78,12 +85,18 @@ class StoreWriter:
                 future.exception()  # seen: it is the caller's to ignore now
             raise
 
-    def close(self) -> None:
-        """The thread ends once the calls queued before have run (blocks until then)."""
+    def _hand_over(self) -> None:
+        calls, self._asked = self._asked, []
+        if calls:
+            self._queue.put(calls)
+
+    async def close(self) -> None:
+        """The thread ends once the calls made before have run."""
         self._closed = True
+        self._hand_over()
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join()
+            await anyio.to_thread.run_sync(self._thread.join)
             self._thread = None
 
     # ---- on the writer's thread -----------------------------------------------------------
@@ -94,16 +107,16 @@ class StoreWriter:
             first = self._queue.get()
             if first is None:
                 return
-            group = [first]
+            group = first
             while len(group) < MAX_GROUP:
                 try:
-                    call = self._queue.get_nowait()
+                    calls = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if call is None:
+                if calls is None:
                     stop = True
                     break
-                group.append(call)
+                group += calls
             answers = run_group(self._db, [c.run for c in group])
             assert self._loop is not None
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
