@@ -6,8 +6,13 @@
        │                  │                                  └─(none left)─▶ failed
        └──── requeue (rate limit: the attempt is given back) ◀── running
     pending | claimed ──▶ cancelled          claimed ──▶ failed (could not spawn)
+    pending ──late report──▶ completed | failed | timed_out | cancelled   (LATE_REPORT)
 
 A transition not in ``TRANSITIONS`` raises ``IllegalTransition`` and changes nothing.
+``LATE_REPORT`` holds the one kind of move only a late final report may take: the attempt
+was done when its runner's lease ran out, the run went back to pending for it, and nobody
+claimed it since (``corral.store.claims.reports_late``). Everything else still finds
+pending → completed illegal.
 """
 
 from __future__ import annotations
@@ -63,8 +68,16 @@ del S
 # The statuses a run never leaves: the one set of them (the store, its retention, the CLI).
 TERMINAL = frozenset(status for status, targets in TRANSITIONS.items() if not targets)
 
+# A late final report: the runner finished the attempt, but its lease ran out before the
+# report was stored, and the run went back to pending for that same attempt. While nobody
+# has claimed it since, the report still ends it (instead of running finished work again).
+LATE_REPORT: dict[RunStatus, frozenset[RunStatus]] = {RunStatus.PENDING: TERMINAL}
 
-def check_transition(run_id: str, old: RunStatus, new: RunStatus) -> None:
+
+def check_transition(run_id: str, old: RunStatus, new: RunStatus, *, late: bool = False) -> None:
+    """Refuse a move not in ``TRANSITIONS`` (nor in ``LATE_REPORT``, for a late report)."""
+    if late and new in LATE_REPORT.get(old, frozenset()):
+        return
     if new not in TRANSITIONS[old]:
         raise IllegalTransition(
             f"run {run_id} cannot go from {old} to {new}", run_id=run_id, status=str(old)

@@ -10,6 +10,7 @@ import pytest
 from corral.cli import follow
 from corral.errors import Conflict, IllegalTransition
 from corral.runs import (
+    LATE_REPORT,
     TERMINAL,
     TRANSITIONS,
     RunReport,
@@ -127,3 +128,17 @@ def test_run_report_refuses_what_a_runner_cannot_report(status: RunStatus) -> No
 def test_the_cli_knows_the_same_terminal_states() -> None:
     assert follow.TERMINAL is TERMINAL
     assert {"completed", "failed", "cancelled", "timed_out"} == TERMINAL  # the API's strings
+
+
+@pytest.mark.parametrize("new", sorted(TERMINAL))
+def test_only_a_late_report_ends_a_pending_run_as_it_ended(new: RunStatus) -> None:
+    """A late final report (``LATE_REPORT``) may end a run that went back to pending for
+    its attempt; nothing else may, and it may end nothing else that way."""
+    assert new in LATE_REPORT[S.PENDING]
+    check_transition("run_x", S.PENDING, new, late=True)
+    if new not in TRANSITIONS[S.PENDING]:
+        with pytest.raises(IllegalTransition):
+            check_transition("run_x", S.PENDING, new)
+    assert set(LATE_REPORT) == {S.PENDING}
+    with pytest.raises(IllegalTransition):
+        check_transition("run_x", S.LOST, S.COMPLETED, late=True)

@@ -261,8 +261,32 @@ def check_lease(row: Row, runner_id: str, attempt: int) -> None:
         )
 
 
+def reports_late(row: Row, runner_id: str, attempt: int) -> bool:
+    """Is this a late report of the attempt ``runner_id`` held, that the run still takes?
+
+    The runner's lease ran out (it was declared lost, or stopped reporting the run) and the
+    run went back to pending for the same attempt: nobody has claimed it since (a claim
+    counts a new attempt), so nobody else ran it, and the work the report tells of is the
+    only work done for it. A cancel, a claim, or another report ending it, all move it on
+    from there, and the report is refused."""
+    return (
+        row["status"] == RunStatus.PENDING
+        and row["runner_id"] is None
+        and row["attempts"] == attempt
+        and row["lost_runner_id"] == runner_id
+    )
+
+
+def check_reporter(row: Row, runner_id: str, attempt: int) -> None:
+    """Refuse (``LeaseLost``) a report from anyone but the lease holder, or the runner
+    whose lease on this attempt ran out while the run still waits for it (``reports_late``)."""
+    if not reports_late(row, runner_id, attempt):
+        check_lease(row, runner_id, attempt)
+
+
 def leased_row(tx: Tx, run_id: str, runner_id: str, attempt: int) -> Row:
-    """The run's row, locked, if this runner and attempt hold its lease (else LeaseLost)."""
+    """The run's row, locked, if this runner and attempt hold its lease, or held it and the
+    run still waits for it (``reports_late``); else LeaseLost."""
     row = row_by_id(tx, "runs", run_id, lock=tx.lock)
-    check_lease(row, runner_id, attempt)
+    check_reporter(row, runner_id, attempt)
     return row

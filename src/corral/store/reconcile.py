@@ -125,7 +125,17 @@ def release_run(
         max_attempts=lost.max_attempts,
     )
     if after is RunStatus.PENDING:
-        transition(tx, lost_row, after, now, runner_id=None, available_at=now)
+        # The runner may have finished the attempt before it went: its late final report
+        # still ends the run while nobody has claimed it again (``claims.reports_late``).
+        transition(
+            tx,
+            lost_row,
+            after,
+            now,
+            runner_id=None,
+            lost_runner_id=row["runner_id"],
+            available_at=now,
+        )
         requeued.append(lost.id)
         return
     if after is RunStatus.CANCELLED:

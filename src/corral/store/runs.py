@@ -26,7 +26,7 @@ from corral.runs import (
     may_become,
     status_reported,
 )
-from corral.store.claims import Claimable, check_lease, leased_row
+from corral.store.claims import Claimable, check_lease, leased_row, reports_late
 from corral.store.db import Database, Row, Tx
 from corral.store.rows import (
     HELD,
@@ -147,8 +147,8 @@ class RunStore:
             if started is not None:
                 return
             row = leased_row(tx, run_id, runner_id, attempt)
-            if row["status"] == RunStatus.RUNNING:
-                return  # a repeated report (the first answer was lost)
+            if row["status"] == RunStatus.RUNNING or reports_late(row, runner_id, attempt):
+                return  # a repeated report (the first answer was lost), or a late one: moot
             transition(tx, row, RunStatus.RUNNING, now, started_at=now)
 
     def record_session(
@@ -182,11 +182,14 @@ class RunStore:
     def finish(
         self, run_id: str, runner_id: str, attempt: int, report: RunReport, now: float
     ) -> Run:
-        """Record how an attempt ended; only the runner and attempt holding the lease may."""
+        """Record how an attempt ended; only the runner and attempt holding the lease may —
+        or, late, the runner whose lease on that attempt ran out while the run still waits
+        for it at pending, unclaimed since (``reports_late``): done work is not run again."""
         with self.db.transaction() as tx:
             if report.status is not RunStatus.PENDING:
                 # The usual case in one statement, as ``mark_started``; anything else (a
-                # repeat, a lost lease, a failure after a cancel) takes the checked path.
+                # repeat, a lost lease, a late report, a failure after a cancel) takes the
+                # checked path.
                 ended = _end_in_one(tx, run_id, runner_id, attempt, report, now)
                 if ended is not None:
                     return ended
@@ -195,7 +198,11 @@ class RunStore:
             same_lease = row["runner_id"] == runner_id and row["attempts"] == attempt
             if same_lease and RunStatus(row["status"]).is_terminal and row["status"] == status:
                 return run_from_row(row)  # a repeated report (the first answer was lost)
-            check_lease(row, runner_id, attempt)
+            late = reports_late(row, runner_id, attempt)
+            if late and report.status is RunStatus.PENDING:
+                return run_from_row(row)  # giving back late what was taken back: moot
+            if not late:
+                check_lease(row, runner_id, attempt)
             fields: dict[str, Any] = {
                 "exit_code": report.exit_code,
                 "error": report.error,
@@ -210,6 +217,8 @@ class RunStore:
                 fields["session_id"] = report.session_id
             if report.status is RunStatus.PENDING:
                 return _given_back(tx, row, report, fields, now)
+            if late:
+                fields["runner_id"] = runner_id  # the run ends as it ran: on that runner
             run = transition(
                 tx,
                 row,
@@ -217,6 +226,7 @@ class RunStore:
                 now,
                 task_outcome=report.task,
                 reported=True,
+                late=late,
                 finished_at=now,
                 **fields,
             )
@@ -348,6 +358,7 @@ def transition(
     now: float,
     task_outcome: dict[str, Any] | None = None,
     reported: bool = False,
+    late: bool = False,
     **fields: Any,
 ) -> Run:
     """Move one run to ``new`` if the transition table allows it; guarded by its old status.
@@ -355,9 +366,11 @@ def transition(
     A task's run that ends, however it ends (reported, lost for good, timed out,
     cancelled), moves its task on in the same transaction. ``reported``: the runner's final
     report ends it (its session is brought up to date by the caller); a run ended any other
-    way still adds the cost it recorded before (a task's agent step) to its session."""
+    way still adds the cost it recorded before (a task's agent step) to its session.
+    ``late``: a late final report ends it (``LATE_REPORT``; the caller checked
+    ``reports_late``)."""
     old = RunStatus(row["status"])
-    check_transition(row["id"], old, new)
+    check_transition(row["id"], old, new, late=late)
     updated = update_row(
         tx, "runs", row["id"], now, only_if={"status": str(old)}, **fields, status=str(new)
     )
@@ -404,6 +417,7 @@ def _given_back(tx: Tx, row: Row, report: RunReport, fields: dict[str, Any], now
         rate_limited=row["rate_limited"] + 1,
         available_at=now + (report.retry_after_s or 0.0),
         runner_id=None,
+        lost_runner_id=None,  # given back, not taken: no late report is to come
         error=report.error or report.result,
         session_id=fields.get("session_id", row["session_id"]),
     )

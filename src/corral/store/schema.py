@@ -18,7 +18,8 @@ socket: the grace it was given; 13 agent tokens' run and expiry; 14 the coordina
 holding each runner's socket (the gateway forwards requests for its actors there); 15
 the coordinators that are up, and since when (``corral.store.coordinators``); 16 pending
 runs by label class, so that a claim reads only the runs its runner can take, and by last
-change (``corral.store.claims``).
+change (``corral.store.claims``); 17 the runner whose lease on a run's attempt ran out,
+whose late final report may still end it (``corral.store.claims.reports_late``).
 """
 
 from __future__ import annotations
@@ -406,6 +407,14 @@ CREATE TABLE coordinators (
 """,
     ),
     (16, _pending_backlog),
+    (
+        17,
+        # The runner that held the run's current attempt when it was taken back (lost, or
+        # no longer reported): its late final report of that attempt may still end the run
+        # while it waits at pending, unclaimed since. Meaningless once a claim counts a new
+        # attempt; NULL when the run went back to pending otherwise (given back).
+        "ALTER TABLE runs ADD COLUMN lost_runner_id TEXT;\n",
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -1,0 +1,235 @@
+"""Late final reports, on SQLite and PostgreSQL: a runner finished an attempt, but its lease
+ran out before the report was stored, and the run went back to pending for that attempt.
+The report still ends the run while nobody has claimed it since; a cancel, a new claim or
+another end refuses it and changes nothing (issue 16 §2: never run finished work twice).
+
+Every operation gets an explicit ``now``; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from corral.errors import IllegalTransition, LeaseLost
+from corral.events import EventFilter, EventKind
+from corral.ids import RunnerId
+from corral.runs import NewRun, Run, RunReport, RunStatus, RunType
+from corral.store import LogLine, Store
+from corral.store.events import EventStore
+from corral.tasks.model import TaskSpec, TaskStatus
+
+NOW = 1_700_000_000.0
+LOST_AFTER = 30.0
+LOST_AT = NOW + LOST_AFTER + 10  # the holder has been silent past its threshold by then
+LATER = LOST_AT + 1
+
+
+def register(store: Store, name: str, now: float = NOW) -> RunnerId:
+    runner, _ = store.runners.register(
+        name=name, hostname=name, labels=(), slots=4, version="0", transport="http", now=now
+    )
+    return runner.id
+
+
+def started_by(store: Store, runner: RunnerId, max_attempts: int = 3) -> Run:
+    store.runs.create(
+        NewRun(type=RunType.COMMAND, command=("true",), max_attempts=max_attempts), NOW
+    )
+    (run,) = store.runs.claim(runner, 1, NOW)
+    store.runs.mark_started(run.id, runner, run.attempts, NOW)
+    return run
+
+
+def declare_lost(store: Store, runner: RunnerId) -> None:
+    lost = store.reconcile(LOST_AT, lost_after_s=LOST_AFTER, timeout_grace_s=5)
+    assert lost.lost_runners == [runner]
+
+
+def report(
+    store: Store, run: Run, runner: RunnerId, status: RunStatus = RunStatus.COMPLETED, **kw: Any
+) -> Run:
+    return store.runs.finish(run.id, runner, run.attempts, RunReport(status, **kw), LATER)
+
+
+def run_events(store: Store, run: Run) -> list[dict[str, Any]]:
+    events = EventStore(store.db)
+    events.number()
+    where = EventFilter(kinds=frozenset({EventKind.RUN}), run_id=run.id)
+    return [dict(e.data) | {"runner_id": e.runner_id} for e in events.read(0, where, 10_000)]
+
+
+# ---- accepted ------------------------------------------------------------------------------
+
+
+def test_a_late_report_ends_the_run_waiting_for_its_attempt(store: Store) -> None:
+    old = register(store, "old")
+    run = started_by(store, old)
+    declare_lost(store, old)
+    waiting = store.runs.get(run.id)
+    assert waiting.status is RunStatus.PENDING and waiting.runner_id is None
+    assert waiting.attempts == 1
+
+    ended = report(store, run, old, exit_code=0, result="done")
+
+    assert ended.status is RunStatus.COMPLETED
+    assert (ended.attempts, ended.runner_id, ended.exit_code, ended.result) == (1, old, 0, "done")
+    assert ended.finished_at == LATER
+    assert store.runs.get(run.id) == ended
+    # Nobody may claim it now: it is done.
+    assert store.runs.claim(register(store, "other", LATER), 1, LATER + 1) == []
+    # The event log tells it as it happened: lost, pending, then completed by "old".
+    statuses = [(e["status"], e["runner_id"]) for e in run_events(store, run)]
+    assert statuses[-3:] == [("lost", old), ("pending", None), ("completed", old)]
+
+
+def test_a_repeated_late_report_changes_nothing(store: Store) -> None:
+    old = register(store, "old")
+    run = started_by(store, old)
+    declare_lost(store, old)
+    first = report(store, run, old)
+    assert report(store, run, old) == first
+
+
+def test_a_report_before_the_lost_runner_was_noticed_is_on_time(store: Store) -> None:
+    """The lease ran out on the runner's side, but the coordinator has not declared it
+    lost yet: the run is still held by the old identity, and its report ends it."""
+    old = register(store, "old")
+    run = started_by(store, old)
+    assert report(store, run, old).status is RunStatus.COMPLETED
+
+
+@pytest.mark.parametrize("status", [RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED])
+def test_a_late_report_ends_the_run_as_it_ended(store: Store, status: RunStatus) -> None:
+    old = register(store, "old")
+    run = started_by(store, old)
+    declare_lost(store, old)
+    assert report(store, run, old, status, exit_code=3).status is status
+
+
+def test_late_logs_and_session_are_kept_and_a_late_start_is_moot(store: Store) -> None:
+    old = register(store, "old")
+    run = started_by(store, old)
+    declare_lost(store, old)
+    store.runs.mark_started(run.id, old, 1, LATER)  # the run stays pending
+    assert store.runs.get(run.id).status is RunStatus.PENDING
+    store.logs.append(run.id, old, 1, [LogLine(0, "stdout", "the last line", LATER)])
+    store.runs.record_session(run.id, old, 1, "sess-1", LATER)
+    ended = report(store, run, old, session_id="sess-1", cost_usd=0.5)
+    assert [e.text for e in store.logs.read(run.id)] == ["the last line"]
+    assert ended.session_id == "sess-1"
+    session = store.sessions.get("sess-1")
+    assert session.last_run_id == run.id and session.cost_usd == 0.5
+
+
+def test_a_late_give_back_changes_nothing(store: Store) -> None:
+    old = register(store, "old")
+    run = started_by(store, old)
+    declare_lost(store, old)
+    given = report(store, run, old, RunStatus.PENDING, retry_after_s=5.0)
+    assert given.status is RunStatus.PENDING and given.rate_limited == 0
+    assert store.runs.get(run.id).available_at == LOST_AT
+
+
+# ---- refused -------------------------------------------------------------------------------
+
+
+def test_a_late_report_after_another_claim_is_refused(store: Store) -> None:
+    old = register(store, "old")
+    run = started_by(store, old)
+    declare_lost(store, old)
+    other = register(store, "other", LOST_AT)
+    (again,) = store.runs.claim(other, 1, LOST_AT)
+    assert again.attempts == 2
+    with pytest.raises(LeaseLost):
+        report(store, run, old)
+    still = store.runs.get(run.id)
+    assert (still.status, still.runner_id, still.attempts) == (RunStatus.CLAIMED, other, 2)
+    with pytest.raises(LeaseLost):
+        store.logs.append(run.id, old, 1, [LogLine(0, "stdout", "late", LATER)])
+
+
+def test_a_late_report_after_a_cancel_is_refused(store: Store) -> None:
+    old = register(store, "old")
+    run = started_by(store, old)
+    declare_lost(store, old)
+    store.runs.request_cancel(run.id, LOST_AT)
+    with pytest.raises(LeaseLost):
+        report(store, run, old)
+    assert store.runs.get(run.id).status is RunStatus.CANCELLED
+
+
+def test_a_late_report_of_a_run_that_ended_otherwise_is_refused(store: Store) -> None:
+    """No attempts left: the lost run failed. Its end stays (ended runs never move)."""
+    old = register(store, "old")
+    run = started_by(store, old, max_attempts=1)
+    declare_lost(store, old)
+    assert store.runs.get(run.id).status is RunStatus.FAILED
+    with pytest.raises(IllegalTransition):
+        report(store, run, old)
+    assert store.runs.get(run.id).status is RunStatus.FAILED
+
+
+def test_a_late_report_from_another_runner_is_refused(store: Store) -> None:
+    old = register(store, "old")
+    run = started_by(store, old)
+    declare_lost(store, old)
+    stranger = register(store, "stranger", LOST_AT)
+    with pytest.raises(LeaseLost):
+        report(store, run, stranger)
+    with pytest.raises(LeaseLost):
+        store.runs.finish(run.id, old, 2, RunReport(RunStatus.COMPLETED), LATER)  # no attempt 2
+    assert store.runs.get(run.id).status is RunStatus.PENDING
+
+
+def test_an_attempt_given_back_takes_no_late_report_of_an_earlier_one(store: Store) -> None:
+    """ "old" lost attempt 1; "other" claimed attempt 2 and gave it back (rate limited): the
+    run waits at pending again, but for attempt 2, which "old" never held."""
+    old = register(store, "old")
+    run = started_by(store, old)
+    declare_lost(store, old)
+    other = register(store, "other", LOST_AT)
+    assert [r.attempts for r in store.runs.claim(other, 1, LOST_AT)] == [2]
+    store.runs.mark_started(run.id, other, 2, LOST_AT)
+    store.runs.finish(run.id, other, 2, RunReport(RunStatus.PENDING, retry_after_s=0), LOST_AT)
+    with pytest.raises(LeaseLost):
+        report(store, run, old)
+    with pytest.raises(LeaseLost):  # nor a late one of its own: it gave it back
+        store.runs.finish(run.id, other, 2, RunReport(RunStatus.COMPLETED), LATER)
+    assert store.runs.get(run.id).status is RunStatus.PENDING
+
+
+# ---- task runs -----------------------------------------------------------------------------
+
+
+def test_a_late_report_of_a_task_run_settles_its_task(store: Store) -> None:
+    """The attempt merged its task before its runner's lease ran out: the late report
+    completes the task with its merge, and its dependent becomes ready, once."""
+    pid = store.projects.ensure("/repo", "main", NOW).id
+    store.tasks.add(
+        pid,
+        [
+            TaskSpec(key="a", title="a", prompt="do a"),
+            TaskSpec(key="b", title="b", prompt="do b", after=("a",)),
+        ],
+        {},
+        NOW,
+    )
+    store.tasks.start(pid, 1, NOW)
+    old = register(store, "old")
+    (run,) = store.runs.claim(old, 1, NOW)
+    store.runs.mark_started(run.id, old, 1, NOW)
+    store.runs.record_task_step(run.id, old, 1, "worktree", {"at": NOW}, NOW)
+    declare_lost(store, old)
+    store.runs.record_task_step(run.id, old, 1, "merging", {"at": LATER}, LATER)
+    outcome = {"outcome": "merged", "commit": "c1", "merge_commit": "m1"}
+    ended = report(store, run, old, task=outcome)
+    assert ended.status is RunStatus.COMPLETED
+    tasks = {t.key: t for t in store.tasks.list(pid)}
+    assert tasks["a"].status is TaskStatus.COMPLETED
+    assert (tasks["a"].merge_sha, tasks["a"].attempts) == ("m1", 1)
+    assert tasks["b"].status in (TaskStatus.READY, TaskStatus.CLAIMED)
+    # Only b's run is left to claim: a is not run again.
+    claimed = store.runs.claim(register(store, "other", LATER), 10, LATER + 1)
+    assert [r.task_id for r in claimed] == [tasks["b"].id]
