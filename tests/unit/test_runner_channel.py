@@ -179,3 +179,57 @@ def test_the_newer_socket_wins_whichever_registers_first() -> None:
     assert connections2.by_runner[RUNNER] is newer
     assert not connections2.forget(RUNNER, older)  # type: ignore[arg-type]
     assert connections2.forget(RUNNER, newer)  # type: ignore[arg-type]
+
+
+def late(idx: int, run_id: str, kind: str = "finished") -> wire.Indexed:
+    body = {"type": kind, "run_id": run_id, "attempt": 1, "former_runner_id": "rnr_old"}
+    body.update({"status": "completed"} if kind == "finished" else {"lines": []})
+    return wire.Indexed(idx, body)
+
+
+def registered_announcing(late_reports: int) -> RunnerChannel:
+    channel = RunnerChannel.open(1, T0, CoordinatorSettings())
+    hello = init()
+    announced = wire.ToServerInit(
+        **{
+            **{f: getattr(hello, f) for f in hello.__slots__},
+            "metadata": {wire.LATE_REPORTS_TO_SEND: late_reports},
+        }
+    )
+    channel.receive(announced, T0)
+    channel.registered(Registration(RUNNER, 0, []), T0)
+    return channel
+
+
+def applied(last_idx: int) -> Applied:
+    return Applied(last_idx=last_idx, abandon=[], wake=[], finished=True)
+
+
+def test_a_runner_announcing_late_reports_claims_nothing_until_they_are_applied() -> None:
+    """A run a late report ends is pending until the report is applied: the runner's new
+    identity must not claim it back meanwhile (it would run finished work again)."""
+    channel = registered_announcing(2)
+    assert not channel.push_request().claim  # none read yet
+    channel.receive(events(late(1, "run_1", "logs"), late(2, "run_1")), T0)
+    assert not channel.push_request().claim  # one of two read, being applied
+    channel.receive(events(late(3, "run_2")), T0)
+    # Late reports free no slot of this identity: they are not counted as finishing.
+    assert channel.push_request().finishing == frozenset()
+    channel.applied(applied(2))
+    assert not channel.push_request().claim
+    out = channel.applied(applied(3))
+    assert PushWork() in out and channel.push_request().claim
+
+
+def test_a_frame_without_late_reports_ends_the_wait_for_them() -> None:
+    """They come first: if the runner sends its own events instead (fewer were carried
+    than announced, or the coordinator was not asked), none is to come."""
+    channel = registered_announcing(3)
+    channel.receive(events(finished(1, "run_9")), T0)
+    channel.applied(applied(1))
+    assert channel.push_request().claim
+
+
+def test_an_init_announcing_nothing_sensible_waits_for_nothing() -> None:
+    for announced in (0, -1, "3", 10**9, True):
+        assert registered_announcing(announced).push_request().claim  # type: ignore[arg-type]

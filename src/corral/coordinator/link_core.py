@@ -62,7 +62,7 @@ from corral.coordinator.schemas import (
     run_assignment_json,
 )
 from corral.coordinator.settings import CoordinatorSettings
-from corral.errors import CorralError, Unavailable
+from corral.errors import CorralError, LeaseLost, Unavailable
 from corral.ids import RunnerId
 from corral.protocol import messages as wire
 from corral.protocol.messages import MALFORMED_EVENT, Indexed, ProtocolError, ToServerInit
@@ -91,6 +91,8 @@ Outcome = tuple[CorralError | None, Run | None]  # an event refused, or the run 
 Slot = tuple[str, int]  # (run, attempt) the runner holds
 
 _EVENTS: TypeAdapter[RunnerEvent] = TypeAdapter(RunnerEvent)
+# At most this many late reports announced in an Init are waited for before claiming.
+MAX_LATE_REPORTS = 100_000
 
 
 class Registration(NamedTuple):
@@ -192,6 +194,12 @@ class RunnerChannel:
     _sent_idx: int = 0  # commands sent on this socket, up to here
     _finishing: Counter[Slot] = field(default_factory=Counter)  # read, not yet applied
     _applying: deque[list[Slot]] = field(default_factory=deque)  # each ApplyEvents' finishes
+    # Late final reports (a former identity's: they free no slot here) the runner said it
+    # would send and were not read yet, and those read but not yet applied. While there
+    # are any, it claims nothing: the runs they end are pending until then.
+    _late_awaited: int = 0
+    _late_applying: deque[int] = field(default_factory=deque)  # how many in each ApplyEvents
+    _late_in_flight: int = 0
 
     @classmethod
     def open(cls, seq: int, now: float, settings: CoordinatorSettings) -> RunnerChannel:
@@ -235,6 +243,7 @@ class RunnerChannel:
         assert init is not None  # Register comes from the Init
         runner_id = self.runner_id = registration.runner_id
         floor = init.last_command_idx if init.runner_id == runner_id else 0
+        self._late_awaited = late_reports_to_send(init)
         self._sent_idx = max([c.idx for c in registration.missed], default=floor)
         greeting = self.session.registered(
             runner_id, registration.last_event_idx, registration.missed, now
@@ -250,6 +259,7 @@ class RunnerChannel:
         """``LinkCore.apply`` committed the oldest ``ApplyEvents`` handed out."""
         self._finishing.subtract(self._applying.popleft())
         self._finishing = +self._finishing  # drop the zeros
+        self._late_in_flight -= self._late_applying.popleft()
         out: list[ChannelOutput] = []
         topics = list(applied.wake)
         if applied.abandon or applied.finished:
@@ -265,7 +275,9 @@ class RunnerChannel:
     def push_request(self) -> PushRequest:
         init = self.session.init
         return PushRequest(
-            claim=not self.draining,
+            # Not while late final reports are announced or being applied: the run one
+            # reports done is pending until then, and this runner could claim it again.
+            claim=not self.draining and not self._late_awaited and not self._late_in_flight,
             after=self._sent_idx,
             finishing=frozenset(self._finishing),
             slots=init.total_slots if init is not None else 0,
@@ -339,8 +351,15 @@ class RunnerChannel:
                 except ProtocolError as exc:  # never acknowledged: nothing is stored
                     log.warning("runner %s: refused: %s", self.runner_id, exc.reason)
                     return [*lifted, *self._lift(self.session.receive_error(exc))]
-                ended = [(e.run_id, e.attempt) for e in events if isinstance(e, FinishedEvent)]
+                finals = [e for e in events if isinstance(e, FinishedEvent)]
+                ended = [(e.run_id, e.attempt) for e in finals if e.former_runner_id is None]
+                late = len(finals) - len(ended)
                 self._applying.append(ended)
+                self._late_applying.append(late)
+                self._late_in_flight += late
+                # They come first, in order: a frame with none means none is to come.
+                carried = any(not isinstance(e, ActorEvent) and e.former_runner_id for e in events)
+                self._late_awaited = max(0, self._late_awaited - late) if carried else 0
                 lifted.append(ApplyEvents(out.events[-1].idx, tuple(events)))
                 if ended:
                     # Those slots are free on the runner: fill them while the reports are
@@ -432,8 +451,24 @@ class LinkCore:
         refused = {
             (e.run_id, e.attempt): None
             for e, (error, _) in zip(parsed, outcomes, strict=True)
-            if error is not None and error.code == "lease_lost" and not isinstance(e, ActorEvent)
+            if error is not None
+            and error.code == "lease_lost"
+            and not isinstance(e, ActorEvent)
+            and e.former_runner_id is None  # late: that attempt stopped long ago
         }
+        for event, (error, _) in zip(parsed, outcomes, strict=True):
+            if error is not None and not isinstance(event, ActorEvent) and event.former_runner_id:
+                # Acknowledged all the same: the run went on without it (cancelled, claimed
+                # again, ended), and sending it again would change nothing.
+                log.warning(
+                    "runner %s: a late %s report of run %s attempt %d (held by %s) dropped: %s",
+                    runner_id,
+                    event.type,
+                    event.run_id,
+                    event.attempt,
+                    event.former_runner_id,
+                    error.message,
+                )
         # The run is not the runner's any more: it must stop it. Not so for a late report
         # of an older attempt of a run this runner holds again: ``abandon_run`` names the
         # run, and would stop the attempt the runner is meant to be running.
@@ -520,6 +555,13 @@ class LinkCore:
         return True
 
 
+def late_reports_to_send(init: ToServerInit) -> int:
+    """How many late final reports the runner's Init says follow (0 if it says nothing
+    sensible: an older runner sends none)."""
+    count: Any = init.metadata.get(wire.LATE_REPORTS_TO_SEND)
+    return count if type(count) is int and 0 < count <= MAX_LATE_REPORTS else 0
+
+
 def parse_events(events: Sequence[Indexed]) -> list[RunnerEvent]:
     """Event bodies as the runner protocol defines them. One that is not (a ``logs`` event
     of more than ``MAX_LOG_LINES`` lines, a missing field …) raises ``ProtocolError``
@@ -586,6 +628,15 @@ def apply_event(store: Store, runner_id: str, event: RunnerEvent, now: float) ->
 
 def _apply(store: Store, runner_id: str, event: RunnerEvent, now: float) -> Run | None:
     """One report's effect; the run it finished, if it was a final report."""
+    if isinstance(event, ActorEvent):
+        store.actors.runner_event(runner_id, event.actor_id, lifecycle_event(runner_id, event), now)
+        return None
+    if event.former_runner_id is not None:
+        # A late report, of an attempt an earlier identity of this runner held: the store
+        # takes it as that identity's (``RunStore.finish``), if it may still.
+        if not store.runners.former_identity(runner_id, event.former_runner_id):
+            raise LeaseLost(f"{event.former_runner_id} is not a former identity of {runner_id}")
+        runner_id = event.former_runner_id
     if isinstance(event, StartedEvent):
         store.runs.mark_started(event.run_id, runner_id, event.attempt, now)
     elif isinstance(event, SessionEvent):
@@ -597,8 +648,6 @@ def _apply(store: Store, runner_id: str, event: RunnerEvent, now: float) -> Run 
         store.runs.record_task_step(
             event.run_id, runner_id, event.attempt, event.step, event.data, now
         )
-    elif isinstance(event, ActorEvent):
-        store.actors.runner_event(runner_id, event.actor_id, lifecycle_event(runner_id, event), now)
     else:
         report = event.to_report(RunStatus(event.status))
         return store.runs.finish(event.run_id, runner_id, event.attempt, report, now)

@@ -183,16 +183,24 @@ class ReportBody(LeaseRef, Outcome):
     status: FinalStatus | None = None
 
 
+# A report of an attempt held by an earlier identity of the runner that sends it: its lease
+# ran out before the report was stored (``corral.protocol.runner``, late reports). Sent
+# only to a coordinator whose Init says ``late_reports``; absent, the report is the sender's.
+FormerRunnerId = Annotated[str | None, Field(min_length=1, max_length=200)]
+
+
 class StartedEvent(WireModel):
     type: Literal["started"]
     run_id: str
     attempt: Int32
+    former_runner_id: FormerRunnerId = None
 
 
 class SessionEvent(WireModel):
     type: Literal["session"]
     run_id: str
     attempt: Int32
+    former_runner_id: FormerRunnerId = None
     session_id: str = Field(min_length=1, max_length=200)
 
 
@@ -200,6 +208,7 @@ class LogsEvent(WireModel):
     type: Literal["logs"]
     run_id: str
     attempt: Int32
+    former_runner_id: FormerRunnerId = None
     lines: list[LogLineBody] = Field(max_length=MAX_LOG_LINES)
 
 
@@ -207,6 +216,7 @@ class FinishedEvent(Outcome):
     type: Literal["finished"]
     run_id: str
     attempt: Int32
+    former_runner_id: FormerRunnerId = None
     status: FinalStatus
 
 
@@ -214,6 +224,7 @@ class TaskStepEvent(WireModel):
     type: Literal["task_step"]
     run_id: str
     attempt: Int32
+    former_runner_id: FormerRunnerId = None
     step: Literal["worktree", "agent", "committed", "merging", "cleanup"]
     data: dict[str, Any] = Field(default_factory=dict)
 

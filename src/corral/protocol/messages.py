@@ -65,6 +65,13 @@ PROTOCOL_VERSION = 1
 TUNNEL_PARTS = 2
 TUNNEL_WHOLE = 3
 TUNNEL_STARTING = 4
+# Late reports (``corral.protocol.runner``): the coordinator's Init says ``late_reports``
+# (1) when it takes events of an attempt a former identity of the runner held
+# (``former_runner_id``); the Init of a runner whose identity is spent says how many final
+# reports of that kind it will send once answered, and the coordinator claims nothing for
+# it before they are applied.
+LATE_REPORTS = "late_reports"
+LATE_REPORTS_TO_SEND = "late_reports_to_send"
 INT64_MAX = 2**63 - 1  # every integer on the wire fits the store's columns
 
 # WebSocket close codes and the reasons that travel with them.

@@ -97,6 +97,9 @@ class ServerSession:
             "ack_interval": ack_interval_s,
             # It joins a WebSocket message sent in parts, takes a response whole in its start.
             "tunnel": wire.TUNNEL_WHOLE,
+            # It takes reports of attempts a former identity of the runner held
+            # (``former_runner_id``): finished work reported late is not run again.
+            wire.LATE_REPORTS: 1,
         }
         self._init: wire.ToServerInit | None = None
         self._runner_id: RunnerId | None = None

@@ -155,6 +155,17 @@ class RunnerStore:
         token_id: str | None = row["token_id"]
         return token_id
 
+    def former_identity(self, runner_id: str, former_id: str) -> bool:
+        """Was ``former_id`` an earlier identity of the runner registered as ``runner_id``?
+        A runner whose lease ran out registers again under a new id, and reports what it
+        finished under the old one: the same name, registered with the same token."""
+        with self.db.transaction(write=False) as tx:
+            rows = tx.execute(
+                "SELECT id, name, token_id FROM runners WHERE id IN (?, ?)", (runner_id, former_id)
+            )
+        found = {r["id"]: (r["name"], r["token_id"]) for r in rows}
+        return runner_id != former_id and len(found) == 2 and found[runner_id] == found[former_id]
+
     def touch(self, runner_ids: Sequence[str], now: float) -> None:
         """Heartbeats of connected runners (their pings), written in one statement."""
         if runner_ids:

@@ -45,6 +45,7 @@ META = {
     "ping_interval": 3.0,
     "ack_interval": 300.0,
     "tunnel": TUNNEL_WHOLE,
+    "late_reports": 1,
 }
 
 
@@ -112,6 +113,7 @@ def test_metadata_carries_the_session_settings() -> None:
                 "ping_interval": 2,
                 "ack_interval": 60,
                 "tunnel": TUNNEL_WHOLE,
+                "late_reports": 1,
             },
         )
     )
