@@ -171,8 +171,13 @@ class RunnerProcess:
                 self.execute(out.command)
             elif isinstance(out, Connected):
                 world.log(f"{self.label} connected as {out.runner_id} (fresh={out.fresh})")
-                if out.fresh:  # reports of the old identity fail: their attempts end
-                    self.attempts.clear()
+                if out.fresh:  # reports of the old identity fail: their attempts end …
+                    carried = dict(out.carried)  # … but for late reports, renumbered
+                    for run_id, a in list(self.attempts.items()):
+                        if a.report_idx in carried:
+                            a.report_idx = carried[a.report_idx]
+                        else:
+                            del self.attempts[run_id]
             elif isinstance(out, StopAllWork):
                 world.log(f"{self.label} StopAllWork")
                 self.stop_running()

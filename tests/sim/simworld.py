@@ -14,7 +14,8 @@ after every step; after the storm the world runs quietly until every run has end
 Invariants:
 - a run never runs in two simulated processes at once, and a runner never runs more
   attempts than it has slots (work goes out as soon as a final report is read);
-- every run status change is one the transition table allows; a completed run stays
+- every run status change is one the transition table allows (a pending run ends at
+  once only by a late report of the attempt it was lost with); a completed run stays
   completed; no effect is applied twice (the same change of the same attempt, two
   terminal changes of one run);
 - each runner identity executes command indexes in increasing order, with no gap (a
@@ -72,7 +73,7 @@ from corral.actors.model import NewActor
 from corral.coordinator.gateway import MAX_REWAKES
 from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
 from corral.errors import IllegalTransition
-from corral.runs import TERMINAL, TRANSITIONS, NewRun, RunStatus, RunType
+from corral.runs import LATE_REPORT, TERMINAL, TRANSITIONS, NewRun, RunStatus, RunType
 
 T0 = 1_000_000.0
 # CORRAL_SIM_TRACE=all keeps every step (for a failing seed), else the last 30.
@@ -138,6 +139,7 @@ class World:
         self.status: dict[str, str] = {}
         self.history: dict[str, list[str]] = {}  # each run's status changes, for a failure
         self.seen: set[tuple[str, int, str, str]] = set()
+        self.last_change: dict[str, tuple[str, str, int]] = {}  # (old, new, attempts) by run
         self.terminal_changes: dict[str, int] = {}
         self.log_seq = 0
         # A second connection: its data_version changes when the store commits a write.
@@ -710,8 +712,19 @@ class World:
             self.log_seq = seq
             self.log(f"  store: {run_id} {old} → {new} (attempt {attempts})")
             self.history[run_id].append(f"{new} at {self.now - T0:.3f} ({runner}/{attempts})")
-            if RunStatus(new) not in TRANSITIONS[RunStatus(old)]:
+            legal = RunStatus(new) in TRANSITIONS[RunStatus(old)]
+            if not legal and RunStatus(new) in LATE_REPORT.get(RunStatus(old), frozenset()):
+                # A late final report ends only a run taken back from its runner (lost) for
+                # the attempt the report is of, and not claimed since.
+                self.count("late reports taken")
+                if self.last_change.get(run_id) != (str(RunStatus.LOST), old, attempts):
+                    self.violation(
+                        f"{run_id}: {old} → {new} (attempt {attempts}) after "
+                        f"{self.last_change.get(run_id)}, not a lost attempt's late report"
+                    )
+            elif not legal:
                 self.violation(f"{run_id}: illegal change {old} → {new}")
+            self.last_change[run_id] = (old, new, attempts)
             key = (run_id, attempts, old, new)
             if key in self.seen:
                 self.violation(f"{run_id}: {old} → {new} of attempt {attempts} twice")

@@ -49,6 +49,9 @@ class Execute:
 class Connected:
     runner_id: RunnerId
     fresh: bool  # a new identity: the first connect, or the coordinator replaced our id
+    # Late reports carried over from the former identity: (its event index, the new one).
+    # Every other event of the former identity is dropped.
+    carried: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,17 @@ presents none, so the coordinator registers a new runner and takes back what the
 identity held — had it kept its id, runs it stopped would stay assigned to it forever.
 (Both found by tests/sim: counting from the disconnection ran runs twice.)
 
+Work finished before the lease ran out is not lost with the identity: the final reports
+still unacknowledged (and the other events of their attempts: logs, session, steps) are
+carried over to the new identity, numbered after its Init, each naming the identity that
+held its attempt (``former_runner_id``). The coordinator takes such a late report while
+its run still waits for that attempt, unclaimed since (``corral.store.claims``): a run
+whose work was done is not run again. The Init announces how many final reports follow
+(``late_reports_to_send``): until they are applied, the new identity claims nothing — it
+would claim back the very runs they end. Only to a coordinator whose Init says
+``late_reports``: an older one would refuse the field (and the events die as before). No
+other event is carried: the runs the lease ended were stopped and report nothing more.
+
 The lease is enforced while a socket is open too: a half-open socket (the coordinator's
 end vanished without a reset) looks open but carries nothing. When no Pong has come back
 for the *silence window*, the runner drops that socket and reconnects; if it cannot get
@@ -115,6 +126,30 @@ _TUNNEL = (
     wire.ToClientTunnelAck,
     wire.ToClientTunnelAcks,
 )
+
+
+def late_reports(events: Iterable[wire.Indexed], holder: RunnerId) -> list[wire.Indexed]:
+    """Of a former identity's unacknowledged ``events``, those to carry to the new one:
+    each final report and the events of its attempt before it, in order, marked as
+    ``holder``'s (or as an earlier holder's, when they were carried before)."""
+    events = list(events)
+    finished = {_attempt_of(e.body) for e in events if e.body.get("type") == "finished"}
+    return [
+        wire.Indexed(
+            e.idx, {**e.body, "former_runner_id": e.body.get("former_runner_id") or holder}
+        )
+        for e in events
+        if _attempt_of(e.body) in finished
+    ]
+
+
+def _attempt_of(body: dict[str, Any]) -> tuple[Any, Any]:
+    return body.get("run_id"), body.get("attempt")
+
+
+def _takes_late_reports(metadata: dict[str, Any]) -> bool:
+    version: Any = metadata.get(wire.LATE_REPORTS)
+    return type(version) is int and version >= 1
 
 
 def _seconds(metadata: dict[str, Any], key: str, default: float) -> float:
@@ -217,6 +252,12 @@ class RunnerConnection:
         runner_id, last_command_idx = (
             (None, 0) if spent else (self._runner_id, self._last_command_idx)
         )
+        if spent and self._runner_id is not None:
+            # Announced, so that the new identity claims nothing before they are applied:
+            # it could otherwise claim again a run whose late report says it is done.
+            finals = sum(e.body.get("type") == "finished" for e in self._events.pending)
+            if finals:
+                metadata = {**metadata, wire.LATE_REPORTS_TO_SEND: finals}
         init = wire.ToServerInit(
             name, version, wire.PROTOCOL_VERSION, slots, last_command_idx, runner_id,
             labels, metadata, *self._hosting,
@@ -440,14 +481,18 @@ class RunnerConnection:
     def _on_init(self, message: wire.ToClientInit, now: float) -> list[RunnerOutput]:
         out: list[RunnerOutput] = []
         fresh = message.runner_id != self._runner_id
+        late: list[wire.Indexed] = []
         if fresh and self._runner_id is not None:
             # The coordinator no longer knows our old identity: its runs were reclaimed (stop
             # them, if the lost timer has not already), and its unacknowledged events and
             # command numbering mean nothing to the new one. Clearing them avoids the bug of
             # a reused identity whose new events are dropped as duplicates of old indexes.
+            # Only late reports of work done go on, as the old identity's (see the top).
             if not self._work_stopped:
                 out += [StopAllWork(), *self._fail_kv()]
             self._tunnel.clear()
+            if _takes_late_reports(message.metadata):
+                late = late_reports(self._events.pending, self._runner_id)
             self._events.reset()
             self._last_command_idx = 0
         self._runner_id = message.runner_id
@@ -459,6 +504,7 @@ class RunnerConnection:
         self.coordinator_tunnel = tunnel if type(tunnel) is int else 0
         self._events.skip_past(message.last_event_idx)
         self._events.acknowledge(message.last_event_idx)
+        carried = self._events.append(event.body for event in late)
         self._move(ConnectionState.ACTIVE)
         out.extend(Send(frame) for frame in self._events.frames())  # seed: resend unacked
         out.extend(Send(request) for request in self._kv.values())  # and unanswered KV
@@ -476,7 +522,8 @@ class RunnerConnection:
         self._work_stopped = False
         self._ping_at = now + self._ping_every_s()
         self._ack_at, self._acked_command_idx = now, None  # ack at once after a (re)connect
-        out.append(Connected(message.runner_id, fresh))
+        moved = tuple((old.idx, new.idx) for old, new in zip(late, carried, strict=True))
+        out.append(Connected(message.runner_id, fresh, moved))
         return out
 
     def _on_commands(self, message: wire.ToClientCommands) -> list[RunnerOutput]:

@@ -344,8 +344,21 @@ class WebSocketTransport:
             elif isinstance(out, Connected):
                 if out.fresh and self._futures:
                     # A new identity: reports of the old one will never be acknowledged
-                    # (the connection also says StopAllWork: those runs are not ours).
+                    # (the connection also says StopAllWork: those runs are not ours) —
+                    # but for the late reports carried over, under their new numbers.
+                    carried = {
+                        new: self._futures.pop(old)
+                        for old, new in out.carried
+                        if old in self._futures
+                    }
                     self._fail_all(LeaseLost("the coordinator gave this runner a new id"))
+                    self._futures.update(carried)
+                if out.carried:
+                    log.warning(
+                        "runner %s: %d reports of work done under the former id sent again",
+                        out.runner_id,
+                        len(out.carried),
+                    )
                 log.info(
                     "runner %s connected (%s, %d slots, websocket)",
                     out.runner_id,

@@ -301,15 +301,17 @@ def test_a_runner_lost_for_too_long_starts_over_under_a_new_identity() -> None:
     new = runner.runner_id
     assert new is not None and new != old
     assert world.app.count(StopAllWork()) == 1  # not again on the identity change
-    assert world.app[-1] == Connected(new, fresh=True)
-    # The old identity's buffered report is gone, not applied under the new one.
-    assert world.store.runners[new].applied == []
+    assert world.app[-1] == Connected(new, fresh=True, carried=((2, 1),))
+    # The old identity's final report goes on as a late report, naming the identity that
+    # held the attempt (the coordinator decides whether the run still takes it).
+    late = {"type": "finished", "run_id": "run_1", "attempt": 1, "former_runner_id": old}
+    assert world.store.runners[new].applied == [Indexed(1, late)]
     assert runner.unacked_events == ()
 
     start(world, "run_9")
     world.pump()
     assert [(who, c.idx) for who, c in world.executed] == [(old, 1), (new, 1)]
-    assert [e.idx for e in world.store.runners[new].applied] == [1]
+    assert [e.idx for e in world.store.runners[new].applied] == [1, 2]
 
 
 def test_an_evicted_runner_stays_away() -> None:
