@@ -201,3 +201,48 @@ async def test_answered_claims_keep_the_lease_without_heartbeats() -> None:
     finally:
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
+
+
+class ReportingLink(SilentLink):
+    """Its first report request fails (the coordinator away), every one after is answered;
+    it records the order of what the runner asked."""
+
+    def __init__(self) -> None:
+        super().__init__(answering=True)
+        self.calls: list[str] = []
+        self.refused = asyncio.Event()
+
+    async def events(self, runner_id: RunnerId, events: list[dict[str, Any]]) -> list[None]:
+        self.calls.append("events")
+        if self.calls.count("events") == 1:
+            self.refused.set()
+            raise LinkDown("unreachable")
+        return [None] * len(events)
+
+    async def poll(self, *_: Any) -> list[dict[str, Any]]:
+        self.calls.append("poll")
+        return []
+
+
+@pytest.mark.anyio
+async def test_registered_again_the_runner_reports_before_it_claims() -> None:
+    """A final report of work done while the runner was away goes before its next claim,
+    at once (not after the report's backoff): the coordinator may still end the run with it
+    (a late report) — claimed first, the run would go to this runner again, and run twice."""
+    link, host = ReportingLink(), TakingHost()
+    settings = RunnerSettings(max_backoff_s=30.0)
+    transport = PollTransport(host, settings, link=link)  # type: ignore[arg-type]
+    await transport.open()
+    sending = asyncio.create_task(transport.reports.run())
+    try:
+        report = transport.reports.send({"type": "finished", "run_id": "run_a", "attempt": 1})
+        await asyncio.wait_for(link.refused.wait(), 5.0)  # now waiting out its backoff
+        await transport._register()  # registered again (its lease had run out)
+        await asyncio.wait_for(transport._claim(), 0.5)  # far less than the backoff
+        assert report.done() and report.exception() is None
+        assert link.calls == ["events", "events", "poll"]
+        await transport._claim()  # once only: later claims wait for nothing
+        assert link.calls[-1] == "poll"
+    finally:
+        sending.cancel()
+        await asyncio.gather(sending, return_exceptions=True)

@@ -10,6 +10,7 @@ coordinator's refusal (a lost lease, an invalid report) lands there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -40,6 +41,7 @@ class Outbox:
         self._max_backoff_s = max_backoff_s
         self._queue: deque[_Report] = deque()
         self._wake = asyncio.Event()
+        self._retry_now = asyncio.Event()  # ends a backoff's wait early (``delivered``)
 
     def send(self, event: dict[str, Any]) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -50,6 +52,14 @@ class Outbox:
     @property
     def pending(self) -> int:
         return len(self._queue)
+
+    async def delivered(self) -> None:
+        """Wait until every report queued so far is answered (or dropped); those waiting
+        out a backoff are sent again at once."""
+        futures = [report.future for report in self._queue]
+        if futures:
+            self._retry_now.set()
+            await asyncio.wait(futures)
 
     async def run(self) -> None:
         """Send until cancelled. A batch the coordinator refuses as invalid is sent again
@@ -84,7 +94,9 @@ class Outbox:
                     why = "unreachable" if isinstance(exc, LinkDown) else "failed"
                     log.warning("reports: coordinator %s (%s); retry in %.1fs", why, exc, delay)
                     failures += 1
-                    await asyncio.sleep(delay)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._retry_now.wait(), delay)
+                    self._retry_now.clear()
                     continue
                 failures = 0
                 most = MAX_BATCH_EVENTS

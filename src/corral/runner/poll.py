@@ -67,6 +67,9 @@ class PollTransport:
         # A coordinator said it stops: calls go to the next at once, then every HOLD_ON_S
         # until one answers (or the lease runs out), not on a growing backoff.
         self.holding_on = False
+        # Registered again (the coordinator had forgotten or lost us): the reports queued
+        # before go before the next claim (``_claim``).
+        self._reports_first = False
 
     @property
     def rid(self) -> RunnerId:
@@ -148,6 +151,7 @@ class PollTransport:
                 )
             if registration.runner_id != self.runner_id:
                 self._commands_done = 0  # a new identity's commands are numbered from 1
+            self._reports_first = self.runner_id is not None
             self.runner_id = registration.runner_id
             self.heartbeat_interval_s = registration.heartbeat_interval_s
             self.poll_timeout_s = registration.poll_timeout_s
@@ -255,7 +259,14 @@ class PollTransport:
 
     async def _claim(self) -> list[dict[str, Any]]:
         """One long poll. Runs in its answer were claimed, and a claim writes our heartbeat
-        (``store/claims.py``): the lease runs from when the poll was sent."""
+        (``store/claims.py``): the lease runs from when the poll was sent.
+
+        After registering again, the reports queued before go first: a final report of work
+        done while we were away may end a run that this runner would otherwise claim back
+        and run again (a late report, ``RunStore.finish``)."""
+        if self._reports_first:
+            await self.reports.delivered()
+            self._reports_first = False
         sent_at = time.monotonic()
         runs = await self.link.poll(self.rid, self.host.free_slots, self.poll_timeout_s)
         if runs:
