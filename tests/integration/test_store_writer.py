@@ -65,6 +65,18 @@ def test_a_call_that_fails_otherwise_makes_each_run_alone_and_none_twice(store: 
     assert commands(store) == ["a", "c"]
 
 
+def test_a_call_that_ends_the_groups_transaction_makes_each_run_alone(store: Store) -> None:
+    def ends_it() -> None:
+        with store.db.transaction() as tx:
+            tx.execute("ROLLBACK")  # the group's transaction is gone: its own rollback fails
+            raise RuntimeError("a bug")
+
+    answers = run_group(store.db, [create(store, "a"), ends_it, create(store, "c")])
+    assert answers[0][0] is None and answers[2][0] is None
+    assert answers[1][0] is not None
+    assert commands(store) == ["a", "c"]
+
+
 def test_a_flat_call_joins_its_own_savepoint_and_is_undone_whole(store: Store) -> None:
     run_id = create(store, "x")()
 

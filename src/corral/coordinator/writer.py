@@ -10,8 +10,9 @@ its own writes), with one commit for them all. A caller is answered once the gro
 committed: a runner's reports are acknowledged only when they are stored.
 
 A call that fails the way the database does (``Unavailable``), or with an error the store
-does not know (a bug), may have left the transaction unusable: the group is rolled back,
-and its calls are run again one by one, each in its own transaction, as without a group.
+does not know (a bug), may have left the transaction unusable: the group is rolled back
+(or found already ended), and its calls are run again one by one, each in its own
+transaction, as without a group.
 
 Only on SQLite. On PostgreSQL a group's one transaction would hold the row locks of several
 runners at once, which a reconciler taking them in another order could deadlock against;
@@ -117,7 +118,11 @@ class StoreWriter:
                     stop = True
                     break
                 group += calls
-            answers = run_group(self._db, [c.run for c in group])
+            try:
+                answers = run_group(self._db, [c.run for c in group])
+            except Exception as exc:  # never: a dead thread would leave every socket waiting
+                log.exception("store writer: a group failed")
+                answers = [(exc, None)] * len(group)
             assert self._loop is not None
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
                 self._loop.call_soon_threadsafe(self._answer, group, answers)
@@ -143,7 +148,7 @@ def run_group(db: Database, calls: Sequence[Callable[[], Any]]) -> list[Answer]:
         try:
             with db.transaction():
                 return [_in_group(call) for call in calls]
-        except (_GroupFailed, Unavailable) as exc:
+        except Exception as exc:  # _GroupFailed, Unavailable, or its rollback failed too
             log.warning("a group of %d store calls failed (%r): each runs alone", len(calls), exc)
     return [_alone(call) for call in calls]
 
