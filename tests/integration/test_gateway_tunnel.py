@@ -190,6 +190,7 @@ class World:
     directory: Directory
     actor: ActorApp
     actor_port: int
+    coordinator: Any
 
 
 @pytest.fixture
@@ -220,7 +221,8 @@ async def world(tmp_path: Any, actor_server: tuple[ActorApp, int]) -> AsyncItera
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=STEP_S) as client:
             try:
-                yield World(client, transport, runner, directory, actor, port)
+                coordinator = app.state.coordinator
+                yield World(client, transport, runner, directory, actor, port, coordinator)
             finally:
                 await transport.close()
 
@@ -232,6 +234,23 @@ async def test_a_request_and_its_response_go_through_the_tunnel(world: World) ->
     assert body == {"name": "a", "hits": 1, "query": "x=1&y=2", "auth": None}  # token kept back
     by_key = await world.client.get("/gateway/echo/count/a?key=k&z=3")
     assert by_key.json()["hits"] == 2 and by_key.json()["query"] == "z=3"
+
+
+async def test_a_starting_actor_is_sent_its_request_once_its_start_went_out(
+    world: World,
+) -> None:
+    """Not connectable yet, but its start command went out on the runner's socket (a
+    runner at TUNNEL_STARTING holds the request until the actor accepts): the gateway does
+    not wait for the report that it runs (it would answer actor_not_ready after
+    WAKE_TIMEOUT_S)."""
+    world.directory.change(state=ActorState.STARTING)
+    request = asyncio.ensure_future(world.client.get(f"/gateway/{ACTOR}/count/early"))
+    link = world.coordinator.connections.by_runner[world.transport.runner_id]
+    world.coordinator.tunnels.start_sent(link, ACTOR, 1)  # as the socket's push does
+    world.directory.change()  # and says so
+    response = await request
+    assert response.status_code == 200, response.text
+    assert response.json()["hits"] == 1 and world.directory.state is ActorState.STARTING
 
 
 async def test_a_request_without_a_body_reaches_the_runner_as_one_message(
