@@ -6,9 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import TypeAdapter
-
-from corral.actors.wire import ActorEvent
 from corral.coordinator.connections import Connections
 from corral.coordinator.link_core import (
     Applied,
@@ -19,9 +16,8 @@ from corral.coordinator.link_core import (
     Registration,
     RunnerChannel,
     Wake,
-    wakeups,
 )
-from corral.coordinator.notifier import RUNS_AVAILABLE, actor_topic, runner_topic
+from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
 from corral.coordinator.settings import CoordinatorSettings
 from corral.ids import RunnerId
 from corral.protocol import messages as wire
@@ -237,18 +233,3 @@ def test_a_frame_without_late_reports_ends_the_wait_for_them() -> None:
 def test_an_init_announcing_nothing_sensible_waits_for_nothing() -> None:
     for announced in (0, -1, "3", 10**9, True):
         assert registered_announcing(announced).push_request().claim  # type: ignore[arg-type]
-
-
-def test_a_report_that_an_actor_runs_wakes_its_followers_not_the_push_loop() -> None:
-    """It makes no command; an intent or a stop may (a stop command, a new placement)."""
-
-    def event(**fields: Any) -> ActorEvent:
-        body = {"actor_id": "act_1", "generation": 1, **fields}
-        return TypeAdapter(ActorEvent).validate_python(body)  # type: ignore[no-any-return]
-
-    running = event(type="actor_state", state="running")
-    assert wakeups(RUNNER, [running], []) == [actor_topic("act_1")]
-    intent = event(type="actor_intent", intent="sleep")
-    assert runner_topic(RUNNER) in wakeups(RUNNER, [running, intent], [])
-    stopped = event(type="actor_state", state="stopped", code=0)
-    assert {runner_topic(RUNNER), RUNS_AVAILABLE} <= set(wakeups(RUNNER, [stopped], []))

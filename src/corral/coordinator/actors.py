@@ -140,16 +140,13 @@ def kv_request(
 
 def actor_wakeups(runner_id: str, events: Sequence[object]) -> list[str]:
     """Topics to wake after a runner's actor events were applied: the actors' followers,
-    the runner's push loop (a stop command after an intent; never after a report that an
-    actor runs, which makes no command: its store call would only compete with the cold
-    wake's response), and — after a stop, which may have placed an actor elsewhere —
-    every runner's push loop."""
+    the runner's push loop (a stop command after an intent), and — after a stop, which
+    may have placed an actor elsewhere — every runner's push loop."""
     actor_events = [e for e in events if isinstance(e, ActorEvent)]
     if not actor_events:
         return []
     topics = [actor_topic(e.actor_id) for e in actor_events]
-    if not all(isinstance(e, ActorStateEvent) and e.state == "running" for e in actor_events):
-        topics.append(runner_topic(runner_id))
+    topics.append(runner_topic(runner_id))
     if any(isinstance(e, ActorStateEvent) and e.state == "stopped" for e in actor_events):
         topics.append(RUNS_AVAILABLE)
     return topics
