@@ -19,6 +19,7 @@ from corral.coordinator.event_hub import (
 )
 from corral.errors import InvalidRequest
 from corral.events import KEEPALIVE, Event, EventFilter, EventKind, StoredData, sse, sse_message
+from corral.store.events import _event
 
 
 def event(id: int, kind: EventKind = EventKind.LOG, **keys: str | None) -> Event:
@@ -111,6 +112,43 @@ def test_an_event_read_from_the_store_is_sent_as_its_stored_text_with_the_same_c
     full = Event(9, EventKind.ACTOR, 1e-7, None, None, 'a "b"\n', "é", "r", data, "x", "p")
     compact = json.dumps(full.to_json(), separators=(",", ":"))
     assert sse(full).decode() == f"id: 9\nevent: actor\ndata: {compact}\n\n"
+
+
+@pytest.mark.parametrize("kind", list(EventKind))
+def test_an_event_built_from_a_row_equals_one_built_by_its_constructor(kind: EventKind) -> None:
+    row = {
+        "id": 12,
+        "kind": kind.value,
+        "at": 1764142351.25,
+        "run_id": "run_1",
+        "session_id": None,
+        "session_name": 'n "é"\n\u2028',
+        "plan_id": "prj_1",
+        "runner_id": None,
+        "actor_id": "act_1",
+        "pool": "p\x00",
+        "data": '{"status":"ok","s":"\\u00e9"}',
+        "text": "line \r\n\ud83d\ude00 \udcff" if kind is EventKind.LOG else None,
+    }
+    built = _event(row)
+    extra = {"text": row["text"]} if kind is EventKind.LOG else None
+    data = StoredData(row["data"], extra)
+    expected = Event(
+        12,
+        kind,
+        1764142351.25,
+        "run_1",
+        None,
+        row["session_name"],
+        "prj_1",
+        None,
+        data,
+        "act_1",
+        "p\x00",
+    )
+    assert built == expected and type(built.kind) is EventKind
+    assert sse(built) == sse(expected)
+    assert built.encoded is built.encoded  # still encoded once
 
 
 class Socket:

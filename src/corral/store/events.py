@@ -162,11 +162,14 @@ class EventStore:
 
 
 def _event(row: Row) -> Event:
-    extra = {"text": row["text"]} if row["kind"] == EventKind.LOG else None
-    data = StoredData(row["data"], extra)
-    return Event(
+    # Filled in place rather than through the frozen dataclass's ``__init__`` (one
+    # ``object.__setattr__`` a field): the pump builds every event of the log this way,
+    # and that halves its ~2 µs. The same fields, the same values.
+    kind = KINDS[row["kind"]]
+    event = _new_event(Event)
+    vars(event).update(
         id=int(row["id"]),
-        kind=KINDS[row["kind"]],
+        kind=kind,
         at=float(row["at"]),
         run_id=row["run_id"],
         session_id=row["session_id"],
@@ -175,5 +178,9 @@ def _event(row: Row) -> Event:
         runner_id=row["runner_id"],
         actor_id=row["actor_id"],
         pool=row["pool"],
-        data=data,
+        data=StoredData(row["data"], {"text": row["text"]} if kind is EventKind.LOG else None),
     )
+    return event
+
+
+_new_event = object.__new__
