@@ -246,3 +246,12 @@ def test_the_pump_pauses_longer_between_rounds_with_more_streams() -> None:
     assert hub.round_s == ROUND_S  # one stream (logs -f): a change is soon seen
     hub.subscriptions.update(Subscription(EventFilter(), 0, 100) for _ in range(49))
     assert hub.round_s == MAX_ROUND_S  # fifty: each round writes fifty times
+
+
+def test_equal_filters_hash_alike_and_an_event_encodes_once() -> None:
+    parsed = EventFilter.parse(kind="run,log", session="s")
+    built = EventFilter(frozenset({EventKind.LOG, EventKind.RUN}), session="s")
+    assert parsed == built and hash(parsed) == hash(built) == hash(built)
+    assert len({parsed, built, EventFilter.parse(kind="run")}) == 2
+    one = event(3)
+    assert one.encoded is one.encoded and one == event(3)  # the cache is no field

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator
@@ -65,14 +64,19 @@ class Batch:
 
     def __init__(self, events: list[Event]) -> None:
         self.events = events
+        self._encoded: bytes | None = None
 
     @classmethod
     def of(cls, events: list[Event], where: EventFilter) -> Batch:
         return cls([e for e in events if where.matches(e)])
 
-    @functools.cached_property
+    @property
     def encoded(self) -> bytes:
-        return b"".join(sse(event) for event in self.events)
+        # Not ``functools.cached_property``: up to Python 3.12 it takes a lock on every
+        # read, and each stream reads this once a round.
+        if self._encoded is None:
+            self._encoded = b"".join([sse(event) for event in self.events])
+        return self._encoded
 
     def after(self, last: int) -> bytes:
         """The batch as sent by a stream whose last event was ``last``: the shared bytes
@@ -156,13 +160,20 @@ class Subscription:
     def _flush(self) -> None:
         if self._write is None or self._sending is not None or self.done.is_set():
             return
-        batches = self.take()
-        if not batches:
+        if not self.queue:
             return
         # What came since the last write goes out as one write; each batch's bytes were
-        # made once for every stream with this filter.
-        chunk = b"".join(batch.after(self.last) for batch in batches)
-        self.last = max(self.last, batches[-1].events[-1].id)
+        # made once for every stream with this filter. (One batch, the usual case, without
+        # a list and a join: this runs for every stream each round.)
+        if len(self.queue) == 1:
+            batch = self.queue.popleft()
+            self.queued = 0
+            chunk = batch.after(self.last)
+        else:
+            batches = self.take()
+            chunk = b"".join([batch.after(self.last) for batch in batches])
+            batch = batches[-1]
+        self.last = max(self.last, batch.events[-1].id)
         if chunk:
             self._send(chunk)
 
@@ -332,9 +343,10 @@ class EventHub:
         batches: dict[EventFilter, Batch] = {}
         for subscription in list(self.subscriptions):
             where = subscription.where
-            if where not in batches:
-                batches[where] = Batch.of(events, where)
-            subscription.offer(batches[where])
+            batch = batches.get(where)
+            if batch is None:
+                batch = batches[where] = Batch.of(events, where)
+            subscription.offer(batch)
 
     def end_streams(self) -> None:
         """The coordinator is stopping: every stream ends now, cleanly, after what it has
