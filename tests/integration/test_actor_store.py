@@ -276,3 +276,28 @@ def test_a_runner_connecting_takes_queued_actors_and_says_whom_to_wake(store: St
     assert [c.body["type"] for c in registration.missed] == ["start_actor"]
     assert registration.woken == (actor_topic(queued.id),)
     assert store.actors.get(queued.id).runner_id == registration.runner_id
+
+
+def test_a_stop_report_that_places_an_actor_on_another_runner_wakes_that_runner(
+    store: Store,
+) -> None:
+    """The start command goes to a runner that reported nothing: its push loop is woken
+    from what the store did (found by ``tests/sim``, seed 44)."""
+    from corral.coordinator.link_core import LinkCore, parse_events
+    from corral.coordinator.notifier import actor_topic, runner_topic
+    from corral.coordinator.settings import CoordinatorSettings
+    from corral.ids import RunnerId
+    from corral.protocol.messages import Indexed
+
+    first = runner(store, slots=1)
+    actor = store.actors.create(NewActor("echo", "k"), T0)[0]
+    roomier = runner(store, slots=2)
+    store.actors.runner_event(first, actor.id, lc.Running(first, 1), T0 + 1)
+    store.actors.runner_event(first, actor.id, lc.Sleep(first, 1), T0 + 2)
+    store.actors.signal(actor.id, lc.Wake(), T0 + 3)  # deferred until it stopped
+    stopped = {"type": "actor_state", "actor_id": actor.id, "generation": 1, "state": "stopped"}
+    events = parse_events([Indexed(1, {**stopped, "code": 0})])
+    applied = LinkCore(store, CoordinatorSettings()).apply(RunnerId(first), 1, events, T0 + 4)
+    assert store.actors.get(actor.id).runner_id == roomier
+    assert commands(store, roomier)[-1]["type"] == "start_actor"
+    assert applied.wake == [actor_topic(actor.id), runner_topic(roomier)]

@@ -13,6 +13,7 @@ from corral.errors import LeaseLost
 from corral.protocol.messages import Indexed
 from corral.runs import NewRun, RunStatus, RunType
 from corral.store import Store
+from corral.store.actors import Changes
 
 NOW = 1_700_000_000.0
 
@@ -39,7 +40,7 @@ def test_an_accepted_batch_takes_effect_with_what_then_writes(store: Store) -> N
         {"type": "finished", "run_id": a, "attempt": 1, "status": "completed", "exit_code": 0},
     )
 
-    def then(outcomes: list[Outcome]) -> int:
+    def then(outcomes: list[Outcome], _: Changes) -> int:
         store.commands.events_applied(runner_id, 3)
         return len(outcomes)
 
@@ -61,7 +62,7 @@ def test_a_refused_report_changes_nothing_and_the_others_still_count(store: Stor
     )
     calls: list[int] = []
 
-    def then(outcomes: list[Outcome]) -> None:
+    def then(outcomes: list[Outcome], _: Changes) -> None:
         calls.append(len(outcomes))
         store.commands.events_applied(runner_id, 3)
 

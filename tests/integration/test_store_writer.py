@@ -18,6 +18,7 @@ from corral.errors import LeaseLost, Unavailable
 from corral.protocol.messages import Indexed
 from corral.runs import NewRun, RunStatus, RunType
 from corral.store import Store
+from corral.store.actors import Changes
 
 NOW = 1_700_000_000.0
 
@@ -105,7 +106,7 @@ def test_a_refused_report_in_a_group_undoes_only_itself(store: Store) -> None:
     ]
     batch = parse_events([Indexed(i, body) for i, body in enumerate(bodies, 1)])
 
-    def then(outcomes: list[Outcome]) -> None:
+    def then(outcomes: list[Outcome], _: Changes) -> None:
         store.commands.events_applied(runner.id, 3)
 
     answers = run_group(

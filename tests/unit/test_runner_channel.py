@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import TypeAdapter
+
+from corral.actors.wire import ActorEvent
 from corral.coordinator.connections import Connections
 from corral.coordinator.link_core import (
     Applied,
@@ -16,13 +19,15 @@ from corral.coordinator.link_core import (
     Registration,
     RunnerChannel,
     Wake,
+    wakeups,
 )
-from corral.coordinator.notifier import RUNS_AVAILABLE, runner_topic
+from corral.coordinator.notifier import RUNS_AVAILABLE, actor_topic, runner_topic
 from corral.coordinator.settings import CoordinatorSettings
 from corral.ids import RunnerId
 from corral.protocol import messages as wire
 from corral.protocol.outputs import Close, Register, Send
 from corral.runners import RunnerState
+from corral.store.actors import Changes
 from corral.store.runners import Order
 
 T0 = 1_000.0
@@ -233,3 +238,26 @@ def test_a_frame_without_late_reports_ends_the_wait_for_them() -> None:
 def test_an_init_announcing_nothing_sensible_waits_for_nothing() -> None:
     for announced in (0, -1, "3", 10**9, True):
         assert registered_announcing(announced).push_request().claim  # type: ignore[arg-type]
+
+
+def test_actor_reports_wake_their_followers_and_the_runners_given_commands() -> None:
+    """What the store did decides (``Changes``): a report that an actor runs makes no
+    command and wakes no push loop; an intent's stop command wakes the runner's; a stop
+    that placed an actor on another runner wakes that runner's."""
+
+    def event(**fields: Any) -> ActorEvent:
+        body = {"actor_id": "act_1", "generation": 1, **fields}
+        return TypeAdapter(ActorEvent).validate_python(body)  # type: ignore[no-any-return]
+
+    running = event(type="actor_state", state="running")
+    assert wakeups([running], [], Changes({"act_1"})) == [actor_topic("act_1")]
+    intent = event(type="actor_intent", intent="sleep")
+    stop_sent = Changes({"act_1"}, {RUNNER})
+    assert wakeups([running, intent], [], stop_sent) == [actor_topic("act_1"), runner_topic(RUNNER)]
+    stopped = event(type="actor_state", state="stopped", code=0)
+    placed_elsewhere = Changes({"act_1", "act_2"}, {"rnr_other"})
+    assert wakeups([stopped], [], placed_elsewhere) == [
+        actor_topic("act_1"),
+        actor_topic("act_2"),
+        runner_topic("rnr_other"),
+    ]

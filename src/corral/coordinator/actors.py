@@ -23,9 +23,9 @@ import anyio.to_thread
 
 from corral.actors import lifecycle as lc
 from corral.actors.model import Actor, NewActor, Placement
-from corral.actors.wire import ActorEvent, ActorStateEvent
+from corral.actors.wire import ActorEvent
 from corral.clock import Clock
-from corral.coordinator.notifier import RUNS_AVAILABLE, Notifier, actor_topic, runner_topic
+from corral.coordinator.notifier import Notifier, actor_topic, runner_topic
 from corral.protocol.messages import ToServerInit
 from corral.store import Store
 from corral.store.actors import Changes
@@ -138,15 +138,16 @@ def kv_request(
     return store.kv.apply(actor_id, op, now)
 
 
-def actor_wakeups(runner_id: str, events: Sequence[object]) -> list[str]:
-    """Topics to wake after a runner's actor events were applied: the actors' followers,
-    the runner's push loop (a stop command after an intent), and — after a stop, which
-    may have placed an actor elsewhere — every runner's push loop."""
-    actor_events = [e for e in events if isinstance(e, ActorEvent)]
-    if not actor_events:
-        return []
-    topics = [actor_topic(e.actor_id) for e in actor_events]
-    topics.append(runner_topic(runner_id))
-    if any(isinstance(e, ActorStateEvent) and e.state == "stopped" for e in actor_events):
-        topics.append(RUNS_AVAILABLE)
-    return topics
+def actor_wakeups(events: Sequence[object], changed: Changes) -> list[str]:
+    """Topics to wake after a runner's actor events were applied: the followers of the
+    actors they name or changed, and the push loops of the runners that got commands
+    (``changed``, what the store did: a stop after an intent, or a start where a stop
+    placed an actor — a queued one in the slot it freed, or itself again, maybe on
+    another runner, whose push loop nothing else wakes). A report that an actor runs
+    makes no command: it wakes no push loop."""
+    named = [e.actor_id for e in events if isinstance(e, ActorEvent)]
+    actors = dict.fromkeys([*named, *sorted(changed.actors)])
+    return [
+        *(actor_topic(a) for a in actors),
+        *(runner_topic(r) for r in sorted(changed.runners)),
+    ]

@@ -82,6 +82,7 @@ from corral.protocol.server import ServerSession
 from corral.runners import RunnerState
 from corral.runs import Run, RunStatus
 from corral.store import LogLine, Store
+from corral.store.actors import Changes
 from corral.store.commands import Command
 from corral.store.runners import Head, Order
 from corral.subagents import Mode
@@ -437,7 +438,9 @@ class LinkCore:
             events,
             now,
             first=lambda: self.store.commands.events_applied(runner_id, last),
-            then=lambda outcomes: self._after_apply(runner_id, events, outcomes, last, now),
+            then=lambda outcomes, changed: self._after_apply(
+                runner_id, events, outcomes, changed, last, now
+            ),
         ).applied
 
     def _after_apply(
@@ -445,6 +448,7 @@ class LinkCore:
         runner_id: RunnerId,
         parsed: Sequence[RunnerEvent],
         outcomes: Sequence[Outcome],
+        changed: Changes,
         last: int,
         now: float,
     ) -> Applied:
@@ -480,7 +484,7 @@ class LinkCore:
         return Applied(
             last_idx=last,
             abandon=abandon,
-            wake=wakeups(runner_id, parsed, outcomes),
+            wake=wakeups(parsed, outcomes, changed),
             finished=any(e.type == "finished" for e in parsed),
         )
 
@@ -585,6 +589,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Reports(Generic[T]):
     outcomes: list[Outcome]
+    changed: Changes  # what the actor reports did: actors changed, runners given commands
     applied: T  # what ``then`` returned
 
 
@@ -593,11 +598,13 @@ def apply_reports(
     runner_id: str,
     events: Sequence[RunnerEvent],
     now: float,
-    then: Callable[[list[Outcome]], T],
+    then: Callable[[list[Outcome], Changes], T],
     first: Callable[[], None] = lambda: None,
 ) -> Reports[T]:
     """``first``, the effect of a runner's reports, in order, and ``then`` — one
-    transaction.
+    transaction. ``then`` is given each report's outcome and what the actor reports
+    changed (the actors, and the runners their commands were stored for: whoever applies
+    the reports wakes those runners' push loops, ``wakeups``).
 
     Nearly every batch is accepted whole: it is tried flat first (no savepoint per report:
     on PostgreSQL each costs round trips). If one report is refused (``lease_lost``, an
@@ -606,30 +613,41 @@ def apply_reports(
     try:
         with store.db.transaction(flat=True):
             first()
-            outcomes: list[Outcome] = [(None, _apply(store, runner_id, e, now)) for e in events]
-            return Reports(outcomes, then(outcomes))
+            changed = Changes()
+            outcomes: list[Outcome] = [
+                (None, _apply(store, runner_id, e, now, changed)) for e in events
+            ]
+            return Reports(outcomes, changed, then(outcomes, changed))
     except Unavailable:
         raise
     except CorralError:
         pass
     with store.db.transaction():
         first()
-        outcomes = [apply_event(store, runner_id, event, now) for event in events]
-        return Reports(outcomes, then(outcomes))
+        changed = Changes()  # the flat try's changes were undone with it
+        outcomes = [apply_event(store, runner_id, event, now, changed) for event in events]
+        return Reports(outcomes, changed, then(outcomes, changed))
 
 
-def apply_event(store: Store, runner_id: str, event: RunnerEvent, now: float) -> Outcome:
-    """One runner report's effect, as a store operation; a refusal is returned, not raised."""
+def apply_event(
+    store: Store, runner_id: str, event: RunnerEvent, now: float, changed: Changes
+) -> Outcome:
+    """One runner report's effect, as a store operation; a refusal is returned, not raised
+    (and adds nothing to ``changed``)."""
     try:
-        return None, _apply(store, runner_id, event, now)
+        return None, _apply(store, runner_id, event, now, changed)
     except CorralError as exc:
         return exc, None
 
 
-def _apply(store: Store, runner_id: str, event: RunnerEvent, now: float) -> Run | None:
-    """One report's effect; the run it finished, if it was a final report."""
+def _apply(
+    store: Store, runner_id: str, event: RunnerEvent, now: float, changed: Changes
+) -> Run | None:
+    """One report's effect; the run it finished, if it was a final report. An actor
+    report's changes are added to ``changed``."""
     if isinstance(event, ActorEvent):
-        store.actors.runner_event(runner_id, event.actor_id, lifecycle_event(runner_id, event), now)
+        lifecycle = lifecycle_event(runner_id, event)
+        changed.update(store.actors.runner_event(runner_id, event.actor_id, lifecycle, now))
         return None
     if event.former_runner_id is not None:
         # A late report, of an attempt an earlier identity of this runner held: the store
@@ -655,19 +673,19 @@ def _apply(store: Store, runner_id: str, event: RunnerEvent, now: float) -> Run 
 
 
 def wakeups(
-    runner_id: str, events: Sequence[RunnerEvent], outcomes: Sequence[Outcome]
+    events: Sequence[RunnerEvent], outcomes: Sequence[Outcome], changed: Changes
 ) -> list[str]:
     """Who to wake after a runner's ``events`` were applied, whichever way they came (the
     socket, ``POST /runner/events``, the per-run endpoints): followers of their logs,
     pollers if a final report made work for them (``makes_work``), the callback deliverer
-    if one may be due (``may_owe_callback``), and whoever waits on the actors they moved
-    (``actor_wakeups``)."""
+    if one may be due (``may_owe_callback``), and, for the actors they moved
+    (``changed``), their followers and the runners given commands (``actor_wakeups``)."""
     topics = [logs_topic(e.run_id) for e in events if isinstance(e, LogsEvent | FinishedEvent)]
     if any(run is not None and makes_work(run) for _, run in outcomes):
         topics.append(RUNS_AVAILABLE)
     if any(run is not None and may_owe_callback(run) for _, run in outcomes):
         topics.append(CALLBACKS_DUE)
-    return topics + actor_wakeups(runner_id, events)
+    return topics + actor_wakeups(events, changed)
 
 
 def makes_work(finished: Run) -> bool:

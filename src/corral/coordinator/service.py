@@ -430,9 +430,9 @@ class Coordinator:
 
     async def _apply(self, runner_id: str, events: Sequence[RunnerEvent]) -> list[Outcome]:
         applied = await self.in_thread(
-            apply_reports, self.store, runner_id, events, self.clock.now(), lambda _: None
+            apply_reports, self.store, runner_id, events, self.clock.now(), lambda *_: None
         )
-        self.notifier.notify(*wakeups(runner_id, events, applied.outcomes))
+        self.notifier.notify(*wakeups(events, applied.outcomes, applied.changed))
         return applied.outcomes
 
     async def rescan(self) -> None:
