@@ -11,6 +11,8 @@ import pytest
 from corral.coordinator.event_hub import (
     KEEPALIVE_S,
     MAX_ROUND_S,
+    PAGE,
+    ROUND_PAGES,
     ROUND_S,
     Batch,
     EventHub,
@@ -255,3 +257,27 @@ def test_equal_filters_hash_alike_and_an_event_encodes_once() -> None:
     assert len({parsed, built, EventFilter.parse(kind="run")}) == 2
     one = event(3)
     assert one.encoded is one.encoded and one == event(3)  # the cache is no field
+
+
+class Log:
+    """An event log of ``count`` events, read a page at a time as the store reads it."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.reads = 0
+
+    def number_and_read(self, after: int, limit: int) -> list[Event]:
+        self.reads += 1
+        return [
+            event(i, EventKind.RUN) for i in range(after + 1, min(after + limit, self.count) + 1)
+        ]
+
+
+def test_a_round_reads_every_page_since_the_last_one_up_to_its_bound() -> None:
+    log = Log(PAGE * 2 + 7)
+    hub = EventHub(log, None, None)  # type: ignore[arg-type]  # only the reads are used
+    assert [e.id for e in hub._read_round(0)] == list(range(1, PAGE * 2 + 8)) and log.reads == 3
+    log = Log(PAGE * (ROUND_PAGES + 3))
+    hub = EventHub(log, None, None)  # type: ignore[arg-type]
+    round_ = hub._read_round(5)  # bounded: the next round reads on, without a pause
+    assert len(round_) == PAGE * ROUND_PAGES and round_[0].id == 6 and log.reads == ROUND_PAGES
