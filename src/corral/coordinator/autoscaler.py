@@ -29,6 +29,7 @@ import httpx
 from httpx_sse import aconnect_sse
 
 from corral.backoff import backoff_delay
+from corral.http_transport import SetupSafeTransport
 from corral.ids import new_coordinator_id
 from corral.pools import PoolError, Serverless, desired_runners
 from corral.tokens import Role
@@ -183,7 +184,9 @@ class Autoscaler:
         timeout = httpx.Timeout(10.0, read=3 * PING_INTERVAL_S)
         try:
             async with (
-                httpx.AsyncClient(timeout=timeout, trust_env=False) as client,
+                httpx.AsyncClient(
+                    timeout=timeout, trust_env=False, transport=SetupSafeTransport()
+                ) as client,
                 aconnect_sse(client, "GET", f"{config.url}/start", headers=headers) as source,
             ):
                 response = source.response

@@ -37,6 +37,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.typing import Subprotocol
 
 from corral.errors import Unavailable
+from corral.http_transport import SetupSafeTransport
 from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES
 from corral.runner.tunnel import ERROR_HEADER, HOP_BY_HOP, NEVER_SEEN
 
@@ -73,7 +74,9 @@ class Peers:
             # No read timeout: an actor may take its time to answer, or stream for long.
             timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
             limits = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
-            self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
+            self._client = httpx.AsyncClient(
+                timeout=timeout, transport=SetupSafeTransport(limits=limits)
+            )
         return self._client
 
     async def holding(self, runner_id: str) -> str | None:

@@ -14,6 +14,7 @@ import httpx
 
 from corral import errors
 from corral.credentials import auth_headers
+from corral.http_transport import SetupSafeTransport
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import Indexed
 from corral.runners import Held
@@ -55,7 +56,9 @@ class HttpLink:
             base_url=self._urls[0],
             headers=auth_headers(token),
             timeout=httpx.Timeout(30.0, connect=5.0),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+            transport=SetupSafeTransport(
+                limits=httpx.Limits(max_connections=64, max_keepalive_connections=16)
+            ),
         )
 
     @property
