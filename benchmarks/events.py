@@ -12,8 +12,10 @@ Measures, for each store:
               (none sees another's runs); the coordinator's CPU per run (the figure that
               holds up on a loaded machine), the subscribers' process's CPU (it shares the
               machine here, which a browser elsewhere would not: by default it reads the
-              bytes and parses nothing), and how many streams the coordinator ended early
-              (dropped as slow consumers: 0, or the figure is not what it says)
+              bytes as they come and neither decodes nor parses them), the megabytes it
+              received (deflated: like browsers and httpx it accepts deflate) and how many
+              streams the coordinator ended early (dropped as slow consumers: 0, or the
+              figure is not what it says)
 
     python benchmarks/events.py [--subscribers 50] [--samples 200] [--runs 5000] [--rounds 3]
                                 [--db sqlite|postgres|both] [--parse] [--no-latency]
@@ -60,8 +62,9 @@ SPY_OPTIONS = ["--format", "raw", "--rate", "200", "--nonblocking", "--gil", "--
 
 async def subscribe(url: str, count: int, drain: bool = False) -> dict[str, object]:
     """``count`` streams until stdin closes; each first event of a run: arrival − its
-    ``at`` (ms). ``drain``: read the bytes and parse nothing (no samples). Also how many
-    streams ended early (dropped as slow consumers: the server ends such a stream)."""
+    ``at`` (ms). ``drain``: read the bytes as they come (deflated), decode and parse
+    nothing (no samples). Also how many streams ended early (dropped as slow consumers:
+    the server ends such a stream)."""
     samples: list[float] = []
     opened = 0
     ended = 0
@@ -264,8 +267,9 @@ def main() -> None:
     parser.add_argument(
         "--parse",
         action="store_true",
-        help="in the throughput phase the subscribers parse every event (by default they read "
-        "the bytes and parse nothing, as a browser elsewhere would cost this machine nothing)",
+        help="in the throughput phase the subscribers decode and parse every event (by default "
+        "they read the bytes and decode nothing, as a browser elsewhere would cost this machine "
+        "nothing)",
     )
     parser.add_argument("--no-latency", action="store_true", help="the throughput phase alone")
     parser.add_argument(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,60 @@ async def test_a_stopping_coordinator_ends_its_open_streams_cleanly_at_once(
         assert await anyio.to_thread.run_sync(caught_up.wait, STEP_S)
     await anyio.to_thread.run_sync(reader.join, STEP_S)
     assert outcome == ["ended cleanly"]
+
+
+async def test_a_deflated_stream_carries_what_a_plain_one_does_and_ends_whole(
+    tmp_path: Path,
+) -> None:
+    """A client that accepts deflate (httpx and browsers do) gets the stream compressed: its
+    raw bytes, ended by a stopping coordinator, are one zlib stream whose trailer zlib
+    checks, holding the same events as a plain stream's."""
+    app = create_app(with_token(CoordinatorSettings(db_url=f"sqlite:///{tmp_path}/c.db")))
+    raw: dict[str, bytes] = {"deflate": b"", "identity": b""}
+    headers: dict[str, httpx.Headers] = {}
+    caught_up = {name: threading.Event() for name in raw}
+    runs_seen = {name: threading.Event() for name in raw}
+
+    def follow(url: str, encoding: str) -> None:
+        reader = zlib.decompressobj()
+        plain = b""
+        with (
+            httpx.Client(base_url=url, headers=HEADERS, timeout=STEP_S) as client,
+            client.stream("GET", "/events", headers={"Accept-Encoding": encoding}) as response,
+        ):
+            headers[encoding] = response.headers
+            for chunk in response.iter_raw():
+                raw[encoding] += chunk
+                plain += reader.decompress(chunk) if encoding == "deflate" else chunk
+                if b"event: caught_up" in plain:
+                    caught_up[encoding].set()
+                if plain.count(b"event: run\n") == 3:
+                    runs_seen[encoding].set()
+
+    with live_server(app, server_class=CorralServer, graceful_shutdown_s=60) as url:
+        readers = [threading.Thread(target=follow, args=(url, name)) for name in raw]
+        for reader in readers:
+            reader.start()
+        for ready in caught_up.values():
+            assert await anyio.to_thread.run_sync(ready.wait, STEP_S)
+        async with httpx.AsyncClient(base_url=url, headers=HEADERS, timeout=STEP_S) as client:
+            for _ in range(3):
+                body = {"type": "command", "command": ["true"]}
+                assert (await client.post("/runs", json=body)).status_code == 201
+        for seen in runs_seen.values():
+            assert await anyio.to_thread.run_sync(seen.wait, STEP_S)
+    for reader in readers:
+        await anyio.to_thread.run_sync(reader.join, STEP_S)
+    assert headers["deflate"]["content-encoding"] == "deflate"
+    assert "content-encoding" not in headers["identity"]
+    assert headers["deflate"]["vary"] == "Accept-Encoding"
+    decoded = zlib.decompress(raw["deflate"])  # a wrong trailer or a cut stream raises
+
+    def events(body: bytes) -> list[bytes]:
+        return [m for m in body.split(b"\n\n") if b"event: run\n" in m]
+
+    assert len(events(decoded)) == 3 and events(decoded) == events(raw["identity"])
+    assert len(raw["deflate"]) < len(raw["identity"])
 
 
 async def test_an_open_stream_is_a_subscriber_in_the_metrics(db_url: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import zlib
 
 import pytest
 
@@ -15,6 +16,8 @@ from corral.coordinator.event_hub import (
     ROUND_PAGES,
     ROUND_S,
     Batch,
+    Deflated,
+    Encoding,
     EventHub,
     Subscription,
     start_eagerly,
@@ -171,7 +174,7 @@ def test_the_pump_writes_a_keepalive_to_every_stream_each_keepalive_period() -> 
     streams = [Subscription(EventFilter(), 0, 100) for _ in range(2)]
     sockets = [Socket() for _ in streams]
     for stream, socket in zip(streams, sockets, strict=True):
-        stream.attach(socket.write, 0)
+        stream.attach(socket.write, 0, Encoding())
     hub.subscriptions.update(streams)
     hub.nudge_when_due(100.0)  # the pump's first round: the period starts
     hub.nudge_when_due(100.0 + KEEPALIVE_S - 0.1)
@@ -187,7 +190,9 @@ def test_an_attached_stream_is_written_by_the_pump_in_order_and_queued_behind_a_
         stream = Subscription(EventFilter.parse(kind="log"), live_from=2, capacity=4)
         socket = Socket()
         offered(stream, [event(2), event(3)])  # before attach: kept for it
-        stream.attach(socket.write, last=2)  # its catch-up sent event 2 already
+        stream.attach(
+            socket.write, last=2, encoding=Encoding()
+        )  # its catch-up sent event 2 already
         assert socket.written == [sse(event(3))] and stream.last == 3
         offered(stream, [event(4)])  # written at once, in the pump's round: no task
         assert socket.written[-1] == sse(event(4))
@@ -211,6 +216,34 @@ def test_an_attached_stream_is_written_by_the_pump_in_order_and_queued_behind_a_
         assert len(socket.written) == 4
 
     asyncio.run(scenario())
+
+
+def test_deflated_streams_share_each_batchs_compression_and_each_decodes_whole() -> None:
+    """Two deflate streams of one filter, attached at different points (one caught up
+    past the first event of a batch): the batch is compressed once for the stream that
+    sends it whole, each stream's bytes decode (trailer checked) to exactly its events."""
+    hub = EventHub(None, None, None)  # type: ignore[arg-type]  # no store: fan-out only
+    streams = [Subscription(EventFilter.parse(kind="log"), 2, 100) for _ in range(2)]
+    sockets = [Socket() for _ in streams]
+    encodings = [Deflated(), Deflated()]
+    heads = [encoding.message(b"id: 2\nevent: caught_up\n\n") for encoding in encodings]
+    streams[0].attach(sockets[0].write, 2, encodings[0])
+    streams[1].attach(sockets[1].write, 3, encodings[1])  # its catch-up sent event 3
+    hub.subscriptions.update(streams)
+    hub._fan_out([event(3), event(4), event(5, EventKind.RUN)])
+    hub.nudge_when_due(1.0)
+    hub.nudge_when_due(1.0 + KEEPALIVE_S)  # a keepalive each
+    hub._fan_out([event(6), event(7)])
+    whole = [head + b"".join(socket.written) for head, socket in zip(heads, sockets, strict=True)]
+    assert sockets[0].written[-1] == sockets[1].written[-1]  # one shared piece, same bytes
+    decoded = [zlib.decompress(w + e.end()) for w, e in zip(whole, encodings, strict=True)]
+    caught_up = b"id: 2\nevent: caught_up\n\n"
+    assert decoded[0] == caught_up + b"".join(sse(event(i)) for i in (3, 4)) + KEEPALIVE + (
+        b"".join(sse(event(i)) for i in (6, 7))
+    )
+    assert decoded[1] == caught_up + sse(event(4)) + KEEPALIVE + (
+        b"".join(sse(event(i)) for i in (6, 7))
+    )
 
 
 def test_a_coroutine_started_eagerly_runs_at_once_or_finishes_in_a_task() -> None:

@@ -30,7 +30,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from corral.coordinator.auth import Access, require
-from corral.coordinator.event_hub import EventHub, Subscription
+from corral.coordinator.event_hub import Encoding, EventHub, Subscription, encoding_for
 from corral.coordinator.schemas import error_responses
 from corral.coordinator.service import Coordinator
 from corral.errors import InvalidRequest, NotFound
@@ -73,44 +73,57 @@ async def events(
         await hub.in_thread(hub.events.check_resume, resume)
     subscription = await hub.subscribe(where)
     start = subscription.live_from if resume is None else resume
-    return EventStream(hub, subscription, start)
+    encoding = encoding_for(request.headers.get("accept-encoding"))
+    return EventStream(hub, subscription, start, encoding)
 
 
 class EventStream(Response):
     """The stream as an ASGI response of its own. Its task sends ``ready`` and the
     catch-up, attaches the subscription (from then on the pump writes the events: see
-    ``Subscription``), then only waits for the stream's end or its client's going."""
+    ``Subscription``), then only waits for the stream's end or its client's going. Its
+    bytes are deflated when the client accepts it (see ``event_hub.Deflated``)."""
 
     media_type = MEDIA_TYPE
 
-    def __init__(self, hub: EventHub, subscription: Subscription, after: int) -> None:
+    def __init__(
+        self, hub: EventHub, subscription: Subscription, after: int, encoding: Encoding
+    ) -> None:
         # As StreamingResponse: no body, so no content-length (the body is chunked).
         self.status_code = 200
         self.background = None
-        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        headers["Vary"] = "Accept-Encoding"
+        if encoding.name is not None:
+            headers["Content-Encoding"] = encoding.name
+        self.init_headers(headers)
         self.hub = hub
         self.subscription = subscription
         self.after = after
+        self.encoding = encoding
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         subscription = self.subscription
+        encoding = self.encoding
 
         async def write(chunk: bytes) -> None:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        async def write_own(plain: bytes) -> None:  # this stream's alone: encoded here
+            await write(encoding.message(plain))
 
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             last = self.after
-            await write(sse_message("ready", {"last_event_id": last}, event_id=last))
+            await write_own(sse_message("ready", {"last_event_id": last}, event_id=last))
             pages = self.hub.catch_up(subscription.where, last, subscription.live_from)
             async for page in pages:
-                await write(b"".join(sse(event) for event in page))
+                await write_own(b"".join(sse(event) for event in page))
                 last = page[-1].id
             # Every stored event the filter wants is sent: the position is the pump's.
             last = max(last, subscription.live_from)
-            await write(sse_message("caught_up", {"last_event_id": last}, event_id=last))
-            subscription.attach(write, last)
+            await write_own(sse_message("caught_up", {"last_event_id": last}, event_id=last))
+            subscription.attach(write, last, encoding)
             ended = asyncio.ensure_future(subscription.done.wait())
             await asyncio.wait((gone, ended), return_when=asyncio.FIRST_COMPLETED)
             ended.cancel()
@@ -118,9 +131,9 @@ class EventStream(Response):
                 return
             await subscription.settled()  # the pump's last write, if under way
             if subscription.dropped:
-                await write(_dropped(subscription))
+                await write_own(_dropped(subscription))
             # Ended: dropped, or the coordinator is stopping (EventHub.end_streams).
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": encoding.end(), "more_body": False})
         finally:
             gone.cancel()
             subscription.cancel()

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 
+from corral.coordinator.deflate import DeflateStream, Piece, accepts_deflate, compress
 from corral.coordinator.metrics import Metrics
 from corral.coordinator.notifier import Notifier, wait_for
 from corral.events import KEEPALIVE, Event, EventFilter, sse
@@ -69,6 +70,7 @@ class Batch:
     def __init__(self, events: list[Event]) -> None:
         self.events = events
         self._encoded: bytes | None = None
+        self._deflated: Piece | None = None
 
     @classmethod
     def of(cls, events: list[Event], where: EventFilter) -> Batch:
@@ -85,9 +87,67 @@ class Batch:
     def after(self, last: int) -> bytes:
         """The batch as sent by a stream whose last event was ``last``: the shared bytes
         unless the stream already sent some of it (its catch-up read overlapped)."""
-        if not self.events or self.events[0].id > last:
+        if self.whole_after(last):
             return self.encoded
         return b"".join(sse(event) for event in self.events if event.id > last)
+
+    def whole_after(self, last: int) -> bool:
+        return not self.events or self.events[0].id > last
+
+    @property
+    def deflated(self) -> Piece:
+        """The batch compressed on its own, once for every deflate stream (see ``deflate``)."""
+        if self._deflated is None:
+            self._deflated = compress(self.encoded)
+        return self._deflated
+
+
+class Encoding:
+    """How a stream's bytes go on the wire: as they are (``identity``)."""
+
+    name: str | None = None  # its Content-Encoding
+
+    def message(self, plain: bytes) -> bytes:
+        """Bytes of this stream alone (its ``ready``, its catch-up, a keepalive)."""
+        return plain
+
+    def batch(self, batch: Batch, last: int) -> bytes:
+        """A round's batch, as sent by a stream whose last event was ``last``."""
+        return batch.after(last)
+
+    def end(self) -> bytes:
+        return b""
+
+
+class Deflated(Encoding):
+    """Deflate (``Content-Encoding: deflate``): a batch's bytes are compressed once for
+    every stream that sends it whole; what is this stream's alone is compressed here."""
+
+    name = "deflate"
+
+    def __init__(self) -> None:
+        self.stream = DeflateStream()
+
+    def message(self, plain: bytes) -> bytes:
+        piece = _DEFLATED_KEEPALIVE if plain is KEEPALIVE else compress(plain)
+        return self.stream.send(piece)
+
+    def batch(self, batch: Batch, last: int) -> bytes:
+        if batch.whole_after(last):
+            return self.stream.send(batch.deflated)
+        tail = batch.after(last)  # a catch-up read sent the rest already
+        return self.message(tail) if tail else b""
+
+    def end(self) -> bytes:
+        return self.stream.end()
+
+
+def encoding_for(accept_encoding: str | None) -> Encoding:
+    """Deflate when the client accepts it (browsers and httpx do), else as they are."""
+    return Deflated() if accepts_deflate(accept_encoding) else Encoding()
+
+
+_DEFLATED_KEEPALIVE = compress(KEEPALIVE)
 
 
 class Subscription:
@@ -111,12 +171,15 @@ class Subscription:
         self.ended = False  # the coordinator is stopping (see end_streams)
         self.broken = False  # a write failed: the stream writes nothing more
         self._write: Writer | None = None
+        self.encoding = Encoding()
         self._sending: asyncio.Task[None] | None = None  # a write waiting for its socket
 
-    def attach(self, write: Writer, last: int) -> None:
-        """The stream sent its catch-up up to ``last``: the pump writes the rest."""
+    def attach(self, write: Writer, last: int, encoding: Encoding) -> None:
+        """The stream sent its catch-up up to ``last``: the pump writes the rest, in
+        ``encoding`` (the stream's, which wrote what came before)."""
         self._write = write
         self.last = last
+        self.encoding = encoding
         self._flush()
 
     def end(self) -> None:
@@ -126,7 +189,7 @@ class Subscription:
     def nudge(self) -> None:
         """A keepalive, unless the stream has a write under way (a write is traffic)."""
         if self._write is not None and self._sending is None and not self.done.is_set():
-            self._send(KEEPALIVE)
+            self._send(self.encoding.message(KEEPALIVE))
 
     def offer(self, batch: Batch) -> None:
         """Queue ``batch`` (already filtered by ``where``: see ``Batch.of``) and write
@@ -172,10 +235,10 @@ class Subscription:
         if len(self.queue) == 1:
             batch = self.queue.popleft()
             self.queued = 0
-            chunk = batch.after(self.last)
+            chunk = self.encoding.batch(batch, self.last)
         else:
             batches = self.take()
-            chunk = b"".join([batch.after(self.last) for batch in batches])
+            chunk = b"".join([self.encoding.batch(batch, self.last) for batch in batches])
             batch = batches[-1]
         self.last = max(self.last, batch.events[-1].id)
         if chunk:
