@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import inspect
 import logging
 import signal
@@ -226,6 +227,7 @@ def serve(log_format: str, **kwargs: object) -> None:
     _check_port_free(settings.host, settings.port)
     config = server_config(settings, host=settings.host, port=settings.port, own_logging=False)
     server = _StoppingServer(config, settings)
+    collect_less()
     server.run()
     click.echo("corral serve stopped", err=True)
     if server.stopped_by == signal.SIGINT:
@@ -244,6 +246,22 @@ def reload_agents(app: Any, config: Path | None) -> None:
         return
     coordinator.profiles = profiles
     log.info("agent profiles reloaded from %s: %s", config, ", ".join(sorted(profiles)))
+
+
+def collect_less() -> None:
+    """Let Python's cyclic garbage collector run far less often in a serving process.
+
+    By default it runs at every 700 container objects allocated and not yet freed: a
+    coordinator under load allocates that many in well under a millisecond, and its
+    collections took 5-7 % of the coordinator's CPU (450 young and 4 full collections,
+    0.65 s, in 20,000 runs of the dispatch benchmark; more with event streams open). What
+    start-up allocated (modules, the app and its routes) is moved out of the collector's
+    sight for good, and a collection waits for 50,000: serving makes few reference cycles
+    (nearly everything is freed by reference counting), so the garbage that waits for a
+    collection stays small."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 50)
 
 
 class _StoppingServer(CorralServer):
@@ -321,4 +339,5 @@ def up(log_format: str, **kwargs: Any) -> None:
         server.should_exit = True
         await serving
 
+    collect_less()
     run_loop(main())
