@@ -140,6 +140,8 @@ class Peer:
         runner_id: str | None = None,
         last_command_idx: int = 0,
         slots: int = 1,
+        labels: tuple[str, ...] = (),
+        metadata: dict[str, Any] | None = None,
     ) -> m.ToClientInit:
         await self.send(
             m.ToServerInit(
@@ -149,8 +151,8 @@ class Peer:
                 total_slots=slots,
                 last_command_idx=last_command_idx,
                 runner_id=runner_id,  # type: ignore[arg-type]
-                labels=(),
-                metadata={"hostname": f"{name}.test"},
+                labels=labels,
+                metadata={"hostname": f"{name}.test", **(metadata or {})},
             )
         )
         hello = await self.expect(m.ToClientInit)

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import pytest
-from test_socket_frames import Peer, Served, events, finished, serve, started
+from test_socket_frames import Served, events, finished, serve, started
 
 from corral.protocol import messages as m
 
@@ -29,30 +29,11 @@ async def served(db_url: str) -> Any:
         yield found
 
 
-async def hello(peer: Peer, name: str, **metadata: Any) -> m.ToClientInit:
-    """An Init with no identity (a runner whose old one is spent), saying ``metadata``."""
-    await peer.send(
-        m.ToServerInit(
-            name=name,
-            version="test",
-            protocol_version=m.PROTOCOL_VERSION,
-            total_slots=1,
-            last_command_idx=0,
-            runner_id=None,
-            labels=(),
-            metadata={"hostname": f"{name}.test", **metadata},
-        )
-    )
-    answer = await peer.expect(m.ToClientInit)
-    peer.runner_id = answer.runner_id
-    return answer
-
-
 async def started_then_cut(served: Served, name: str) -> tuple[str, str]:
     """A runner ``name`` takes a new run and starts it; its socket is cut before the final
     report, and it stays away until declared lost. (runner id, run id)."""
     peer = await served.connect()
-    old = (await hello(peer, name)).runner_id
+    old = (await peer.init(name)).runner_id
     run_id = await served.create_run("true")
     (command,) = (await peer.expect(m.ToClientCommands)).commands
     assert command.body["run"]["run_id"] == run_id
@@ -86,7 +67,7 @@ async def test_a_late_report_ends_the_run_and_nothing_is_claimed_before(served: 
     old, run_id = await started_then_cut(served, "runner-a")
 
     peer = await served.connect()
-    answer = await hello(peer, "runner-a", **{m.LATE_REPORTS_TO_SEND: 1})
+    answer = await peer.init("runner-a", metadata={m.LATE_REPORTS_TO_SEND: 1})
     assert answer.metadata[m.LATE_REPORTS] == 1 and answer.runner_id != old
     # The run is pending, and this runner has a free slot: it is not given it back.
     await peer.nothing_pending()
@@ -105,12 +86,12 @@ async def test_late_reports_the_run_cannot_take_are_dropped(served: Served) -> N
     old, run_id = await started_then_cut(served, "runner-a")
     # Another runner claims the run again: attempt 2.
     other = await served.connect()
-    await hello(other, "runner-b")
+    await other.init("runner-b")
     (command,) = (await other.expect(m.ToClientCommands)).commands
     assert command.body["run"]["attempts"] == 2
 
     peer = await served.connect()
-    await hello(peer, "runner-a", **{m.LATE_REPORTS_TO_SEND: 1})
+    await peer.init("runner-a", metadata={m.LATE_REPORTS_TO_SEND: 1})
     await peer.send(events(1, late(finished(run_id), old)))
     assert await peer.expect(m.ToClientAckEvents) == m.ToClientAckEvents(1)
     await peer.nothing_pending()  # no abandon_run: that attempt stopped long ago
@@ -126,7 +107,7 @@ async def test_a_late_report_naming_another_runner_is_dropped(served: Served) ->
     """Only a former identity of the same runner (its name, its token) may report late."""
     old, run_id = await started_then_cut(served, "runner-a")
     impostor = await served.connect()
-    await hello(impostor, "runner-z", **{m.LATE_REPORTS_TO_SEND: 1})
+    await impostor.init("runner-z", metadata={m.LATE_REPORTS_TO_SEND: 1})
     await impostor.send(events(1, late(finished(run_id), old)))
     assert await impostor.expect(m.ToClientAckEvents) == m.ToClientAckEvents(1)
     # Not ended by it: the run is still to do, and the impostor, now claiming, gets it.

@@ -49,19 +49,7 @@ async def served(db_url: str) -> AsyncIterator[Served]:
 
 async def connect(served: Served, name: str, labels: tuple[str, ...] = ()) -> Peer:
     peer = await served.connect()
-    await peer.send(
-        m.ToServerInit(
-            name=name,
-            version="test",
-            protocol_version=m.PROTOCOL_VERSION,
-            total_slots=1,
-            last_command_idx=0,
-            runner_id=None,
-            labels=labels,
-            metadata={"hostname": f"{name}.test"},
-        )
-    )
-    peer.runner_id = (await peer.expect(m.ToClientInit)).runner_id
+    await peer.init(name, labels=labels)
     return peer
 
 
