@@ -31,6 +31,7 @@ import itertools
 import json
 import random
 import re
+import signal
 import sys
 import threading
 import time
@@ -812,6 +813,11 @@ def soak(
     return figures
 
 
+def _terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up must not be cut
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0)
@@ -821,17 +827,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=None, help="keep everything here")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    # SIGTERM (a timeout, a CI job cancelled) ends the soak as Ctrl-C does: its finally
+    # clauses stop the coordinators, runners, proxies and PostgreSQL it started, which
+    # Python's default (death at once) would leave running.
+    signal.signal(signal.SIGTERM, _terminated)
     import tempfile
 
     root = args.root or Path(tempfile.mkdtemp(prefix="corral-chaos-"))
     root.mkdir(parents=True, exist_ok=True)
-    figures = soak(
-        root,
-        seed=seed,
-        minutes=args.minutes,
-        round_s=args.round_s,
-        runs_per_s=args.runs_per_s,
-    )
+    try:
+        figures = soak(
+            root,
+            seed=seed,
+            minutes=args.minutes,
+            round_s=args.round_s,
+            runs_per_s=args.runs_per_s,
+        )
+    except KeyboardInterrupt:
+        print(f"stopped; everything it started is stopped (seed {seed}, root {root})")
+        return 130
     print(json.dumps({"seed": seed, "root": str(root), "summary": figures.line()}))
     return 1 if figures.violations else 0
 
