@@ -1,5 +1,6 @@
-"""``corral serve`` and ``corral up`` let the cyclic garbage collector run rarely: start-up's
-objects frozen out of its sight, a young-generation threshold of 50,000."""
+"""Long-lived processes (``corral serve``, ``up``, ``runner``) let the cyclic garbage
+collector run rarely: start-up's objects frozen out of its sight, a young-generation
+threshold of 50,000."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from corral.cli.servers import collect_less
+from corral.runner.process import collect_less
 
 
 @pytest.fixture

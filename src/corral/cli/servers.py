@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import gc
 import inspect
 import logging
 import signal
@@ -31,7 +30,7 @@ from corral.credentials import coordinator_token
 from corral.dashboard.site import address as dashboard_address
 from corral.errors import Conflict, CorralError, InvalidRequest, Unavailable
 from corral.runner.core import RunnerCore
-from corral.runner.process import run_loop
+from corral.runner.process import collect_less, run_loop
 from corral.store.db import redact_url
 
 DEFAULT_DB = ".corral/corral.db"
@@ -248,22 +247,6 @@ def reload_agents(app: Any, config: Path | None) -> None:
     log.info("agent profiles reloaded from %s: %s", config, ", ".join(sorted(profiles)))
 
 
-def collect_less() -> None:
-    """Let Python's cyclic garbage collector run far less often in a serving process.
-
-    By default it runs at every 700 container objects allocated and not yet freed: a
-    coordinator under load allocates that many in well under a millisecond, and its
-    collections took 5-7 % of the coordinator's CPU (450 young and 4 full collections,
-    0.65 s, in 20,000 runs of the dispatch benchmark; more with event streams open). What
-    start-up allocated (modules, the app and its routes) is moved out of the collector's
-    sight for good, and a collection waits for 50,000: serving makes few reference cycles
-    (nearly everything is freed by reference counting), so the garbage that waits for a
-    collection stays small."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 50)
-
-
 class _StoppingServer(CorralServer):
     """uvicorn's server, stopped by SIGINT or SIGTERM after its graceful shutdown, which
     remembers the signal instead of raising it again once stopped (a KeyboardInterrupt's
@@ -339,5 +322,4 @@ def up(log_format: str, **kwargs: Any) -> None:
         server.should_exit = True
         await serving
 
-    collect_less()
     run_loop(main())

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import os
 import shutil
 import signal
@@ -58,7 +59,9 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
     """Run a process whose one loop lives as long as it does (``corral runner``, ``up``,
     ``serverless-endpoint``): on uvloop when it is installed (``uvicorn[standard]`` brings
     it), where libuv watches the children itself and the tunnel's frames cost less CPU;
-    else on asyncio, children watched by pidfds."""
+    else on asyncio, children watched by pidfds. The garbage collector runs rarely
+    (``collect_less``)."""
+    collect_less()
     try:
         import uvloop
     except ImportError:
@@ -69,6 +72,22 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
 
         return asyncio.run(with_pidfds())
     return uvloop.run(main)
+
+
+def collect_less() -> None:
+    """Let Python's cyclic garbage collector run far less often in a long-lived process.
+
+    By default it runs at every 700 container objects allocated and not yet freed: a
+    coordinator under load allocates that many in well under a millisecond, and its
+    collections took 5-7 % of the coordinator's CPU (450 young and 4 full collections,
+    0.65 s, in 20,000 runs of the dispatch benchmark; more with event streams open). What
+    start-up allocated (modules, the app and its routes) is moved out of the collector's
+    sight for good, and a collection waits for 50,000: serving makes few reference cycles
+    (nearly everything is freed by reference counting), so the garbage that waits for a
+    collection stays small."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 50)
 
 
 def _watch_children_with_pidfds() -> None:
