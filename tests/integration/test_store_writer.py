@@ -1,16 +1,22 @@
 """Group commit (``coordinator/writer.py``) on SQLite and PostgreSQL: the calls of a group
 share one transaction, each as it would run alone — a refused one undoes only its own
 writes, a flat one joins its own savepoint, a runner's refused report undoes only itself —
-and a call that fails otherwise makes them all run again one by one, none applied twice."""
+and a call that fails otherwise makes them all run again one by one, none applied twice.
+A group runs its calls in the order of their runners (the order row locks are taken in);
+on PostgreSQL, a group ended as a deadlock's victim runs again call by call."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from api_fixtures import PG_URL, backend_url
 
 from corral.coordinator.link_core import Outcome, apply_reports, parse_events
 from corral.coordinator.writer import StoreWriter, run_group
@@ -168,3 +174,78 @@ async def test_a_cancelled_caller_waits_until_its_call_has_run(store: Store) -> 
     finally:
         release.set()
         await writer.close()
+
+
+@pytest.mark.anyio
+async def test_a_group_runs_its_calls_in_runners_order_each_runners_in_turn(store: Store) -> None:
+    ran: list[str] = []
+
+    def call(name: str) -> Callable[[], None]:
+        return lambda: ran.append(name)
+
+    writer = StoreWriter(store.db, lambda: None)
+    try:
+        queued = [("b", "b1"), ("a", "a1"), ("c", "c1"), ("b", "b2"), ("a", "a2")]
+        await asyncio.gather(*(writer.call(call(name), runner) for runner, name in queued))
+    finally:
+        await writer.close()
+    assert ran == ["a1", "a2", "b1", "b2", "c1"]
+
+
+@pytest.fixture
+def pg_url(tmp_path: Path) -> Iterator[str]:
+    """A fresh PostgreSQL schema's URL."""
+    with backend_url("postgres", tmp_path) as url:
+        yield url
+
+
+@pytest.mark.postgres
+def test_a_group_ended_as_a_deadlock_victim_runs_call_by_call(pg_url: str) -> None:
+    store = Store.open(pg_url)
+    a, b = (
+        store.runners.register(
+            name=name, hostname="h", labels=[], slots=1, version="t", transport="websocket", now=NOW
+        )[0].id
+        for name in ("a", "b")
+    )
+    lock = "SELECT id FROM runners WHERE id = %s FOR NO KEY UPDATE"
+    # Another transaction holds b, then waits for a, which the group's first call holds:
+    # the group's second call waiting for b closes the cycle. The group's backend looks for
+    # a deadlock first (100 ms, the other's 10 s): the group is the victim.
+    other = psycopg.connect(pg_url)
+    other.execute("SET deadlock_timeout = '10s'")
+    other.execute(lock, (b,))
+    other_waits = threading.Thread(target=lambda: (other.execute(lock, (a,)), other.commit()))
+    ran: list[str] = []
+
+    def lock_a() -> None:
+        with store.db.transaction() as tx:
+            tx.execute("SET LOCAL deadlock_timeout = '100ms'")
+            tx.execute(lock.replace("%s", "?"), (a,))
+            ran.append("a")
+            if len(ran) == 1:
+                other_waits.start()
+                blocked(other.info.backend_pid)
+
+    def lock_b() -> None:
+        with store.db.transaction() as tx:
+            tx.execute(lock.replace("%s", "?"), (b,))
+            ran.append("b")
+
+    try:
+        answers = run_group(store.db, [lock_a, lock_b])
+        other_waits.join(30)
+    finally:
+        other.close()
+        store.close()
+    assert answers == [(None, None), (None, None)]
+    assert ran == ["a", "a", "b"]  # the group's try was undone; then each call alone
+
+
+def blocked(pid: int) -> None:
+    """Return once the backend ``pid`` waits for a lock."""
+    deadline = time.monotonic() + 30
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        while not conn.execute("SELECT pg_blocking_pids(%s) <> '{}'", (pid,)).fetchone()[0]:
+            assert time.monotonic() < deadline, "the other transaction never waited"
+            time.sleep(0.01)

@@ -120,7 +120,7 @@ class Coordinator:
         self.left = asyncio.Event()
         self.reconciling = False  # it held the reconciler's lease at its last pass
         self.first_pass = asyncio.Event()  # set once a pass has looked at the lease
-        # The runner sockets' writes, committed in groups on SQLite (``in_writer``).
+        # The runner sockets' writes, committed in groups (``in_writer``).
         self.writer = StoreWriter(store.db, lambda: self.notifier.notify(EVENTS))
 
     async def in_thread(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
@@ -131,12 +131,13 @@ class Coordinator:
         finally:
             self.notifier.notify(EVENTS)  # it may have written events: streams look
 
-    async def in_writer(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
-        """``fn(*args, **kwargs)``, a store call that writes, as ``in_thread`` runs it — on
-        SQLite with the others queued meanwhile, one commit for them all (``writer.py``)."""
-        if self.store.db.dialect != "sqlite":
-            return await self.in_thread(fn, *args, **kwargs)
-        return await self.writer.call(partial(self._timed, fn, *args, **kwargs))
+    async def in_writer(
+        self, runner_id: str, fn: Callable[..., T], *args: object, **kwargs: object
+    ) -> T:
+        """``fn(*args, **kwargs)``, a store call that writes for the runner ``runner_id``, as
+        ``in_thread`` runs it — with the others queued meanwhile, one commit for them all
+        (``writer.py``)."""
+        return await self.writer.call(partial(self._timed, fn, *args, **kwargs), runner_id)
 
     def _timed(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         started = time.perf_counter()

@@ -11,7 +11,7 @@ command stored since (a cancel request stores its cancel command) is sent in ord
 stored before they are sent, so a restarted coordinator resends whatever the runner had
 not acknowledged. What touches the store is
 ``LinkCore`` (synchronous, run here in a thread: the writes of all sockets on one, committed
-in groups on SQLite, ``writer.py``); this module only moves frames and waits.
+in groups, ``writer.py``); this module only moves frames and waits.
 Its deadlines (the Init's, the runner's lost threshold) are kept by the coordinator's one
 timer for all sockets (``deadlines.py``), which calls ``tick``.
 
@@ -246,13 +246,16 @@ class SocketPump:
                 now = coordinator.clock.now()
                 if isinstance(out, ApplyEvents):
                     applied = await coordinator.in_writer(
-                        core.apply, runner_id, out.last_idx, out.events, now
+                        runner_id, core.apply, runner_id, out.last_idx, out.events, now
                     )
                     await self._handle(channel.applied(applied))
                 elif isinstance(out, CommandsAcked):
-                    await coordinator.in_writer(core.acknowledge, runner_id, out.last_command_idx)
+                    await coordinator.in_writer(
+                        runner_id, core.acknowledge, runner_id, out.last_command_idx
+                    )
                 elif isinstance(out, KvRequested):
                     result = await coordinator.in_writer(
+                        runner_id,
                         kv_request,
                         coordinator.store,
                         runner_id,
@@ -263,7 +266,7 @@ class SocketPump:
                     )
                     await self._handle(channel.kv_answered(out.request_id, result))
                 else:
-                    await coordinator.in_writer(core.draining, runner_id, now)
+                    await coordinator.in_writer(runner_id, core.draining, runner_id, now)
         except Exception:
             log.exception("runner %s: storing what it sent failed", channel.runner_id)
             await self.close(m.CLOSE_GOING_AWAY, REASON_STORE_FAILED)
@@ -338,6 +341,7 @@ class SocketPump:
                 reserved, self._reserved = self._reserved, None
                 try:
                     pushed = await coordinator.in_writer(
+                        runner_id,
                         self.core.push_work,
                         runner_id,
                         coordinator.clock.now(),

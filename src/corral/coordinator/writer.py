@@ -14,9 +14,14 @@ does not know (a bug), may have left the transaction unusable: the group is roll
 (or found already ended), and its calls are run again one by one, each in its own
 transaction, as without a group.
 
-Only on SQLite. On PostgreSQL a group's one transaction would hold the row locks of several
-runners at once, which a reconciler taking them in another order could deadlock against;
-there the connection pool lets the calls run side by side (``Coordinator.in_thread``).
+On PostgreSQL a group's one transaction holds the row locks of several runners at once.
+So that it never waits for a lock in an order another transaction takes them the other way
+round, a group runs its calls in the order of the runners they act for (each runner's own
+in the order they came): a call locks its runner's row first, then that runner's runs, and
+the reconciler locks the runners it takes back in the same order (``store/reconcile.py``).
+A cycle this order does not rule out (an actor's command stored for another runner, an
+overdue run the reconciler locks) ends as PostgreSQL's deadlock victim: that group, like
+any that fails, runs again call by call.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ MAX_GROUP = 64  # calls taken into one transaction, about: what one failure make
 class _Call:
     run: Callable[[], Any]
     future: asyncio.Future[Any]
+    runner: str  # whose rows it locks: a group runs its calls in runners' order
 
 
 Answer = tuple[Exception | None, Any]  # what a call raised, or else what it returned
@@ -61,8 +67,9 @@ class StoreWriter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
-    async def call(self, run: Callable[[], T]) -> T:
-        """``run()`` (a blocking store call) in the next group; its result once committed."""
+    async def call(self, run: Callable[[], T], runner: str = "") -> T:
+        """``run()`` (a blocking store call) in the next group; its result once committed.
+        ``runner``: the runner whose rows it locks (module docstring)."""
         if self._closed:
             raise Unavailable("the coordinator is stopping")
         if self._thread is None:
@@ -75,7 +82,7 @@ class StoreWriter:
         # of the writer's thread for them, not one each.
         if not self._asked:
             self._loop.call_soon(self._hand_over)
-        self._asked.append(_Call(run, future))
+        self._asked.append(_Call(run, future, runner))
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -118,6 +125,7 @@ class StoreWriter:
                     stop = True
                     break
                 group += calls
+            group.sort(key=lambda call: call.runner)  # stable: a runner's calls keep their order
             try:
                 answers = run_group(self._db, [c.run for c in group])
             except Exception as exc:  # never: a dead thread would leave every socket waiting
