@@ -80,7 +80,7 @@ def process_start(workdir: Path) -> float:
         wait(lambda: accepts(port), what="the actor's port", every=0.001)
         # A bare request (an httpx client would add its own setup to the actor's start).
         with socket.create_connection(("127.0.0.1", port)) as conn:
-            conn.sendall(b"GET /hit/start HTTP/1.1\r\nhost: actor\r\n\r\n")
+            conn.sendall(b"GET /hit/start HTTP/1.1\r\nhost: actor\r\nconnection: close\r\n\r\n")
             conn.recv(1)
             elapsed = time.perf_counter() - started
             while conn.recv(65536):  # the rest, until it closes (not cut off mid-answer)
