@@ -34,10 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from contextlib import closing, suppress
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager, suppress
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -72,12 +71,10 @@ class Figures:
 # --- corral: real `corral serve` and runner processes ---------------------------------
 
 
-def corral_start_latency(url: str, samples: int) -> list[float]:
-    """POST /runs → the coordinator recorded the runner's "started" report, in ms.
-
-    For runs that start no process there is nothing to print a start time: the run's
-    started_at (stamped by the coordinator when the runner's report arrives) stands in. It
-    includes the report's trip back, so it is, if anything, unfair to corral."""
+def corral_start_latency(url: str, samples: int, starts: Path) -> list[float]:
+    """POST /runs → the runner started the run, in ms: the time the no-op runner wrote to
+    ``starts`` when its attempt began (the moment a process would start), as each peer's
+    figure is its job's body starting."""
     latencies = []
     body = {"type": "command", "command": ["true"]}
     with httpx.Client(base_url=url, timeout=30, headers=AUTH) as client:
@@ -87,7 +84,10 @@ def corral_start_latency(url: str, samples: int) -> list[float]:
             _, run = first_line_then_end(client, run_id)
             assert run["status"] == "completed", run
             if i >= WARMUP:
-                started = datetime.fromisoformat(str(run["started_at"])).timestamp()
+                started = {
+                    found: float(at)
+                    for found, at in (line.split() for line in starts.read_text().splitlines())
+                }[run_id]
                 latencies.append((started - sent) * 1000)
     return latencies
 
@@ -97,12 +97,13 @@ def corral(kind: str, samples: int, jobs: int, *, processes: bool = False) -> Fi
     with (
         tempfile.TemporaryDirectory() as tmp,
         database(kind, Path(tmp)) as db,
+        _noop_starts(Path(tmp) / "starts") as starts,
         cluster(db, 1, 1, Path(tmp), "websocket", runner) as target,
     ):
         if processes:  # the process prints its own start time (dispatch.py's measure)
             latencies = measure_latency(target.url, samples, WARMUP)
         else:
-            latencies = corral_start_latency(target.url, samples)
+            latencies = corral_start_latency(target.url, samples, starts)
     with (
         tempfile.TemporaryDirectory() as tmp,
         database(kind, Path(tmp)) as db,
@@ -110,6 +111,17 @@ def corral(kind: str, samples: int, jobs: int, *, processes: bool = False) -> Fi
     ):
         throughput = measure_throughput(target, jobs)
     return Figures(pct(latencies, 50), pct(latencies, 99), throughput.runs_per_s)
+
+
+@contextmanager
+def _noop_starts(path: Path) -> Iterator[Path]:
+    """The no-op runners started meanwhile write each run's start to ``path``."""
+    path.touch()
+    os.environ["NOOP_STARTS"] = str(path)
+    try:
+        yield path
+    finally:
+        del os.environ["NOOP_STARTS"]
 
 
 # --- the peers, each in a child process of its own ----------------------------------
