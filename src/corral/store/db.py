@@ -9,10 +9,13 @@ each open their own, and a caller can still make several of them one commit.
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 import sqlite3
 import threading
+import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -272,6 +275,9 @@ class PostgresDatabase:
         # so this process's listener can pass over its own (corral.store.wakeups).
         self.node = secrets.token_hex(8)
         self._local = threading.local()  # this thread's open transaction, if any
+        self._used_at: weakref.WeakKeyDictionary[psycopg.Connection[Row], float] = (
+            weakref.WeakKeyDictionary()
+        )
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Row]] = (
             psycopg_pool.ConnectionPool(
                 url,
@@ -279,7 +285,8 @@ class PostgresDatabase:
                 max_size=max_connections,
                 kwargs={"row_factory": dict_row},
                 configure=self._name_node,
-                check=psycopg_pool.ConnectionPool.check_connection,  # survive a DB restart
+                check=self._check,
+                reset=self._returned,
                 open=False,
             )
         )
@@ -291,6 +298,20 @@ class PostgresDatabase:
     def _name_node(self, conn: psycopg.Connection[Row]) -> None:
         conn.execute("SELECT set_config(%s, %s, false)", (NODE_SETTING, self.node))
         conn.commit()
+
+    # A connection taken from the pool is checked with a round trip (an empty query) so that
+    # one a restart of PostgreSQL broke is replaced, not used — unless it came back from a
+    # transaction less than ``_FRESH_S`` ago: a restart that short is all that goes unseen,
+    # and a busy coordinator saves a round trip a transaction. One a restart broke anyway
+    # fails its transaction (Unavailable) and is discarded.
+    _FRESH_S = 1.0
+
+    def _check(self, conn: psycopg.Connection[Row]) -> None:
+        if time.monotonic() - self._used_at.get(conn, -math.inf) >= self._FRESH_S:
+            psycopg_pool.ConnectionPool.check_connection(conn)
+
+    def _returned(self, conn: psycopg.Connection[Row]) -> None:
+        self._used_at[conn] = time.monotonic()
 
     @contextmanager
     def transaction(self, *, write: bool = True, flat: bool = False) -> Iterator[Tx]:

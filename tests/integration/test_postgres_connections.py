@@ -1,0 +1,52 @@
+"""PostgreSQL's connection pool after a restart broke its connections (``db.py``): one idle
+past the check's threshold is replaced before it is used; one used just before fails the
+transaction it is taken for (``Unavailable``), and the next one gets a new connection."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from api_fixtures import PG_URL
+
+from corral.errors import Unavailable
+from corral.store import Store
+from corral.store.db import PostgresDatabase
+
+pytestmark = pytest.mark.parametrize(
+    "dialect", [pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+
+
+def backend_pid(db: PostgresDatabase) -> int:
+    with db.transaction(write=False) as tx:
+        row = tx.one("SELECT pg_backend_pid() AS pid")
+    assert row is not None
+    return int(row["pid"])
+
+
+def terminate(pid: int) -> None:
+    """As a restart of PostgreSQL does to the pool's connection (the pool keeps one)."""
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+def test_a_connection_idle_past_the_threshold_is_checked_and_replaced(store: Store) -> None:
+    db = store.db
+    assert isinstance(db, PostgresDatabase)
+    db._FRESH_S = 0.0  # every connection taken is idle past it
+    broken = backend_pid(db)
+    terminate(broken)
+    assert backend_pid(db) != broken
+
+
+def test_a_connection_used_just_before_fails_one_transaction_then_is_replaced(
+    store: Store,
+) -> None:
+    db = store.db
+    assert isinstance(db, PostgresDatabase)
+    db._FRESH_S = 3600.0  # every connection taken was used just before: not checked
+    broken = backend_pid(db)
+    terminate(broken)
+    with pytest.raises(Unavailable):
+        backend_pid(db)
+    assert backend_pid(db) != broken
