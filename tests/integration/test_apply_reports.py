@@ -4,6 +4,7 @@ still take effect and the refused one changes nothing."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from corral.protocol.messages import Indexed
 from corral.runs import NewRun, RunStatus, RunType
 from corral.store import Store
 from corral.store.actors import Changes
+from corral.store.db import SpoiltTransaction
 
 NOW = 1_700_000_000.0
 
@@ -82,3 +84,24 @@ def test_a_failure_inside_a_flat_transaction_undoes_all_of_it(store: Store) -> N
         store.runs.request_cancel(run_id, NOW)  # joins the flat transaction: no savepoint
         raise LeaseLost("a later report is refused")
     assert store.runs.get(run_id).status is RunStatus.PENDING
+
+
+def test_a_failure_caught_inside_a_flat_transaction_still_undoes_all_of_it(store: Store) -> None:
+    run_id = store.runs.create(NewRun(type=RunType.COMMAND, command=("true",)), NOW).id
+    with pytest.raises(SpoiltTransaction), store.db.transaction(flat=True):
+        store.runs.request_cancel(run_id, NOW)
+        with contextlib.suppress(LeaseLost), store.db.transaction():  # joins: no savepoint
+            store.runs.create(NewRun(type=RunType.COMMAND, command=("half",)), NOW)
+            raise LeaseLost("refused, and its caller goes on")
+    assert store.runs.get(run_id).status is RunStatus.PENDING
+    assert [run.id for run in store.runs.list()] == [run_id]
+
+
+def test_a_flat_savepoint_spoilt_inside_undoes_only_itself(store: Store) -> None:
+    with store.db.transaction():
+        kept = store.runs.create(NewRun(type=RunType.COMMAND, command=("kept",)), NOW).id
+        with pytest.raises(SpoiltTransaction), store.db.transaction(flat=True):
+            store.runs.create(NewRun(type=RunType.COMMAND, command=("undone",)), NOW)
+            with contextlib.suppress(LeaseLost), store.db.transaction():
+                raise LeaseLost("refused, and its caller goes on")
+    assert [run.id for run in store.runs.list()] == [kept]

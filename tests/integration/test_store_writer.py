@@ -1,7 +1,8 @@
 """Group commit (``coordinator/writer.py``) on SQLite and PostgreSQL: the calls of a group
-share one transaction, each as it would run alone — a refused one undoes only its own
-writes, a flat one joins its own savepoint, a runner's refused report undoes only itself —
-and a call that fails otherwise makes them all run again one by one, none applied twice.
+share one transaction — flat when nobody refuses, else each as it would run alone: a
+refused one undoes only its own writes, a flat one joins its own savepoint, a runner's
+refused report undoes only itself — and a call that fails otherwise makes them all run
+again one by one, none applied twice.
 A group runs its calls in the order of their runners (the order row locks are taken in);
 on PostgreSQL, a group ended as a deadlock's victim runs again call by call."""
 
@@ -48,6 +49,18 @@ def test_a_refused_call_undoes_only_its_own_writes(store: Store) -> None:
     assert errors[0] is None and errors[2] is None
     assert isinstance(errors[1], LeaseLost)
     assert commands(store) == ["a", "c"]
+
+
+def test_a_group_nobody_refuses_runs_each_call_once(store: Store) -> None:
+    ran: list[str] = []
+
+    def counted(name: str) -> Callable[[], str]:
+        return lambda: (ran.append(name), create(store, name)())[1]
+
+    answers = run_group(store.db, [counted("a"), counted("b")])
+    assert [error for error, _ in answers] == [None, None]
+    assert ran == ["a", "b"]  # flat: one try
+    assert commands(store) == ["a", "b"]
 
 
 def test_a_call_that_fails_otherwise_makes_each_run_alone_and_none_twice(store: Store) -> None:

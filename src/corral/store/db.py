@@ -5,6 +5,10 @@ Driver errors leave this module as ``Unavailable`` (the database is down or busy
 callers above never see a driver type. A transaction opened inside another one of the same
 thread is a savepoint of it, or part of it when the outer one is ``flat``: store operations
 each open their own, and a caller can still make several of them one commit.
+
+What fails inside a flat transaction fails it whole: if the code that opened the part that
+failed catches the error and goes on, the flat transaction still ends rolled back, with
+``SpoiltTransaction`` — the writes made before the failure cannot be undone alone.
 """
 
 from __future__ import annotations
@@ -33,6 +37,12 @@ from corral.store.wakeups import NODE_SETTING
 
 Row = dict[str, Any]
 Params = Sequence[Any]
+
+
+class SpoiltTransaction(Exception):
+    """A flat transaction ended rolled back: a part of it failed, and the error was caught
+    inside it (the code that opened that part tried another way, say) — what that part
+    wrote before it failed could not be undone alone."""
 
 
 class Tx(Protocol):
@@ -157,7 +167,8 @@ class SqliteDatabase:
             if write and not self._local.writing:
                 raise RuntimeError("a write transaction inside a read-only one")
             if self._local.flat:
-                yield _SqliteTx(self._conn())
+                with _joined(self._local):
+                    yield _SqliteTx(self._conn())
                 return
             with self._savepoint(flat) as tx:
                 yield tx
@@ -180,8 +191,10 @@ class SqliteDatabase:
         except sqlite3.OperationalError as exc:
             raise Unavailable(f"database busy: {exc}") from exc
         self._local.depth, self._local.writing, self._local.flat = 1, write, flat
+        self._local.spoilt = False
         try:
             yield _SqliteTx(conn)
+            _check_not_spoilt(self._local)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -196,17 +209,19 @@ class SqliteDatabase:
     @contextmanager
     def _savepoint(self, flat: bool) -> Iterator[Tx]:
         """A transaction inside this thread's open one: undone alone if it fails."""
-        conn, depth, outer_flat = self._conn(), self._local.depth, self._local.flat
+        local = self._local
+        conn, depth, outer_flat, outer_spoilt = self._conn(), local.depth, local.flat, local.spoilt
         name = f"corral_sp{depth}"
         conn.execute(f"SAVEPOINT {name}")
-        self._local.depth, self._local.flat = depth + 1, flat
+        local.depth, local.flat, local.spoilt = depth + 1, flat, False
         try:
             yield _SqliteTx(conn)
+            _check_not_spoilt(local)
         except BaseException:
             conn.execute(f"ROLLBACK TO {name}")
             raise
         finally:
-            self._local.depth, self._local.flat = depth, outer_flat
+            local.depth, local.flat, local.spoilt = depth, outer_flat, outer_spoilt
             conn.execute(f"RELEASE {name}")
 
     def lock_rows(self, *, skip_locked: bool = False) -> str:
@@ -315,25 +330,30 @@ class PostgresDatabase:
 
     @contextmanager
     def transaction(self, *, write: bool = True, flat: bool = False) -> Iterator[Tx]:
-        current: psycopg.Connection[Row] | None = getattr(self._local, "conn", None)
-        if current is not None and self._local.flat:
-            yield _PostgresTx(current)  # joins the open transaction
+        local = self._local
+        current: psycopg.Connection[Row] | None = getattr(local, "conn", None)
+        if current is not None and local.flat:
+            with _joined(local):
+                yield _PostgresTx(current)
             return
         if current is not None:  # inside this thread's open transaction: a savepoint
-            outer_flat, self._local.flat = self._local.flat, flat
+            outer_flat, outer_spoilt = local.flat, local.spoilt
+            local.flat, local.spoilt = flat, False
             try:
                 with current.transaction():
                     yield _PostgresTx(current)
+                    _check_not_spoilt(local)
             finally:
-                self._local.flat = outer_flat
+                local.flat, local.spoilt = outer_flat, outer_spoilt
             return
         try:
             with self._pool.connection(timeout=30) as conn, conn.transaction():
-                self._local.conn, self._local.flat = conn, flat
+                local.conn, local.flat, local.spoilt = conn, flat, False
                 try:
                     yield _PostgresTx(conn)
+                    _check_not_spoilt(local)
                 finally:
-                    self._local.conn = None
+                    local.conn = None
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise Unavailable(f"PostgreSQL unavailable: {exc}") from exc
 
@@ -348,6 +368,21 @@ class PostgresDatabase:
 
     def close(self) -> None:
         self._pool.close()
+
+
+@contextmanager
+def _joined(local: threading.local) -> Iterator[None]:
+    """A part of this thread's open flat transaction: if it fails, the whole is spoilt."""
+    try:
+        yield
+    except BaseException:
+        local.spoilt = True
+        raise
+
+
+def _check_not_spoilt(local: threading.local) -> None:
+    if local.spoilt:
+        raise SpoiltTransaction("a part of a flat transaction failed, and its error was caught")
 
 
 def _unstorable(exc: Exception) -> InvalidRequest:
