@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +262,48 @@ def blocked(pid: int) -> None:
         while not conn.execute("SELECT pg_blocking_pids(%s) <> '{}'", (pid,)).fetchone()[0]:
             assert time.monotonic() < deadline, "the other transaction never waited"
             time.sleep(0.01)
+
+
+@pytest.mark.postgres
+@pytest.mark.anyio
+async def test_groups_side_by_side_lock_runners_in_one_order_never_deadlocking(
+    pg_url: str,
+) -> None:
+    store = Store.open(pg_url)
+    a, b = (
+        store.runners.register(
+            name=name, hostname="h", labels=[], slots=1, version="t", transport="websocket", now=NOW
+        )[0].id
+        for name in ("a", "b")
+    )
+    both_began, one_began = threading.Barrier(2, timeout=30), threading.Event()
+    ran: list[str] = []
+
+    def begin() -> None:
+        one_began.set()
+        both_began.wait()
+
+    def lock(runner: str) -> Callable[[], None]:
+        def call() -> None:
+            with store.db.transaction() as tx:
+                tx.execute("SELECT id FROM runners WHERE id = ? FOR NO KEY UPDATE", (runner,))
+                ran.append(runner)
+
+        return call
+
+    def group(runners: list[str]) -> list[Awaitable[None]]:
+        # Its first call ("" comes before any runner) waits until the other group began.
+        calls = [("", begin), *((r, lock(r)) for r in runners)]
+        return [writer.call(call, runner) for runner, call in calls]
+
+    writer = StoreWriter(store.db, lambda: None)
+    try:
+        first = asyncio.gather(*group([a, b]))
+        await asyncio.to_thread(one_began.wait, 30)  # a writer thread took the first group
+        await asyncio.gather(first, *group([b, a]))  # the other thread takes this one
+    finally:
+        await writer.close()
+        store.close()
+    # Taken in the order they came, a then b beside b then a would deadlock: one group
+    # would be undone and run again.
+    assert sorted(ran) == sorted([a, a, b, b])

@@ -1,11 +1,12 @@
-"""Group commit: the runner sockets' store writes, taken together by one thread.
+"""Group commit: the runner sockets' store writes, taken together by writer threads.
 
 Each runner socket applies its runner's reports and claims runs for it several hundred
 times a second on a busy coordinator, each a store call of its own. On SQLite they all
 queue on the database's one write lock, and each pays for its commit and for the lock
-passing from thread to thread. ``StoreWriter`` runs them on one thread instead: it takes
-every call queued meanwhile (a group) and runs them in order in one transaction, with one
-commit for them all. A caller is answered once the group has committed: a runner's reports
+passing from thread to thread; on PostgreSQL each commit costs its server a WAL flush.
+``StoreWriter`` runs them on writer threads instead (one on SQLite, ``THREADS``): a free
+one takes every call queued meanwhile (a group) and runs them in order in one transaction,
+with one commit for them all. A caller is answered once the group has committed: a runner's reports
 are acknowledged only when they are stored.
 
 Nearly every group is taken whole: it is tried flat first (the calls' transactions join the
@@ -48,6 +49,11 @@ from corral.store.db import Database, SpoiltTransaction
 log = logging.getLogger("corral.coordinator")
 T = TypeVar("T")
 MAX_GROUP = 64  # calls taken into one transaction, about: what one failure makes run again
+# Threads taking groups. On SQLite one: its one write lock would queue the others, and their
+# groups be smaller. On PostgreSQL two, so that while one waits for a group's round trips
+# (slow on a loaded machine) the next group is under way: groups side by side lock runners
+# in the same order, as a group's calls do.
+THREADS = {"sqlite": 1, "postgres": 2}
 
 
 @dataclass
@@ -61,14 +67,14 @@ Answer = tuple[Exception | None, Any]  # what a call raised, or else what it ret
 
 
 class StoreWriter:
-    """One thread that runs queued store calls in groups, one commit a group."""
+    """Threads that run queued store calls in groups, one commit a group."""
 
     def __init__(self, db: Database, answered: Callable[[], None]) -> None:
         self._db = db
         self._answered = answered  # after each group's answers: the calls wrote events
         self._queue: queue.SimpleQueue[list[_Call] | None] = queue.SimpleQueue()
         self._asked: list[_Call] = []  # calls made in this turn of the event loop
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -77,10 +83,14 @@ class StoreWriter:
         ``runner``: the runner whose rows it locks (module docstring)."""
         if self._closed:
             raise Unavailable("the coordinator is stopping")
-        if self._thread is None:
+        if not self._threads:
             self._loop = asyncio.get_running_loop()
-            self._thread = threading.Thread(target=self._serve, name="corral-writer", daemon=True)
-            self._thread.start()
+            self._threads = [
+                threading.Thread(target=self._serve, name=f"corral-writer-{n}", daemon=True)
+                for n in range(THREADS[self._db.dialect])
+            ]
+            for thread in self._threads:
+                thread.start()
         assert self._loop is not None
         future: asyncio.Future[T] = self._loop.create_future()
         # Handed over once the loop's turn is done, with the others made in it: one wake-up
@@ -104,13 +114,14 @@ class StoreWriter:
             self._queue.put(calls)
 
     async def close(self) -> None:
-        """The thread ends once the calls made before have run."""
+        """The threads end once the calls made before have run."""
         self._closed = True
         self._hand_over()
-        if self._thread is not None:
-            self._queue.put(None)
-            await anyio.to_thread.run_sync(self._thread.join)
-            self._thread = None
+        threads, self._threads = self._threads, []
+        for _ in threads:
+            self._queue.put(None)  # one for each: a thread ends at the first it takes
+        for thread in threads:
+            await anyio.to_thread.run_sync(thread.join)
 
     # ---- on the writer's thread -----------------------------------------------------------
 
