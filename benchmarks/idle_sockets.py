@@ -164,7 +164,9 @@ async def worker(url: str, first: int, count: int, batch: int, within_s: float) 
         failed=dict(failed.most_common(3)),
         seconds=time.monotonic() - started,
     )
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    loop = asyncio.get_running_loop()
+    while await loop.run_in_executor(None, sys.stdin.readline):  # asked: pings sent so far
+        report(pings=sum(r.pings for r in runners))
     lives = [r.life for r in runners if r.life is not None]
     for task in lives:
         task.cancel()
@@ -219,6 +221,13 @@ class Clients:
     def cpu_seconds(self) -> float:
         return sum(cpu_seconds(p.pid) for p in self.procs)
 
+    async def pings(self) -> int:
+        """The pings their sockets have sent so far."""
+        for proc in self.procs:
+            if proc.stdin is not None:
+                proc.stdin.write(b"pings?\n")
+        return sum(said.get("pings", 0) for said in await self.said())
+
     async def stop(self) -> list[dict[str, Any]]:
         for proc in self.procs:
             if proc.stdin is not None:
@@ -245,6 +254,7 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
         failures.update(o.get("failed", {}))
     await asyncio.sleep(args.settle)
 
+    pings0 = await workers.pings()
     cpu0, wall0, ccpu0 = cpu_seconds(pid), time.monotonic(), workers.cpu_seconds()
     samples = []
     while time.monotonic() - wall0 < args.measure:
@@ -253,19 +263,22 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
     wall = time.monotonic() - wall0
     cpu = cpu_seconds(pid) - cpu0
     client_cpu = workers.cpu_seconds() - ccpu0
+    pings = await workers.pings() - pings0
     load = os.getloadavg()
     async with httpx.AsyncClient(base_url=url, timeout=60, headers=AUTH) as http:
         listed = (await http.get("/runners")).json()["runners"]
     active = sum(r["state"] == "active" for r in listed)
 
-    cpu_before_dispatch = cpu_seconds(pid)
     try:
-        dispatch = await asyncio.to_thread(probe_dispatch, url, args.dispatch_samples)
+        dispatch, dispatch_cpu, dispatch_wall = await asyncio.to_thread(
+            probe_dispatch, url, pid, args.dispatch_samples
+        )
     except (httpx.HTTPError, RuntimeError) as exc:  # a coordinator too busy to answer
         print(f"  dispatch to a real runner failed: {exc!r}")
-        dispatch = []
+        dispatch, dispatch_cpu, dispatch_wall = [], 0.0, 0.0
+    # What the runs cost beyond holding the idle sockets meanwhile (at the idle rate).
     dispatch_cpu_ms = (
-        1000 * (cpu_seconds(pid) - cpu_before_dispatch) / max(1, len(dispatch) + DISPATCH_WARMUP)
+        1000 * (dispatch_cpu - cpu / wall * dispatch_wall) / max(1, len(dispatch) + DISPATCH_WARMUP)
     )
     stopped = await workers.stop()
     closed = sum(s.get("closed", 0) for s in stopped)
@@ -297,6 +310,10 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
         f"(before the sockets {rss_before:.1f} MiB; ~{per_socket_kib:.0f} KiB per socket; "
         f"samples {', '.join(f'{s:.0f}' for s in samples)})"
     )
+    print(
+        f"  pings sent by the runners        {pings / wall:8.0f} a second "
+        f"(coordinator CPU {1e6 * cpu / max(1, pings):.0f} µs a ping, all it did included)"
+    )
     print(f"  client CPU (the workers)         {100 * client_cpu / wall:8.1f} % of one core")
     print(
         f"  runners active in the store      {active:8d} / {args.sockets}; "
@@ -307,7 +324,7 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
         print(
             f"  dispatch to a real runner        {pct(dispatch, 50):8.1f} ms p50, "
             f"{pct(dispatch, 99):.1f} ms p99 ({len(dispatch)} runs, one at a time); "
-            f"coordinator CPU {dispatch_cpu_ms:.1f} ms per run dispatched"
+            f"coordinator CPU {dispatch_cpu_ms:.1f} ms per run dispatched (beyond the idle rate)"
         )
     print(
         f"  load average (1, 5, 15 min)      {load[0]:8.1f} {load[1]:.1f} {load[2]:.1f} "
@@ -315,10 +332,13 @@ async def bench(args: argparse.Namespace, url: str, pid: int) -> None:
     )
 
 
-def probe_dispatch(url: str, samples: int, warmup: int = DISPATCH_WARMUP) -> list[float]:
-    """POST /runs → the run's process started (ms), to a real runner beside the idle ones."""
+def probe_dispatch(
+    url: str, pid: int, samples: int, warmup: int = DISPATCH_WARMUP
+) -> tuple[list[float], float, float]:
+    """POST /runs → the run's process started (ms), to a real runner beside the idle ones;
+    the coordinator's CPU and the wall time those runs took (s)."""
     if samples <= 0:
-        return []
+        return [], 0.0, 0.0
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env.update(CORRAL_URL=url, CORRAL_TOKEN=TOKEN)
     runner = subprocess.Popen(
@@ -337,8 +357,10 @@ def probe_dispatch(url: str, samples: int, warmup: int = DISPATCH_WARMUP) -> lis
             ):
                 if time.monotonic() > end:
                     raise RuntimeError("the probe runner did not register")
-                time.sleep(0.1)
-        return measure_latency(url, samples, warmup, labels=["probe"])
+                time.sleep(0.5)  # each look lists every idle runner too
+        cpu0, wall0 = cpu_seconds(pid), time.monotonic()
+        latencies = measure_latency(url, samples, warmup, labels=["probe"])
+        return latencies, cpu_seconds(pid) - cpu0, time.monotonic() - wall0
     finally:
         os.killpg(runner.pid, signal.SIGTERM)
         runner.wait(20)

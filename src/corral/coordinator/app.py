@@ -151,6 +151,7 @@ def create_app(
     app.add_middleware(auth.Guard, allowed_hosts=hosts)
     # The same door in front of the gateway's requests.
     app.gateway = auth.Guard(BodyLimit(gateway.serve, **limits), allowed_hosts=hosts)
+    app.runner_socket = auth.Guard(socket.serve, allowed_hosts=hosts)
     auth.document(app)
     return app
 
@@ -159,14 +160,20 @@ class CoordinatorApp(FastAPI):
     """FastAPI, but an HTTP request to an actor (``/gateway/…``, the hot path of every
     warm request) goes straight to ``gateway``: the same ``Guard`` and body limit as every
     other request, then the gateway's own ASGI code, without FastAPI's routing, exception
-    middleware and dependency solving (about a fifth of the coordinator's CPU a request)."""
+    middleware and dependency solving (about a fifth of the coordinator's CPU a request).
+    So does a runner's WebSocket (``socket.serve``): its frames then pass no middleware."""
 
     gateway: ASGIApp | None = None
+    runner_socket: ASGIApp | None = None  # the runner link's upgrades, likewise
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.gateway is not None and scope["type"] == "http" and gateway.route(scope):
             scope["app"] = self  # as Starlette sets it: the Guard finds the coordinator there
             await self.gateway(scope, receive, send)
+            return
+        if self.runner_socket is not None and socket.route(scope):
+            scope["app"] = self
+            await self.runner_socket(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 

@@ -28,13 +28,20 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter
+from starlette import types as asgi
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from corral.coordinator.actors import kv_request
-from corral.coordinator.auth import Access, Principal, require
+from corral.coordinator.auth import (
+    CLOSE_POLICY_VIOLATION,
+    GRANTS,
+    Access,
+    Principal,
+    require,
+)
 from corral.coordinator.connections import Connections
 from corral.coordinator.deadlines import RECHECK_S
 from corral.coordinator.link_core import (
@@ -66,13 +73,55 @@ from corral.store.runners import Head
 
 log = logging.getLogger("corral.coordinator")
 REASON_STORE_FAILED = "corral.store_failed"
+PATH = "/runner/socket"
+# What a send or a close on a socket already gone raises: Starlette's WebSocket says so
+# with WebSocketDisconnect, plain ASGI with OSError (uvicorn's ClientDisconnected), and a
+# message after the close with RuntimeError.
+GONE = (WebSocketDisconnect, OSError, RuntimeError)
+
+
+class Socket(Protocol):
+    """What the pump uses of a WebSocket: ``AsgiSocket``, or Starlette's ``WebSocket``."""
+
+    async def accept(self) -> None: ...
+
+    async def receive(self) -> asgi.Message: ...
+
+    async def send_text(self, data: str) -> None: ...
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+
+class AsgiSocket:
+    """A runner's WebSocket as plain ASGI messages. Starlette's ``WebSocket`` checks the
+    state of every message and sends each through its app's and its route's exception
+    handlers, on every frame."""
+
+    def __init__(self, receive: asgi.Receive, send: asgi.Send) -> None:
+        self._receive = receive
+        self._send = send
+
+    async def accept(self) -> None:
+        opened = await self._receive()
+        if opened["type"] != "websocket.connect":  # as Starlette's: the client is gone
+            raise RuntimeError(f"expected websocket.connect, got {opened['type']!r}")
+        await self._send({"type": "websocket.accept"})
+
+    async def receive(self) -> asgi.Message:
+        return await self._receive()
+
+    async def send_text(self, data: str) -> None:
+        await self._send({"type": "websocket.send", "text": data})
+
+    async def close(self, code: int, reason: str) -> None:
+        await self._send({"type": "websocket.close", "code": code, "reason": reason})
 
 
 class SocketPump:
     """One runner socket: frames in and out, store calls in a thread, waits. A
     ``LiveLink`` for the rest of the coordinator (``Connections``)."""
 
-    def __init__(self, coordinator: Coordinator, ws: WebSocket, principal: Principal) -> None:
+    def __init__(self, coordinator: Coordinator, ws: Socket, principal: Principal) -> None:
         self.coordinator = coordinator
         self.principal = principal  # the token the socket was opened with
         self.core = LinkCore(coordinator.store, coordinator.settings)
@@ -81,8 +130,9 @@ class SocketPump:
             coordinator.connections.accepted(), coordinator.clock.now(), coordinator.settings
         )
         self.closed = asyncio.Event()
+        # Another round of the push loop is wanted: the channel asked (a slot may be free,
+        # commands wait), or a round of the socket waiters woke it with runs.
         self.push_wanted = asyncio.Event()
-        self._board = asyncio.Event()  # a round of the socket waiters woke it
         self._woken = False
         self._reserved: list[RunId] | None = None  # what that round reserved for it
         self._send_lock = asyncio.Lock()
@@ -165,7 +215,7 @@ class SocketPump:
 
     async def close(self, code: int, reason: str) -> None:
         if not self.closed.is_set():
-            with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+            with contextlib.suppress(*GONE):
                 await self.ws.close(code, reason)
             self.closed.set()
 
@@ -273,7 +323,7 @@ class SocketPump:
 
     async def _send(self, message: Any) -> None:
         async with self._send_lock:
-            with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+            with contextlib.suppress(*GONE):
                 await self.ws.send_text(m.encode(message))
 
     async def _register(self, init: m.ToServerInit) -> None:
@@ -374,11 +424,12 @@ class SocketPump:
                     )
                     coordinator.waiters.add(waiter)
                 try:
-                    await wait_any([orders, self.push_wanted, self.closed, self._board], None)
+                    # Not on ``closed``: a socket that closes cancels its loops. Each event
+                    # waited on is a task while it waits, at every idle socket.
+                    await wait_any([orders, self.push_wanted], None)
                 finally:
                     if waiter is not None:
                         coordinator.waiters.discard(waiter)
-                self._board.clear()
                 if orders.is_set() and not self.closed.is_set():
                     # The runner's row changed: a drain or a stop asked through another
                     # coordinator (its NOTIFY woke us) is passed on before anything is pushed.
@@ -402,7 +453,7 @@ class SocketPump:
         """A round of the socket waiters reserved these runs for it (None: claim without a
         reservation)."""
         self._woken, self._reserved = True, reserved
-        self._board.set()
+        self.push_wanted.set()
 
     async def _follow_orders(self, runner_id: RunnerId) -> None:
         order = await self.coordinator.in_thread(
@@ -411,10 +462,36 @@ class SocketPump:
         await self._handle(self.channel.ordered(order))
 
 
+def route(scope: asgi.Scope) -> bool:
+    """Is this the runner link's WebSocket (served by ``serve``)?"""
+    if scope["type"] != "websocket":
+        return False
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    return path == root + PATH
+
+
+async def serve(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+    """The runner link as plain ASGI: the coordinator's app hands its upgrades over before
+    FastAPI's routing (``app.CoordinatorApp``), behind the same ``Guard``, so that a socket
+    costs no dependency solving when it opens and no Starlette wrappers on each frame. It
+    checks what the route below declares (runner access); the route stays for the apps
+    without that shortcut, and for the tests that walk every route."""
+    principal: Principal = scope["state"]["principal"]
+    if principal.role not in GRANTS[Access.RUNNER]:
+        # Closed before it is accepted: the client sees HTTP 403, as from the route.
+        await send(
+            {"type": "websocket.close", "code": CLOSE_POLICY_VIOLATION, "reason": "forbidden"}
+        )
+        return
+    coordinator = scope["app"].state.coordinator
+    await SocketPump(coordinator, AsgiSocket(receive, send), principal).run()
+
+
 router = APIRouter(tags=["runner protocol"])
 
 
-@router.websocket("/runner/socket")
+@router.websocket(PATH)
 async def runner_socket(
     ws: WebSocket, principal: Annotated[Principal, require(Access.RUNNER)]
 ) -> None:
