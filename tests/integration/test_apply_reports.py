@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from corral.coordinator.link_core import Outcome, apply_reports, parse_events
-from corral.errors import LeaseLost
+from corral.errors import IllegalTransition, LeaseLost
 from corral.protocol.messages import Indexed
 from corral.runs import NewRun, RunStatus, RunType
 from corral.store import Store
@@ -53,6 +53,35 @@ def test_an_accepted_batch_takes_effect_with_what_then_writes(store: Store) -> N
     assert finished is not None and finished.status is RunStatus.COMPLETED
     assert [store.runs.get(r).status for r in (a, b)] == [RunStatus.COMPLETED, RunStatus.RUNNING]
     assert store.commands.state(runner_id).last_event_idx == 3
+
+
+def test_start_reports_taken_together_keep_each_runs_order(store: Store) -> None:
+    runner_id, a, b = two_claimed_runs(store)
+    batch = events(
+        {"type": "finished", "run_id": a, "attempt": 1, "status": "failed", "exit_code": 1},
+        {"type": "started", "run_id": b, "attempt": 1},
+        {"type": "started", "run_id": a, "attempt": 1},  # after its final report: refused
+        {"type": "started", "run_id": b, "attempt": 1},  # a repeat: moot
+    )
+    applied = apply_reports(store, runner_id, batch, NOW + 1, lambda outcomes, _: None)
+    errors = [error for error, _ in applied.outcomes]
+    assert errors[0] is None and errors[1] is None and errors[3] is None
+    assert isinstance(errors[2], IllegalTransition)  # a failed run does not start
+    assert [store.runs.get(r).status for r in (a, b)] == [RunStatus.FAILED, RunStatus.RUNNING]
+
+
+def test_start_reports_taken_together_refuse_only_the_one_not_leased(store: Store) -> None:
+    runner_id, a, b = two_claimed_runs(store)
+    batch = events(
+        {"type": "started", "run_id": a, "attempt": 1},
+        {"type": "started", "run_id": b, "attempt": 2},  # not its lease
+        {"type": "finished", "run_id": a, "attempt": 1, "status": "completed", "exit_code": 0},
+    )
+    applied = apply_reports(store, runner_id, batch, NOW + 1, lambda outcomes, _: None)
+    errors = [error for error, _ in applied.outcomes]
+    assert errors[0] is None and errors[2] is None
+    assert isinstance(errors[1], LeaseLost)
+    assert [store.runs.get(r).status for r in (a, b)] == [RunStatus.COMPLETED, RunStatus.CLAIMED]
 
 
 def test_a_refused_report_changes_nothing_and_the_others_still_count(store: Store) -> None:

@@ -607,15 +607,18 @@ def apply_reports(
     the reports wakes those runners' push loops, ``wakeups``).
 
     Nearly every batch is accepted whole: it is tried flat first (no savepoint per report:
-    on PostgreSQL each costs round trips). If one report is refused (``lease_lost``, an
-    illegal transition …), that try is undone and the batch is applied again with a
-    savepoint per report, so that the refused one undoes only its own writes."""
+    on PostgreSQL each costs round trips), its start reports together in one statement
+    (``start_together``). If one report is refused (``lease_lost``, an illegal transition
+    …), that try is undone and the batch is applied again with a savepoint per report, so
+    that the refused one undoes only its own writes."""
     try:
         with store.db.transaction(flat=True):
             first()
             changed = Changes()
+            started = start_together(store, runner_id, events, now)
             outcomes: list[Outcome] = [
-                (None, _apply(store, runner_id, e, now, changed)) for e in events
+                (None, None) if n in started else (None, _apply(store, runner_id, e, now, changed))
+                for n, e in enumerate(events)
             ]
             return Reports(outcomes, changed, then(outcomes, changed))
     except Unavailable:
@@ -627,6 +630,31 @@ def apply_reports(
         changed = Changes()  # the flat try's changes were undone with it
         outcomes = [apply_event(store, runner_id, event, now, changed) for event in events]
         return Reports(outcomes, changed, then(outcomes, changed))
+
+
+def start_together(
+    store: Store, runner_id: str, events: Sequence[RunnerEvent], now: float
+) -> set[int]:
+    """The batch's start reports that come before any other report of their run, applied
+    first, in one statement (``RunStore.mark_started_many``): the positions of those it
+    started. Each run's reports still apply in their order; a runner's batch alternates
+    start and final reports of different runs, each a statement of its own otherwise."""
+    seen: set[str] = set()
+    first_starts: list[tuple[int, tuple[str, int]]] = []
+    for n, event in enumerate(events):
+        if isinstance(event, ActorEvent):
+            continue
+        if (
+            isinstance(event, StartedEvent)
+            and event.former_runner_id is None
+            and event.run_id not in seen
+        ):
+            first_starts.append((n, (event.run_id, event.attempt)))
+        seen.add(event.run_id)
+    if len(first_starts) < 2:
+        return set()
+    started = store.runs.mark_started_many(runner_id, [a for _, a in first_starts], now)
+    return {n for n, attempt in first_starts if attempt in started}
 
 
 def apply_event(

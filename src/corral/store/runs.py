@@ -151,6 +151,32 @@ class RunStore:
                 return  # a repeated report (the first answer was lost), or a late one: moot
             transition(tx, row, RunStatus.RUNNING, now, started_at=now)
 
+    def mark_started_many(
+        self, runner_id: str, attempts: Sequence[tuple[str, int]], now: float
+    ) -> set[tuple[str, int]]:
+        """``mark_started``'s usual case for several (run, attempt) of one runner in one
+        statement: those it started. Any other (a repeat, a lost lease) is the caller's to
+        pass to ``mark_started``."""
+        if not attempts:
+            return set()
+        with self.db.transaction() as tx:
+            # Found by primary key (``id IN``), then each run's own attempt matched.
+            started = tx.execute(
+                "UPDATE runs SET status = ?, started_at = ?, updated_at = ? "
+                f"WHERE id IN ({', '.join('?' for _ in attempts)}) AND runner_id = ? "
+                f"AND status IN ({_STARTABLE}) AND (id, attempts) IN "
+                f"(VALUES {', '.join('(?, ?)' for _ in attempts)}) RETURNING id, attempts",
+                (
+                    str(RunStatus.RUNNING),
+                    now,
+                    now,
+                    *(run_id for run_id, _ in attempts),
+                    runner_id,
+                    *(x for pair in attempts for x in pair),
+                ),
+            )
+        return {(r["id"], r["attempts"]) for r in started}
+
     def record_session(
         self, run_id: str, runner_id: str, attempt: int, session_id: str, now: float
     ) -> Run:
