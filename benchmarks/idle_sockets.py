@@ -100,7 +100,11 @@ class IdleRunner:
         hello = m.decode(await asyncio.wait_for(self.ws.recv(), 60), side="client")
         assert isinstance(hello, m.ToClientInit), hello
         self.runner_id = hello.runner_id
-        self.ping_s = float(hello.metadata.get("ping_interval", PING_S))
+        # As the real runner: within a third of its lease (the lost threshold less its stop
+        # margin, its kill grace of 10 s and a second, at most a third of the threshold).
+        told = float(hello.metadata.get("ping_interval", PING_S))
+        threshold = float(hello.metadata.get("runner_lost_threshold", 20.0))
+        self.ping_s = min(told, (threshold - min(11.0, threshold / 3)) / 3)
 
     async def live(self) -> None:
         """Ping as often as the coordinator asked (first one at a random offset), drop

@@ -4,6 +4,8 @@ The simulation (``tests/sim``) drives them through faults; these pin each rule a
 
 from __future__ import annotations
 
+import itertools
+import random
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -19,6 +21,7 @@ from corral.coordinator.link_core import (
     Registration,
     RunnerChannel,
     Wake,
+    ping_interval_s,
     wakeups,
 )
 from corral.coordinator.notifier import RUNS_AVAILABLE, actor_topic, runner_topic
@@ -26,6 +29,7 @@ from corral.coordinator.settings import CoordinatorSettings
 from corral.ids import RunnerId
 from corral.protocol import messages as wire
 from corral.protocol.outputs import Close, Register, Send
+from corral.protocol.runner import RunnerConnection
 from corral.runners import RunnerState
 from corral.store.actors import Changes
 from corral.store.runners import Order
@@ -261,3 +265,56 @@ def test_actor_reports_wake_their_followers_and_the_runners_given_commands() -> 
         actor_topic("act_2"),
         runner_topic("rnr_other"),
     ]
+
+
+def greeting(channel: RunnerChannel) -> wire.ToClientInit:
+    channel.receive(init(), T0)
+    hello = sent(channel.registered(Registration(RUNNER, 0, []), T0))[0]
+    assert isinstance(hello, wire.ToClientInit)
+    return hello
+
+
+def test_runners_joining_a_crowded_coordinator_are_told_to_ping_less_often() -> None:
+    settings = CoordinatorSettings()  # pings every 3 s, lost after 20 s
+
+    def told(sockets: int) -> float:
+        hello = greeting(RunnerChannel.open(1, T0, settings, sockets=sockets))
+        return float(hello.metadata["ping_interval"])
+
+    # Up to 1,000 pings a second at 3 s each; then longer, up to 5 s.
+    assert [told(n) for n in (0, 3_000, 4_000, 5_000, 100_000)] == [3.0, 3.0, 4.0, 5.0, 5.0]
+    # Never past a quarter of the lost threshold, never below the configured interval.
+    assert ping_interval_s(CoordinatorSettings(ws_lost_after_s=14.0), 100_000) == 3.5
+    assert ping_interval_s(CoordinatorSettings(ws_ping_interval_s=8.0), 100_000) == 8.0
+
+
+def test_a_runner_told_the_longest_interval_is_never_taken_for_lost() -> None:
+    """The runner's own pacing (its lease and silence window) and the coordinator's lost
+    threshold agree at the longest interval: a minute of pings, less often, none late."""
+    channel = RunnerChannel.open(1, T0, CoordinatorSettings(), sockets=100_000)
+    runner = RunnerConnection(
+        name="runner",
+        version="1",
+        total_slots=2,
+        labels=(),
+        metadata={},
+        rng=random.Random(0),
+        stop_margin_s=11.0,  # a runner's default: its kill grace and a second
+    )
+    runner.connect(T0)
+    runner.receive(greeting(channel), T0)
+    pings, now = [], T0
+    while now < T0 + 60:
+        now += 0.25
+        for out in runner.tick(now):
+            assert isinstance(out, Send), out  # never a reconnect or a stop of its work
+            if isinstance(out.message, wire.ToServerPing):
+                pings.append(now)
+                answer = channel.receive(out.message, now)
+                pong = sent(answer)[0]
+                assert isinstance(pong, wire.ToClientPong)
+                runner.receive(pong, now)
+        assert not any(isinstance(out, Close) for out in channel.tick(now))
+    gaps = [b - a for a, b in itertools.pairwise(pings)]
+    # Less often than every 3 s: within a third of its lease (20 s less its stop margin).
+    assert min(gaps) > 4.0 and max(gaps) <= 5.0 and len(pings) >= 12

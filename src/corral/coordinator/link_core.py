@@ -92,6 +92,12 @@ Outcome = tuple[CorralError | None, Run | None]  # an event refused, or the run 
 Slot = tuple[str, int]  # (run, attempt) the runner holds
 
 _EVENTS: TypeAdapter[RunnerEvent] = TypeAdapter(RunnerEvent)
+# Pings a second from all its sockets a coordinator takes at the configured interval; a
+# runner that connects beyond that is asked to ping less often, up to LONGEST_PING_S. Each
+# ping costs the coordinator ~0.1 ms of CPU (mostly uvicorn, asyncio and the kernel's
+# send of the Pong): at 10,000 sockets pinging every 3 s, a third of a core.
+PING_BUDGET_PER_S = 1000
+LONGEST_PING_S = 5.0
 # At most this many late reports announced in an Init are waited for before claiming.
 MAX_LATE_REPORTS = 100_000
 
@@ -203,11 +209,15 @@ class RunnerChannel:
     _late_in_flight: int = 0
 
     @classmethod
-    def open(cls, seq: int, now: float, settings: CoordinatorSettings) -> RunnerChannel:
+    def open(
+        cls, seq: int, now: float, settings: CoordinatorSettings, sockets: int = 0
+    ) -> RunnerChannel:
+        """A socket opened while the coordinator holds ``sockets`` others: its runner is
+        told the ping interval for that many (``ping_interval_s``)."""
         session = ServerSession(
             now,
             lost_threshold_s=settings.ws_lost_after_s,
-            ping_interval_s=settings.ws_ping_interval_s,
+            ping_interval_s=ping_interval_s(settings, sockets),
             ack_interval_s=settings.ws_ack_interval_s,
         )
         return cls(seq, session)
@@ -557,6 +567,17 @@ class LinkCore:
         with contextlib.suppress(CorralError):
             self.store.runners.set_state(runner_id, RunnerState.STOPPED, now)
         return True
+
+
+def ping_interval_s(settings: CoordinatorSettings, sockets: int) -> float:
+    """The ping interval a runner is told in its Init while the coordinator holds
+    ``sockets``: the configured one while they all ping within ``PING_BUDGET_PER_S``, then
+    longer as they grow, up to ``LONGEST_PING_S`` and never past a quarter of the lost
+    threshold (four pings still fit in it; the runner pings within a third of its lease
+    anyway, and its silence window grows with the interval: ``RunnerConnection``)."""
+    spread = sockets / PING_BUDGET_PER_S
+    longest = min(LONGEST_PING_S, settings.ws_lost_after_s / 4)
+    return max(settings.ws_ping_interval_s, min(spread, longest))
 
 
 def late_reports_to_send(init: ToServerInit) -> int:

@@ -126,8 +126,12 @@ class SocketPump:
         self.principal = principal  # the token the socket was opened with
         self.core = LinkCore(coordinator.store, coordinator.settings)
         self.ws = ws
+        connections = coordinator.connections
         self.channel = RunnerChannel.open(
-            coordinator.connections.accepted(), coordinator.clock.now(), coordinator.settings
+            connections.accepted(),
+            coordinator.clock.now(),
+            coordinator.settings,
+            sockets=connections.open,
         )
         self.closed = asyncio.Event()
         # Another round of the push loop is wanted: the channel asked (a slot may be free,
