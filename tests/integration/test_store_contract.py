@@ -287,6 +287,7 @@ def test_a_lost_runner_is_told_to_register_again(store: Store, state: RunnerStat
         store.runs.claim(runner.id, 5, NOW + 2)
     assert err.value.code == "runner_lost"
     assert store.runs.get(run.id).status is RunStatus.PENDING
+    assert store.runners.get(runner.id).last_heartbeat_at == NOW  # its claim was not heard
 
 
 def test_claim_by_unknown_runner_is_not_found(store: Store) -> None:

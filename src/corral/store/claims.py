@@ -12,7 +12,7 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-from corral.errors import LeaseLost
+from corral.errors import LeaseLost, NotFound
 from corral.ids import RunId
 from corral.runners import ALIVE, Runner, RunnerState
 from corral.runs import Run, RunStatus, may_become
@@ -85,14 +85,18 @@ def claim(
     double-claims there under concurrency. On SQLite the immediate transaction holds the
     one write lock, so the same select-then-update is safe.
     """
-    # Locked, so a reconciler cannot declare the runner lost (and take back what it
-    # holds) between this check and the commit, stranding the new claim.
-    runner = row_by_id(tx, "runners", runner_id, lock=db.lock_rows())
-    check_not_lost(runner)
     # A runner asking for runs is heard, as by a heartbeat: its lease, which it counts from
     # when it asked, holds here too (a heartbeat stuck behind an outage no longer ends it
-    # while its claims are answered).
-    tx.execute("UPDATE runners SET last_heartbeat_at = ? WHERE id = ?", (now, runner_id))
+    # while its claims are answered). That write locks its row, so a reconciler cannot
+    # declare it lost (and take back what it holds) between the check below and the
+    # commit, stranding the new claim; if it is lost already, the check raises and the
+    # write is undone with the caller's transaction.
+    runner = tx.one(
+        "UPDATE runners SET last_heartbeat_at = ? WHERE id = ? RETURNING *", (now, runner_id)
+    )
+    if runner is None:
+        raise NotFound.of("runner", runner_id)
+    check_not_lost(runner)
     if runner["state"] != RunnerState.ACTIVE:
         return []  # draining: it finishes what it has and takes nothing new
     if max_runs is None:
