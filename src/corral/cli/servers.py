@@ -84,7 +84,9 @@ def coordinator_options(fn: click.decorators.FC) -> click.decorators.FC:
                 env="PING_INTERVAL",
                 default=3.0,
                 type=POSITIVE,
-                help="Seconds between a WebSocket runner's pings.",
+                help="Seconds between a WebSocket runner's pings. A runner that joins "
+                "a coordinator whose sockets already ping 1,000 times a second is asked "
+                "to ping less often, up to 5 s.",
             ),
             option(
                 "--runner-lost-threshold",
