@@ -215,12 +215,7 @@ def pg_url(tmp_path: Path) -> Iterator[str]:
 @pytest.mark.postgres
 def test_a_group_ended_as_a_deadlock_victim_runs_call_by_call(pg_url: str) -> None:
     store = Store.open(pg_url)
-    a, b = (
-        store.runners.register(
-            name=name, hostname="h", labels=[], slots=1, version="t", transport="websocket", now=NOW
-        )[0].id
-        for name in ("a", "b")
-    )
+    a, b = two_runners(store)
     lock = "SELECT id FROM runners WHERE id = %s FOR NO KEY UPDATE"
     # Another transaction holds b, then waits for a, which the group's first call holds:
     # the group's second call waiting for b closes the cycle. The group's backend looks for
@@ -255,6 +250,16 @@ def test_a_group_ended_as_a_deadlock_victim_runs_call_by_call(pg_url: str) -> No
     assert ran == ["a", "a", "b"]  # the group's try was undone; then each call alone
 
 
+def two_runners(store: Store) -> tuple[str, str]:
+    a, b = (
+        store.runners.register(
+            name=name, hostname="h", labels=[], slots=1, version="t", transport="websocket", now=NOW
+        )[0].id
+        for name in ("a", "b")
+    )
+    return a, b
+
+
 def blocked(pid: int) -> None:
     """Return once the backend ``pid`` waits for a lock."""
     deadline = time.monotonic() + 30
@@ -270,12 +275,7 @@ async def test_groups_side_by_side_lock_runners_in_one_order_never_deadlocking(
     pg_url: str,
 ) -> None:
     store = Store.open(pg_url)
-    a, b = (
-        store.runners.register(
-            name=name, hostname="h", labels=[], slots=1, version="t", transport="websocket", now=NOW
-        )[0].id
-        for name in ("a", "b")
-    )
+    a, b = two_runners(store)
     both_began, one_began = threading.Barrier(2, timeout=30), threading.Event()
     ran: list[str] = []
 
