@@ -91,8 +91,11 @@ class EventStream(Response):
         # As StreamingResponse: no body, so no content-length (the body is chunked).
         self.status_code = 200
         self.background = None
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        headers["Vary"] = "Accept-Encoding"
+        headers = {
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+            "Vary": "Accept-Encoding",
+        }
         if encoding.name is not None:
             headers["Content-Encoding"] = encoding.name
         self.init_headers(headers)

@@ -108,8 +108,11 @@ class Encoding:
     name: str | None = None  # its Content-Encoding
 
     def message(self, plain: bytes) -> bytes:
-        """Bytes of this stream alone (its ``ready``, its catch-up, a keepalive)."""
+        """Bytes of this stream alone (its ``ready``, its catch-up, ``dropped``)."""
         return plain
+
+    def keepalive(self) -> bytes:
+        return KEEPALIVE
 
     def batch(self, batch: Batch, last: int) -> bytes:
         """A round's batch, as sent by a stream whose last event was ``last``."""
@@ -129,8 +132,10 @@ class Deflated(Encoding):
         self.stream = DeflateStream()
 
     def message(self, plain: bytes) -> bytes:
-        piece = _DEFLATED_KEEPALIVE if plain is KEEPALIVE else compress(plain)
-        return self.stream.send(piece)
+        return self.stream.send(compress(plain))
+
+    def keepalive(self) -> bytes:
+        return self.stream.send(_DEFLATED_KEEPALIVE)  # compressed once, for every stream
 
     def batch(self, batch: Batch, last: int) -> bytes:
         if batch.whole_after(last):
@@ -189,7 +194,7 @@ class Subscription:
     def nudge(self) -> None:
         """A keepalive, unless the stream has a write under way (a write is traffic)."""
         if self._write is not None and self._sending is None and not self.done.is_set():
-            self._send(self.encoding.message(KEEPALIVE))
+            self._send(self.encoding.keepalive())
 
     def offer(self, batch: Batch) -> None:
         """Queue ``batch`` (already filtered by ``where``: see ``Batch.of``) and write
