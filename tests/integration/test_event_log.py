@@ -20,7 +20,9 @@ from corral.pools import PoolError, Serverless
 from corral.runners import Runner, RunnerState
 from corral.runs import NewRun, RunReport, RunStatus, RunType
 from corral.store import LogLine, Store
+from corral.store.db import PostgresDatabase
 from corral.store.events import EventStore
+from corral.store.schema import MIGRATIONS, render, statements
 from corral.tasks.model import TaskSpec
 
 NOW = 1_700_000_000.0
@@ -296,3 +298,40 @@ def test_concurrent_writers_never_make_a_resuming_reader_skip_an_event(
     assert not errors, errors
     seen.extend(e.id for e in read_all(events, after=seen[-1] if seen else 0))
     assert seen == list(range(1, writers * runs_each + 1))
+
+
+@pytest.mark.parametrize("dialect", ["postgres"])
+def test_ids_given_before_they_had_a_table_of_their_own_stay_theirs(store_url: str) -> None:
+    """Migration 18 on PostgreSQL moves the ids out of the event rows: the events numbered
+    before it keep their ids and order, those committed but not yet numbered are numbered
+    after them, and a new change's event comes after both."""
+    old = PostgresDatabase(store_url)
+    with old.transaction() as tx:  # the schema as migration 17 left it
+        tx.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at TEXT)")
+        for version, sql in MIGRATIONS:
+            if version < 18:
+                for statement in statements(render(sql, "postgres")):
+                    tx.execute(statement)
+                tx.execute("INSERT INTO schema_migrations VALUES (?, 'then')", (version,))
+        for run_id in ("numbered-1", "numbered-2", "unnumbered"):
+            tx.execute(
+                "INSERT INTO events (kind, at, run_id, data) VALUES ('run', ?, ?, '{}')",
+                (NOW, run_id),
+            )
+        tx.execute("UPDATE events SET id = seq WHERE run_id <> 'unnumbered'")
+        tx.execute("UPDATE event_log SET last_id = 2")
+    old.close()
+
+    store = Store.open(store_url)
+    try:
+        events = EventStore(store.db)
+        assert [(e.id, e.run_id) for e in read_all(events)] == [
+            (1, "numbered-1"),
+            (2, "numbered-2"),
+            (3, "unnumbered"),
+        ]
+        run = store.runs.create(command(), NOW)
+        assert [(e.id, e.run_id) for e in read_all(events, after=3)] == [(4, run.id)]
+        assert events.latest() == 4
+    finally:
+        store.close()

@@ -319,6 +319,40 @@ def actor_migration(dialect: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Every column of an event as readers see it, id first (``numbered_events``).
+_EVENT_COLUMNS = "kind, at, run_id, session_id, session_name, plan_id, runner_id, ref, data, "
+_EVENT_COLUMNS += "actor_id, pool"
+
+
+def numbering_migration(dialect: str) -> str:
+    """Migration 18: on PostgreSQL, ids in a narrow table of their own. Numbering had
+    rewritten each event row to give it its id: a new version of a ~350-byte row and an
+    entry in each of its four indexes, whose WAL the numbering's commit flushed while the
+    writers' commits queued behind it (4.6 ms a numbering, p50, with 50 streams open). Now
+    the trigger's row is never updated: a queue row (its ``seq``) says it has no id yet, and
+    numbering moves it to ``event_ids`` (id, seq). SQLite gives ids on insert (see
+    ``corral.store.events``); there the view is the table. Readers read the view."""
+    if dialect == "sqlite":
+        return f"CREATE VIEW numbered_events AS SELECT id, {_EVENT_COLUMNS} FROM events;\n"
+    columns = ", ".join(f"e.{c.strip()}" for c in _EVENT_COLUMNS.split(","))
+    return _NUMBERING_POSTGRES.format(columns=columns)
+
+
+_NUMBERING_POSTGRES = """
+CREATE TABLE event_ids (id BIGINT PRIMARY KEY, seq BIGINT NOT NULL);
+CREATE TABLE event_queue (seq BIGINT PRIMARY KEY);
+INSERT INTO event_ids (id, seq) SELECT id, seq FROM events WHERE id IS NOT NULL;
+INSERT INTO event_queue (seq) SELECT seq FROM events WHERE id IS NULL;
+DROP INDEX events_unnumbered;
+ALTER TABLE events DROP COLUMN id;
+CREATE FUNCTION events_queue() RETURNS trigger LANGUAGE plpgsql AS
+$$ BEGIN INSERT INTO event_queue (seq) VALUES (NEW.seq); RETURN NULL; END $$;
+CREATE TRIGGER events_queue AFTER INSERT ON events FOR EACH ROW EXECUTE FUNCTION events_queue();
+CREATE VIEW numbered_events AS SELECT i.id, {columns}
+FROM event_ids i JOIN events e ON e.seq = i.seq;
+"""
+
+
 def _triggers(source: Source, dialect: str) -> list[str]:
     snippets = _SNIPPETS[dialect]
     found: list[str] = []

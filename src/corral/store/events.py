@@ -16,12 +16,14 @@ commit late: a reader could see 12, resume after it, and miss 11 committed a mom
 later. Serializing the writers (an advisory lock or a counter row held until commit)
 would make every state-changing transaction wait for the previous one's commit and
 fsync, and taking that lock mid-transaction can deadlock against row locks. So there the
-trigger writes the row without a public id (``id IS NULL``; ``seq`` only keeps the
-order of writing), and ``number`` gives ids afterwards, in one short transaction under an
-advisory lock: it numbers the rows committed so far (later ones are invisible to it),
-one after the other from a counter. Numberings are serialized and each commits whole,
-so what a reader sees is always a prefix of the ids: none is skipped, none appears
-behind one already read. The coordinator numbers before each read of the log.
+trigger writes the row without a public id (``seq`` only keeps the order of writing) and
+queues it (``event_queue``); ``number`` gives ids afterwards, in one short transaction
+under an advisory lock: it takes the queued rows committed so far (later ones are
+invisible to it) and gives them ids one after the other from a counter, in
+``event_ids``. Numberings are serialized and each commits whole, so what a reader sees is
+always a prefix of the ids: none is skipped, none appears behind one already read. The
+coordinator numbers before each read of the log. Readers read ``numbered_events``: the
+numbered events (on SQLite, every event).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from corral.store.db import Database, Row, Tx
 
 KINDS = {kind.value: kind for kind in EventKind}  # a dict lookup: EventKind(…) costs ~1 µs
 NUMBERING_LOCK = 4242013  # pg_advisory_xact_lock key of ``number`` (migrate uses 4242001)
+IDS = {"sqlite": "events", "postgres": "event_ids"}  # the table that holds the ids given
 
 
 class EventStore:
@@ -52,17 +55,17 @@ class EventStore:
             return self._number(tx)
 
     def _number(self, tx: Tx) -> int:
-        if tx.one("SELECT 1 AS x FROM events WHERE id IS NULL LIMIT 1") is None:
+        if tx.one("SELECT 1 AS x FROM event_queue LIMIT 1") is None:
             return 0  # the usual case when idle: no lock, nothing written
         tx.execute("SELECT pg_advisory_xact_lock(?)", (NUMBERING_LOCK,))
+        # A statement's snapshot is taken after the lock: it sees the previous numbering.
         row = tx.one(
-            "WITH pending AS (SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS n "
-            "FROM events WHERE id IS NULL), "
+            "WITH queued AS (DELETE FROM event_queue RETURNING seq), "
             "counter AS (UPDATE event_log SET last_id = last_id + "
-            "(SELECT COUNT(*) FROM pending) RETURNING last_id), "
-            "numbered AS (UPDATE events e SET id = counter.last_id - "
-            "(SELECT COUNT(*) FROM pending) + pending.n FROM pending, counter "
-            "WHERE e.seq = pending.seq RETURNING 1) "
+            "(SELECT COUNT(*) FROM queued) RETURNING last_id), "
+            "numbered AS (INSERT INTO event_ids (id, seq) "
+            "SELECT counter.last_id - (SELECT COUNT(*) FROM queued) "
+            "+ ROW_NUMBER() OVER (ORDER BY q.seq), q.seq FROM queued q, counter RETURNING 1) "
             "SELECT COUNT(*) AS n FROM numbered"
         )
         return int(row["n"]) if row else 0
@@ -86,7 +89,7 @@ class EventStore:
         condition, params = where.sql()
         rows = tx.execute(
             "SELECT e.id, e.kind, e.at, e.run_id, e.session_id, e.session_name, "
-            "e.plan_id, e.runner_id, e.actor_id, e.pool, e.data, l.text FROM events e "
+            "e.plan_id, e.runner_id, e.actor_id, e.pool, e.data, l.text FROM numbered_events e "
             "LEFT JOIN run_logs l ON e.ref = l.id AND e.kind = 'log' "
             f"WHERE e.id > ?{condition} ORDER BY e.id LIMIT ?",
             (after, *params, limit),
@@ -97,8 +100,8 @@ class EventStore:
         """The newest id given (0: none yet); a resume after it waits for the next."""
         with self.db.transaction(write=False) as tx:
             row = tx.one(
-                "SELECT MAX(e.id) AS top, MAX(l.last_id) AS counted, "
-                "MAX(l.deleted_through) AS gone FROM event_log l LEFT JOIN events e ON 1 = 1"
+                "SELECT MAX(e.id) AS top, MAX(l.last_id) AS counted, MAX(l.deleted_through) "
+                f"AS gone FROM event_log l LEFT JOIN {IDS[self.db.dialect]} e ON 1 = 1"
             )
         assert row is not None
         return max(int(row[k] or 0) for k in ("top", "counted", "gone"))
@@ -144,7 +147,7 @@ class EventStore:
         while True:
             with self.db.transaction() as tx:
                 rows = tx.execute(
-                    "SELECT id FROM events WHERE at < ? AND id IS NOT NULL ORDER BY id LIMIT ?",
+                    "SELECT id FROM numbered_events WHERE at < ? ORDER BY id LIMIT ?",
                     (cutoff, batch),
                 )
                 if not rows:
@@ -152,8 +155,15 @@ class EventStore:
                 top = max(int(r["id"]) for r in rows)
                 # By id: a kept event never has a lower id than a deleted one (``at`` is
                 # the change's time, not quite in id order).
-                count = tx.one("SELECT COUNT(*) AS n FROM events WHERE id <= ?", (top,))
-                tx.execute("DELETE FROM events WHERE id <= ?", (top,))
+                count = tx.one("SELECT COUNT(*) AS n FROM numbered_events WHERE id <= ?", (top,))
+                if self.db.dialect == "sqlite":
+                    tx.execute("DELETE FROM events WHERE id <= ?", (top,))
+                else:
+                    tx.execute(
+                        "DELETE FROM events e USING event_ids i WHERE e.seq = i.seq AND i.id <= ?",
+                        (top,),
+                    )
+                    tx.execute("DELETE FROM event_ids WHERE id <= ?", (top,))
                 tx.execute(
                     "UPDATE event_log SET deleted_through = ? WHERE deleted_through < ?",
                     (top, top),

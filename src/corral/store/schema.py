@@ -19,7 +19,9 @@ holding each runner's socket (the gateway forwards requests for its actors there
 the coordinators that are up, and since when (``corral.store.coordinators``); 16 pending
 runs by label class, so that a claim reads only the runs its runner can take, and by last
 change (``corral.store.claims``); 17 the runner whose lease on a run's attempt ran out,
-whose late final report may still end it (``corral.store.claims.reports_late``).
+whose late final report may still end it (``corral.store.claims.reports_late``); 18 on
+PostgreSQL the events' ids in a table of their own, and the events as readers see them
+(``corral.store.event_triggers.numbering_migration``).
 """
 
 from __future__ import annotations
@@ -415,6 +417,7 @@ CREATE TABLE coordinators (
         # attempt; NULL when the run went back to pending otherwise (given back).
         "ALTER TABLE runs ADD COLUMN lost_runner_id TEXT;\n",
     ),
+    (18, event_triggers.numbering_migration),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]
