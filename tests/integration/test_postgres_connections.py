@@ -1,6 +1,7 @@
 """PostgreSQL's connection pool after a restart broke its connections (``db.py``): one idle
 past the check's threshold is replaced before it is used; one used just before fails the
-transaction it is taken for (``Unavailable``), and the next one gets a new connection."""
+transaction it is taken for (``Unavailable``), and the next one gets a new connection.
+Every connection, a replacement too, has JIT compilation off."""
 
 from __future__ import annotations
 
@@ -50,3 +51,16 @@ def test_a_connection_used_just_before_fails_one_transaction_then_is_replaced(
     with pytest.raises(Unavailable):
         backend_pid(db)
     assert backend_pid(db) != broken
+
+
+def test_no_connection_compiles_statements_just_in_time(store: Store) -> None:
+    """A planner's guess on a table without statistics had made the event numbering
+    compile for 110 ms (jit_above_cost) to run for 1: every connection turns JIT off."""
+    db = store.db
+    assert isinstance(db, PostgresDatabase)
+    db._FRESH_S = 0.0
+    for _ in range(2):  # the pool's first connection, then its replacement
+        with db.transaction(write=False) as tx:
+            row = tx.one("SELECT current_setting('jit') AS jit, pg_backend_pid() AS pid")
+        assert row is not None and row["jit"] == "off"
+        terminate(int(row["pid"]))
