@@ -86,9 +86,9 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve(db_url: str, poll_timeout_s: float = 5.0) -> AsyncIterator[Served]:
+async def serve(db_url: str, poll_timeout_s: float = 5.0, **more: Any) -> AsyncIterator[Served]:
     # No reconciler: these tests decide every step themselves (nothing is declared lost).
-    settings = with_token(CoordinatorSettings(db_url=db_url, poll_timeout_s=poll_timeout_s))
+    settings = with_token(CoordinatorSettings(db_url=db_url, poll_timeout_s=poll_timeout_s, **more))
     app = create_app(settings, reconcile=False)
     with live_server(app, ws="websockets-sansio", graceful_shutdown_s=2) as url:
         async with httpx.AsyncClient(base_url=url, timeout=STEP_S, headers=HEADERS) as http:

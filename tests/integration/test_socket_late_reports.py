@@ -4,13 +4,15 @@ uvicorn; runners played by hand, as in ``test_socket_frames``).
 A runner whose lease ran out comes back under a new identity and sends what its old one
 finished, naming it (``former_runner_id``). The coordinator takes such a report while the
 run waits at pending for that attempt, and claims nothing for the new identity before it
-is applied (it would claim back the run the report ends). Reports it cannot take — the
-run went on without them, or the former identity is not this runner's — are dropped,
-acknowledged, and the socket goes on (issue 16 §2).
+is applied (it would claim back the run the report ends), nor for a lease after it
+announced reports it does not send. Reports it cannot take — the run went on without
+them, or the former identity is not this runner's — are dropped, acknowledged, and the
+socket goes on (issue 16 §2).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -113,3 +115,25 @@ async def test_a_late_report_naming_another_runner_is_dropped(served: Served) ->
     # Not ended by it: the run is still to do, and the impostor, now claiming, gets it.
     (command,) = (await impostor.expect(m.ToClientCommands)).commands
     assert command.body["run"]["run_id"] == run_id and command.body["run"]["attempts"] == 2
+
+
+async def test_late_reports_announced_and_never_sent_hold_claims_for_a_lease_only(
+    db_url: str,
+) -> None:
+    lease = 2.0
+    async with serve(db_url, ws_lost_after_s=lease) as served:
+        peer = await served.connect()
+        await peer.init("runner-a", metadata={m.LATE_REPORTS_TO_SEND: 1})
+        registered = time.monotonic()
+        run_id = await served.create_run("true")
+        await peer.nothing_pending()  # held: the reports it announced may end a run
+        while True:  # pinging, as a live runner does, until the hold ends
+            await peer.send(m.ToServerPing(ts=1.0))
+            frame = await peer.recv()
+            if isinstance(frame, m.ToClientCommands):
+                break
+            assert frame == m.ToClientPong(ts=1.0)
+            await asyncio.sleep(lease / 10)
+        assert time.monotonic() - registered >= lease
+        (command,) = frame.commands
+        assert command.body["run"]["run_id"] == run_id

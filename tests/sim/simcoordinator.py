@@ -442,7 +442,7 @@ class SimCoordinator:
             times.append(self.restart_at)
         for link in self.links:
             if not link.closed:
-                deadline = link.channel.session.next_deadline()
+                deadline = link.channel.next_deadline()
                 if deadline is not None:
                     times.append(deadline)
                 if link.socket.cut and link.socket.notice_at > now:

@@ -365,7 +365,7 @@ class World:
         if coordinator.up and now >= coordinator.next_reconcile:
             coordinator.reconcile()
         for link in list(coordinator.links):
-            deadline = link.channel.session.next_deadline()
+            deadline = link.channel.next_deadline()
             if not link.closed and deadline is not None and now >= deadline:
                 coordinator.tick(link)
         for runner in self.runners:

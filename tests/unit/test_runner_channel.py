@@ -239,6 +239,20 @@ def test_a_frame_without_late_reports_ends_the_wait_for_them() -> None:
     assert channel.push_request().claim
 
 
+def test_late_reports_not_sent_within_a_lease_are_waited_for_no_longer() -> None:
+    """A runner sends them first, right after its Init: one that announced some and, still
+    pinging, sent none within a lease would otherwise never claim again."""
+    channel = registered_announcing(2)
+    lease = CoordinatorSettings().ws_lost_after_s
+    assert channel.next_deadline() == T0 + lease
+    channel.receive(wire.ToServerPing(ts=T0), T0 + lease / 2)  # alive: the session goes on
+    assert channel.tick(T0 + lease - 0.1) == [] and not channel.push_request().claim
+    assert channel.next_deadline() == T0 + lease  # before the session's own, now later
+    assert channel.tick(T0 + lease) == [PushWork()]
+    assert channel.push_request().claim
+    assert channel.next_deadline() == T0 + lease * 1.5  # the session's alone again
+
+
 def test_an_init_announcing_nothing_sensible_waits_for_nothing() -> None:
     for announced in (0, -1, "3", 10**9, True):
         assert registered_announcing(announced).push_request().claim  # type: ignore[arg-type]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -207,6 +208,9 @@ class RunnerChannel:
     _late_awaited: int = 0
     _late_applying: deque[int] = field(default_factory=deque)  # how many in each ApplyEvents
     _late_in_flight: int = 0
+    # A runner sends them first, right after its Init: those announced and not read within
+    # a lease (``late_reports_due_s``) are not coming, and it claims again.
+    _late_due_at: float = math.inf
 
     @classmethod
     def open(
@@ -240,8 +244,27 @@ class RunnerChannel:
     def receive_error(self, error: ProtocolError) -> list[ChannelOutput]:
         return self._lift(self.session.receive_error(error))
 
+    def next_deadline(self) -> float | None:
+        """When to ``tick`` next: the session's deadline, or sooner the end of the wait for
+        announced late reports."""
+        deadline = self.session.next_deadline()
+        if self._late_awaited and deadline is not None:
+            return min(deadline, self._late_due_at)
+        return deadline
+
     def tick(self, now: float) -> list[ChannelOutput]:
-        return self._lift(self.session.tick(now))
+        out = self._lift(self.session.tick(now))
+        if self._late_awaited and now >= self._late_due_at:
+            log.warning(
+                "runner %s: %d late final reports it announced did not come within %.0f s: "
+                "it claims again",
+                self.runner_id,
+                self._late_awaited,
+                self.session.lost_threshold_s,
+            )
+            self._late_awaited = 0
+            out.append(PushWork())
+        return out
 
     def disconnected(self, code: int, reason: str | None) -> None:
         """The runner closed its end (``code``, ``reason``)."""
@@ -255,6 +278,7 @@ class RunnerChannel:
         runner_id = self.runner_id = registration.runner_id
         floor = init.last_command_idx if init.runner_id == runner_id else 0
         self._late_awaited = late_reports_to_send(init)
+        self._late_due_at = now + self.session.lost_threshold_s
         self._sent_idx = max([c.idx for c in registration.missed], default=floor)
         greeting = self.session.registered(
             runner_id, registration.last_event_idx, registration.missed, now

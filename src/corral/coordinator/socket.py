@@ -251,11 +251,13 @@ class SocketPump:
         ``coordinator.deadlines``): a session whose time is up closes the socket. When to
         look again: its next deadline, soon while it registers, never once it is closing."""
         outputs = self.channel.tick(now)
+        if PushWork() in outputs:  # the wait for announced late reports is over
+            outputs.remove(PushWork())
+            self.push_wanted.set()
         if outputs:  # a Close: its task ends the socket, as a loop of it would
             self._tasks.append(self._start(self._handle(outputs), "timing"))
-        session = self.channel.session
-        deadline = session.next_deadline()
-        if deadline is None and session.state is not SessionState.CLOSED:
+        deadline = self.channel.next_deadline()
+        if deadline is None and self.channel.session.state is not SessionState.CLOSED:
             return now + RECHECK_S  # registering: the store's time, not the runner's
         return deadline
 

@@ -262,6 +262,10 @@ class ServerSession:
             return self._close(wire.CLOSE_POLICY_VIOLATION, wire.REASON_INIT_TIMEOUT)
         return self._close(wire.CLOSE_GOING_AWAY, wire.REASON_RUNNER_LOST)
 
+    @property
+    def lost_threshold_s(self) -> float:
+        return self._lost_threshold_s
+
     def next_deadline(self) -> float | None:
         if self._state is SessionState.AWAITING_INIT:
             return self._init_deadline
