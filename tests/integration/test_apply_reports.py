@@ -84,6 +84,25 @@ def test_start_reports_taken_together_refuse_only_the_one_not_leased(store: Stor
     assert [store.runs.get(r).status for r in (a, b)] == [RunStatus.COMPLETED, RunStatus.CLAIMED]
 
 
+def test_final_reports_taken_together_keep_each_runs_order(store: Store) -> None:
+    runner_id, a, b = two_claimed_runs(store)
+    batch = events(
+        {"type": "started", "run_id": a, "attempt": 1},
+        {"type": "finished", "run_id": a, "attempt": 1, "status": "completed", "exit_code": 0},
+        {"type": "started", "run_id": b, "attempt": 1},
+        {"type": "session", "run_id": b, "attempt": 1, "session_id": "s-1"},
+        {"type": "finished", "run_id": b, "attempt": 1, "status": "failed", "exit_code": 2},
+        {"type": "finished", "run_id": b, "attempt": 1, "status": "failed", "exit_code": 2},
+    )
+    applied = apply_reports(store, runner_id, batch, NOW + 1, lambda outcomes, _: None)
+    assert [error for error, _ in applied.outcomes] == [None] * 6
+    ended = [run.status if run else None for _, run in applied.outcomes]
+    assert ended == [None, RunStatus.COMPLETED, None, None, RunStatus.FAILED, RunStatus.FAILED]
+    done_b = store.runs.get(b)
+    assert (done_b.status, done_b.exit_code, done_b.session_id) == (RunStatus.FAILED, 2, "s-1")
+    assert store.runs.get(a).status is RunStatus.COMPLETED
+
+
 def test_a_refused_report_changes_nothing_and_the_others_still_count(store: Store) -> None:
     runner_id, a, b = two_claimed_runs(store)
     batch = events(

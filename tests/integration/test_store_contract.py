@@ -353,6 +353,35 @@ def test_finish_records_the_outcome(store: Store, status: RunStatus) -> None:
     assert store.runs.get(run.id) == done
 
 
+def test_finish_many_ends_the_reports_runs_take_as_they_are(store: Store) -> None:
+    runner = register(store, slots=8)
+    a, b, c, flagged, other_attempt, given_back = (running(store, runner) for _ in range(6))
+    store.runs.request_cancel(flagged.id, NOW + 1)
+    ok = RunReport(RunStatus.COMPLETED, exit_code=0)
+    failed = RunReport(RunStatus.FAILED, exit_code=1, usage={"input_tokens": 3}, cost_usd=0.5)
+    ended = store.runs.finish_many(
+        runner.id,
+        [
+            (a.id, 1, ok),
+            (b.id, 1, ok),
+            (c.id, 1, failed),
+            (a.id, 1, ok),  # a repeat: for the checked path
+            (flagged.id, 1, failed),  # ends cancelled: the checked path's
+            (other_attempt.id, 2, ok),  # not its lease
+            (given_back.id, 1, RunReport(RunStatus.PENDING, retry_after_s=5)),
+        ],
+        NOW + 2,
+    )
+    assert set(ended) == {(a.id, 1), (b.id, 1), (c.id, 1)}
+    for run_id, status in [(a.id, RunStatus.COMPLETED), (c.id, RunStatus.FAILED)]:
+        assert ended[run_id, 1] == store.runs.get(run_id)
+        assert ended[run_id, 1].status is status and ended[run_id, 1].finished_at == NOW + 2
+    assert (ended[c.id, 1].exit_code, ended[c.id, 1].usage) == (1, {"input_tokens": 3})
+    assert ended[c.id, 1].cost_usd == 0.5
+    for run in (flagged, other_attempt, given_back):
+        assert store.runs.get(run.id).status is RunStatus.RUNNING
+
+
 def test_a_claimed_run_may_fail_before_it_starts(store: Store) -> None:
     runner = register(store)
     store.runs.create(command(), NOW)

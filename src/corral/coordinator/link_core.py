@@ -653,18 +653,24 @@ def apply_reports(
 
     Nearly every batch is accepted whole: it is tried flat first (no savepoint per report:
     on PostgreSQL each costs round trips), its start reports together in one statement
-    (``start_together``). If one report is refused (``lease_lost``, an illegal transition
-    …), that try is undone and the batch is applied again with a savepoint per report, so
-    that the refused one undoes only its own writes."""
+    (``start_together``), and its final reports together last (``finish_together``). If one
+    report is refused (``lease_lost``, an illegal transition …), that try is undone and the
+    batch is applied again with a savepoint per report, so that the refused one undoes only
+    its own writes."""
     try:
         with store.db.transaction(flat=True):
             first()
             changed = Changes()
             started = start_together(store, runner_id, events, now)
+            last = finals_last_of_their_run(events)
             outcomes: list[Outcome] = [
-                (None, None) if n in started else (None, _apply(store, runner_id, e, now, changed))
+                (None, None)
+                if n in started or n in last
+                else (None, _apply(store, runner_id, e, now, changed))
                 for n, e in enumerate(events)
             ]
+            for n, run in finish_together(store, runner_id, events, last, now).items():
+                outcomes[n] = None, run
             return Reports(outcomes, changed, then(outcomes, changed))
     except Unavailable:
         raise
@@ -700,6 +706,39 @@ def start_together(
         return set()
     started = store.runs.mark_started_many(runner_id, [a for _, a in first_starts], now)
     return {n for n, attempt in first_starts if attempt in started}
+
+
+def finals_last_of_their_run(events: Sequence[RunnerEvent]) -> list[int]:
+    """The positions of the batch's final reports (not late ones) that are the last report
+    of their run in it, if there are two or more: ``finish_together`` applies them after the
+    others, so each run's reports still apply in their order."""
+    last: dict[str, int] = {}
+    for n, event in enumerate(events):
+        if not isinstance(event, ActorEvent):
+            last[event.run_id] = n
+    finals = [
+        n
+        for n in last.values()
+        if isinstance(event := events[n], FinishedEvent) and event.former_runner_id is None
+    ]
+    return sorted(finals) if len(finals) >= 2 else []
+
+
+def finish_together(
+    store: Store, runner_id: str, events: Sequence[RunnerEvent], last: Sequence[int], now: float
+) -> dict[int, Run]:
+    """The final reports at ``last`` (``finals_last_of_their_run``), applied in as few
+    statements as their outcomes allow (``RunStore.finish_many``: one for those that end
+    alike), each one the statement did not end by the checked path (``RunStore.finish``):
+    the run each ended, by position."""
+    finals = [(n, e) for n in last if isinstance(e := events[n], FinishedEvent)]
+    reports = [(e.run_id, e.attempt, e.to_report(RunStatus(e.status))) for _, e in finals]
+    ended = store.runs.finish_many(runner_id, reports, now)
+    finished: dict[int, Run] = {}
+    for (n, _), (run_id, attempt, report) in zip(finals, reports, strict=True):
+        run = ended.get((run_id, attempt))
+        finished[n] = run or store.runs.finish(run_id, runner_id, attempt, report, now)
+    return finished
 
 
 def apply_event(

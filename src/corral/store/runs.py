@@ -216,9 +216,9 @@ class RunStore:
                 # The usual case in one statement, as ``mark_started``; anything else (a
                 # repeat, a lost lease, a late report, a failure after a cancel) takes the
                 # checked path.
-                ended = _end_in_one(tx, run_id, runner_id, attempt, report, now)
-                if ended is not None:
-                    return ended
+                ended = _end_as_reported(tx, runner_id, [(run_id, attempt, report)], now)
+                if ended:
+                    return ended[run_id, attempt]
             row = row_by_id(tx, "runs", run_id, lock=self.db.lock_rows())
             status = status_reported(report.status, bool(row["cancel_requested"]))
             same_lease = row["runner_id"] == runner_id and row["attempts"] == attempt
@@ -259,6 +259,24 @@ class RunStore:
             if run.session_id:
                 sessions.finish_from_run(tx, run, now)
             return run
+
+    def finish_many(
+        self, runner_id: str, finals: Sequence[tuple[str, int, RunReport]], now: float
+    ) -> dict[tuple[str, int], Run]:
+        """``finish``'s usual case for several final reports (run, attempt, report) of one
+        runner, those with the same outcome in one statement (a runner's runs mostly end
+        alike: exit 0 and nothing more): the runs it ended, by (run, attempt). Any other (a
+        run given back, a repeat, a lost lease, a failure after a cancel) is the caller's to
+        pass to ``finish``."""
+        alike: dict[tuple[tuple[str, Any], ...], list[tuple[str, int, RunReport]]] = {}
+        for final in finals:
+            if final[2].status is not RunStatus.PENDING:
+                alike.setdefault(tuple(_ended_fields(final[2]).items()), []).append(final)
+        ended: dict[tuple[str, int], Run] = {}
+        with self.db.transaction() as tx:
+            for ends in alike.values():
+                ended.update(_end_as_reported(tx, runner_id, ends, now))
+        return ended
 
     def record_task_step(
         self,
@@ -333,44 +351,64 @@ def _cancel(tx: Tx, db: Database, run_id: str, now: float) -> Run | None:
     return run_from_row(flagged)
 
 
-def _end_in_one(
-    tx: Tx, run_id: str, runner_id: str, attempt: int, report: RunReport, now: float
-) -> Run | None:
-    """``finish`` for a final report the run takes as it is: the lease and the statuses
-    the transition table lets the run leave for the reported one are the update's guard.
-    A failure counts as a cancel when one was asked (``status_reported``): that case, and
-    any other the guard leaves out, is None, for the checked path."""
+def _ended_fields(report: RunReport) -> dict[str, Any]:
+    """The columns a final report taken as it is sets, besides its time."""
     fields: dict[str, Any] = {
         "status": str(report.status),
-        "finished_at": now,
         "exit_code": report.exit_code,
         "error": report.error,
         "result": report.result,
         "usage": dumps(report.usage) if report.usage is not None else None,
         "num_turns": report.num_turns,
-        "updated_at": now,
     }
     if report.cost_usd is not None:  # a report without one keeps its task step's cost
         fields["cost_usd"] = report.cost_usd
     if report.session_id:
         fields["session_id"] = report.session_id
+    return fields
+
+
+def _end_as_reported(
+    tx: Tx, runner_id: str, ends: Sequence[tuple[str, int, RunReport]], now: float
+) -> dict[tuple[str, int], Run]:
+    """``finish`` for final reports (run, attempt, report) of one runner that the runs take
+    as they are, all with the first one's outcome (``_ended_fields``), in one statement: the
+    lease and the statuses the transition table lets a run leave for the reported one are
+    the update's guard. A failure counts as a cancel when one was asked
+    (``status_reported``): that case, and any other the guard leaves out, is not among the
+    runs it ended (by run and attempt), for the checked path."""
+    report = ends[0][2]
+    fields = {**_ended_fields(report), "finished_at": now, "updated_at": now}
     not_cancelled = " AND cancel_requested = 0" if report.status is RunStatus.FAILED else ""
-    row = tx.one(
+    rows = tx.execute(
         f"UPDATE runs SET {', '.join(f'{name} = ?' for name in fields)} "
-        "WHERE id = ? AND runner_id = ? AND attempts = ? "
-        f"AND status IN ({_LEAVE_FOR[report.status]}){not_cancelled} RETURNING *",
-        (*fields.values(), run_id, runner_id, attempt),
+        f"WHERE id IN ({', '.join('?' for _ in ends)}) "
+        f"AND status IN ({_LEAVE_FOR[report.status]}){not_cancelled} "
+        # Each run's attempt and runner matched with its id: a term ``runner_id = ?`` of its
+        # own lets SQLite find the runs through runs_held, an index this update changes, at
+        # twice the cost of finding them by primary key.
+        f"AND (id, attempts, runner_id) IN (VALUES {', '.join('(?, ?, ?)' for _ in ends)}) "
+        "RETURNING *",
+        (
+            *fields.values(),
+            *(run_id for run_id, _, _ in ends),
+            *(x for run_id, attempt, _ in ends for x in (run_id, attempt, runner_id)),
+        ),
     )
-    if row is None:
-        return None
-    run = run_from_row(row)
-    # What ``transition`` does after its update, for a run ended by its runner's report.
-    callbacks.record(tx, run, now)
-    if run.task_id:
-        settle_task_run(tx, tx.lock, run, report.task, now)
-    if run.session_id:
-        sessions.finish_from_run(tx, run, now)
-    return run
+    written = {row["id"]: row for row in rows}
+    ended: dict[tuple[str, int], Run] = {}
+    for run_id, attempt, each in ends:  # in the reports' order
+        if (row := written.pop(run_id, None)) is None:  # once: a repeat is the checked path's
+            continue
+        run = run_from_row(row)
+        # What ``transition`` does after its update, for a run ended by its runner's report.
+        callbacks.record(tx, run, now)
+        if run.task_id:
+            settle_task_run(tx, tx.lock, run, each.task, now)
+        if run.session_id:
+            sessions.finish_from_run(tx, run, now)
+        ended[run_id, attempt] = run
+    return ended
 
 
 # For each status a run may end in: the statuses the transition table lets it leave for it.
