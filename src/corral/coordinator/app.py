@@ -205,6 +205,13 @@ def server_config(
         ws_per_message_deflate=False,
         # A larger frame closes the socket with 1009 (the runner cuts its frames far below).
         ws_max_size=MAX_FRAME_BYTES,
+        # No transport pings: the runner pings in the protocol, on an interval that grows
+        # with the sockets held (``link_core.ping_interval_s``), and a silent one is lost by
+        # its session's threshold. uvicorn's own, every 20 s with a 20 s timeout, cost a
+        # timer and two frames a socket (500 a second at 10,000 sockets) and would close
+        # every socket of an event loop stalled that long, whatever their runners' leases.
+        ws_ping_interval=None,
+        ws_ping_timeout=None,
     )
 
 
