@@ -127,3 +127,46 @@ async def test_a_run_created_without_a_wake_up_is_found_by_the_rescan(db_url: st
             coordinator.store.runs.create_many, [new], coordinator.clock.now()
         )
         assert (await receive_start(peer)).body["run"]["run_id"] == run.id
+
+
+async def test_a_run_created_while_a_socket_it_fits_waits_is_claimed_in_its_own_commit(
+    served: Served, claims: list[str]
+) -> None:
+    """The socket's claim joins the create's group (one commit): the run is the runner's
+    by the time its creator hears of it, with no round of the socket waiters between."""
+    coordinator = served.coordinator
+    peer = await connect(served, "runner-a", ("linux",))
+    await wait_until(lambda: len(coordinator.waiters) == 1, what="the socket waiting")
+    before = len(claims)
+    run_id = await create(served, "linux")
+    assert (await served.run(run_id))["status"] == "claimed"
+    assert claims[before:] == [peer.runner_id]
+    assert (await receive_start(peer)).body["run"]["run_id"] == run_id
+
+
+async def test_a_refused_create_leaves_the_woken_socket_claiming_the_next_run(
+    served: Served,
+) -> None:
+    coordinator = served.coordinator
+    peer = await connect(served, "runner-a")
+    await wait_until(lambda: len(coordinator.waiters) == 1, what="the socket waiting")
+    refused = await served.http.post("/runs", json={"type": "command", "command": [""]})
+    assert refused.status_code == 422, refused.text
+    await wait_until(lambda: len(coordinator.waiters) == 1, what="the socket waiting again")
+    run_id = await create(served)
+    assert (await receive_start(peer)).body["run"]["run_id"] == run_id
+
+
+async def test_a_batch_is_claimed_by_every_waiting_socket_it_fits_in_its_commit(
+    served: Served,
+) -> None:
+    coordinator = served.coordinator
+    peers = [await connect(served, f"runner-{i}") for i in range(3)]
+    await wait_until(lambda: len(coordinator.waiters) == 3, what="the sockets waiting")
+    body = {"type": "command", "command": ["true"]}
+    response = await served.http.post("/runs:batch", json={"runs": [body] * 4})
+    assert response.status_code == 201, response.text
+    statuses = [(await served.run(r["run_id"]))["status"] for r in response.json()["runs"]]
+    assert sorted(statuses) == ["claimed"] * 3 + ["pending"]  # one slot a runner
+    started = {(await receive_start(peer)).body["run"]["run_id"] for peer in peers}
+    assert len(started) == 3

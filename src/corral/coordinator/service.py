@@ -47,13 +47,14 @@ from corral.coordinator.schemas import (
 from corral.coordinator.settings import CoordinatorSettings
 from corral.coordinator.tunnel import TunnelHub
 from corral.coordinator.waiters import SocketWaiters
-from corral.coordinator.writer import StoreWriter
+from corral.coordinator.writer import StoreWriter, answer
 from corral.errors import Conflict, CorralError, Forbidden, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import CLOSE_POLICY_VIOLATION
 from corral.runners import Held, Runner, RunnerState, RunnerSync
 from corral.runs import AgentSpec, Run
 from corral.store import LogEntry, Reconciled, Store, coordinators, leases
+from corral.store.claims import Claimable
 from corral.store.commands import Command
 from corral.store.events import EventStore
 from corral.store.leases import RECONCILER
@@ -137,7 +138,14 @@ class Coordinator:
         """``fn(*args, **kwargs)``, a store call that writes for the runner ``runner_id``, as
         ``in_thread`` runs it — with the others queued meanwhile, one commit for them all
         (``writer.py``)."""
-        return await self.writer.call(partial(self._timed, fn, *args, **kwargs), runner_id)
+        return await answer(self.submit_write(runner_id, fn, *args, **kwargs))
+
+    def submit_write(
+        self, runner_id: str, fn: Callable[..., T], *args: object, **kwargs: object
+    ) -> asyncio.Future[T]:
+        """``in_writer``'s call, queued at once (``StoreWriter.submit``): it shares a commit
+        with the others queued in this turn of the event loop."""
+        return self.writer.submit(partial(self._timed, fn, *args, **kwargs), runner_id)
 
     def _timed(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         started = time.perf_counter()
@@ -151,7 +159,15 @@ class Coordinator:
     async def create_runs(
         self, bodies: Sequence[CreateRun], principal: Principal | None = None
     ) -> list[Run]:
-        """``principal``: the caller; an agent's runs are its own session's children."""
+        """``principal``: the caller; an agent's runs are its own session's children.
+
+        While runner sockets wait for runs these fit, those sockets claim in the same
+        commit as the create: the create goes to the store writer, and the sockets are woken
+        in the same turn of the event loop, so their claims join its group (``_offer``).
+        The new runs are then on their way to a runner when the caller hears of them, with
+        no round of the socket waiters (a read) and no commit of its own for the claim."""
+        # Taken before the claims' time: a run is claimable from its creation on.
+        now = self.clock.now()
 
         def validate_and_create() -> list[Run]:
             asked = bodies
@@ -161,11 +177,28 @@ class Coordinator:
                 build_new_run(b, self.store, self.profiles, self.settings.max_prompt_bytes)
                 for b in asked
             ]
-            return self.store.runs.create_many(specs, self.clock.now())
+            return self.store.runs.create_many(specs, now)
 
-        runs = await self.in_thread(validate_and_create)
+        if self.waiters and self.writer.open and _offerable(bodies, principal):
+            created = self.submit_write("", validate_and_create)
+            self._offer(bodies)
+            runs = await answer(created)
+        else:
+            runs = await self.in_thread(validate_and_create)
+        # Whatever the sockets woken did not take (an older run came first), a round hands
+        # out; and the long-polls look.
         self.notifier.notify(RUNS_AVAILABLE)
         return runs
+
+    def _offer(self, bodies: Sequence[CreateRun]) -> None:
+        """Wake the waiting sockets that runs of ``bodies`` fit, by their labels, as a round
+        of the socket waiters would once the runs are stored: their claims are queued now.
+        Each is woken without a reservation: the runs have no id yet."""
+        new = [
+            Claimable(RunId(f"new-{i}"), None, frozenset(b.labels)) for i, b in enumerate(bodies)
+        ]
+        for waiter, _ in self.waiters.assign(new, set(), complete=True):
+            waiter.wake(None)
 
     async def cancel(self, run_id: str, principal: Principal | None = None) -> Run:
         if principal is not None and principal.run_id is not None:
@@ -598,6 +631,15 @@ class Coordinator:
         finally:  # stopping: another coordinator takes the work over at its next pass
             with contextlib.suppress(Exception):
                 await self.in_thread(leases.release, self.store.db, RECONCILER, self.node)
+
+
+def _offerable(bodies: Sequence[CreateRun], principal: Principal | None) -> bool:
+    """May these runs be offered to waiting sockets by their labels alone? Not an agent's
+    sub-runs, nor resumes or sub-agent sessions: what they require (the session's runner)
+    or lock (the parent's rows) is known only once they are built."""
+    if principal is not None and principal.run_id is not None:
+        return False
+    return all(b.type != "resume_session" and b.parent_session is None for b in bodies)
 
 
 def _operation(fn: Callable[..., object]) -> str:

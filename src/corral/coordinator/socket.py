@@ -48,6 +48,7 @@ from corral.coordinator.link_core import (
     ApplyEvents,
     ChannelOutput,
     LinkCore,
+    Pushed,
     PushWork,
     RunnerChannel,
     Wake,
@@ -55,6 +56,7 @@ from corral.coordinator.link_core import (
 from corral.coordinator.notifier import RUNS_AVAILABLE, actor_topic, runner_topic, wait_any
 from corral.coordinator.service import Coordinator
 from corral.coordinator.waiters import Waiter, after_claim
+from corral.coordinator.writer import answer
 from corral.errors import CorralError, Forbidden
 from corral.ids import RunId, RunnerId
 from corral.protocol import messages as m
@@ -139,6 +141,8 @@ class SocketPump:
         self.push_wanted = asyncio.Event()
         self._woken = False
         self._reserved: list[RunId] | None = None  # what that round reserved for it
+        # The push loop's next claim, queued by whoever woke it (``_wake``).
+        self._pushing: asyncio.Future[Pushed] | None = None
         self._send_lock = asyncio.Lock()
         self._work: asyncio.Queue[ApplyEvents | CommandsAcked | Stopping | KvRequested] = (
             asyncio.Queue()
@@ -395,14 +399,9 @@ class SocketPump:
                 orders = notifier.event(runner_topic(runner_id))
                 self.push_wanted.clear()
                 reserved, self._reserved = self._reserved, None
+                pushing, self._pushing = self._pushing, None
                 try:
-                    pushed = await coordinator.in_writer(
-                        runner_id,
-                        self.core.push_work,
-                        runner_id,
-                        coordinator.clock.now(),
-                        channel.push_request(),
-                    )
+                    pushed = await answer(pushing if pushing is not None else self._submit_push())
                 except CorralError as exc:  # lost or stopped meanwhile
                     log.warning("runner %s: %s", runner_id, exc)
                     await self._follow_orders(runner_id)  # stopped: it is told so
@@ -443,6 +442,8 @@ class SocketPump:
         finally:
             if self._woken:  # woken for runs it will not claim now: others may take them
                 notifier.notify(RUNS_AVAILABLE)
+            if self._pushing is not None:  # its claim runs all the same: nobody reads it
+                self._pushing.add_done_callback(_seen)
 
     def _starts_sent(self, commands: list[m.Indexed]) -> None:
         """Actors this socket told to start: the gateway may send their requests now
@@ -455,10 +456,26 @@ class SocketPump:
                 topics.append(actor_topic(actor_id))
         self.coordinator.notifier.notify(*topics)
 
+    def _submit_push(self) -> asyncio.Future[Pushed]:
+        runner_id = self.channel.runner_id
+        assert runner_id is not None
+        coordinator = self.coordinator
+        return coordinator.submit_write(
+            runner_id,
+            self.core.push_work,
+            runner_id,
+            coordinator.clock.now(),
+            self.channel.push_request(),
+        )
+
     def _wake(self, reserved: list[RunId] | None) -> None:
         """A round of the socket waiters reserved these runs for it (None: claim without a
-        reservation)."""
+        reservation), or a client creates runs it fits. Its claim is queued at once, in the
+        waker's turn of the event loop: a create queued in that turn commits with it
+        (``Coordinator.create_runs``)."""
         self._woken, self._reserved = True, reserved
+        if self._pushing is None and self.coordinator.writer.open:
+            self._pushing = self._submit_push()
         self.push_wanted.set()
 
     async def _follow_orders(self, runner_id: RunnerId) -> None:
@@ -466,6 +483,11 @@ class SocketPump:
             self.core.order, runner_id, self.coordinator.clock.now()
         )
         await self._handle(self.channel.ordered(order))
+
+
+def _seen(future: asyncio.Future[Pushed]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def route(scope: asgi.Scope) -> bool:

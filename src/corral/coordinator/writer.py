@@ -78,9 +78,19 @@ class StoreWriter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
+    @property
+    def open(self) -> bool:
+        return not self._closed
+
     async def call(self, run: Callable[[], T], runner: str = "") -> T:
         """``run()`` (a blocking store call) in the next group; its result once committed.
         ``runner``: the runner whose rows it locks (module docstring)."""
+        return await answer(self.submit(run, runner))
+
+    def submit(self, run: Callable[[], T], runner: str = "") -> asyncio.Future[T]:
+        """``call``, queued at once: the calls submitted in one turn of the event loop go
+        to the same group, in one transaction (each sees what those before it wrote).
+        Await its future with ``answer``."""
         if self._closed:
             raise Unavailable("the coordinator is stopping")
         if not self._threads:
@@ -98,15 +108,7 @@ class StoreWriter:
         if not self._asked:
             self._loop.call_soon(self._hand_over)
         self._asked.append(_Call(run, future, runner))
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # As a call on a worker thread: a cancelled caller still waits until its call
-            # has run, so that what it does next (a socket's goodbye) comes after it.
-            await asyncio.wait([future])
-            if not future.cancelled():
-                future.exception()  # seen: it is the caller's to ignore now
-            raise
+        return future
 
     def _hand_over(self) -> None:
         calls, self._asked = self._asked, []
@@ -162,6 +164,19 @@ class StoreWriter:
             else:
                 call.future.set_result(result)
         self._answered()
+
+
+async def answer(submitted: asyncio.Future[T]) -> T:
+    """What a call ``StoreWriter.submit`` queued returned, once committed. As a call on a
+    worker thread, a cancelled caller still waits until its call has run, so that what it
+    does next (a socket's goodbye) comes after it."""
+    try:
+        return await asyncio.shield(submitted)
+    except asyncio.CancelledError:
+        await asyncio.wait([submitted])
+        if not submitted.cancelled():
+            submitted.exception()  # seen: it is the caller's to ignore now
+        raise
 
 
 def run_group(db: Database, calls: Sequence[Callable[[], Any]]) -> list[Answer]:
