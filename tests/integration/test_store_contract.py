@@ -1047,10 +1047,21 @@ def test_runs_whose_final_report_is_in_flight_free_their_slots(store: Store) -> 
     def start(run: Run) -> dict[str, Any]:
         return {"type": "start_run", "run_id": run.id}
 
-    first = store.commands.claim_into_commands(runner.id, NOW, start)
+    first, free = store.commands.claim_into_commands(runner.id, NOW, start)
     a, b = (c.body["run_id"] for c in first)
-    assert store.commands.claim_into_commands(runner.id, NOW, start) == []  # both slots busy
+    assert free == 0
+    # Both slots busy: nothing claimed, none free.
+    assert store.commands.claim_into_commands(runner.id, NOW, start) == ([], 0)
     # A report of another attempt of ``a`` frees nothing; ``b``'s own report frees one.
-    assert store.commands.claim_into_commands(runner.id, NOW, start, finishing={(a, 2)}) == []
-    (third,) = store.commands.claim_into_commands(runner.id, NOW, start, finishing={(b, 1)})
-    assert third.body["run_id"] not in (a, b)
+    assert store.commands.claim_into_commands(runner.id, NOW, start, finishing={(a, 2)}) == (
+        [],
+        0,
+    )
+    (third,), free = store.commands.claim_into_commands(runner.id, NOW, start, finishing={(b, 1)})
+    assert third.body["run_id"] not in (a, b) and free == 0
+    # Slots still free once the pending runs are all taken are counted.
+    both = {(a, 1), (b, 1)}
+    (fourth,), free = store.commands.claim_into_commands(runner.id, NOW, start, finishing=both)
+    assert free == 0
+    finishing = {*both, (fourth.body["run_id"], 1)}
+    assert store.commands.claim_into_commands(runner.id, NOW, start, finishing) == ([], 1)

@@ -126,7 +126,6 @@ class PushRequest:
     claim: bool  # False for a draining runner: it takes nothing new
     after: int  # the cursor: commands up to here were sent on this socket
     finishing: frozenset[Slot]  # final reports read, not yet applied: their slots are free
-    slots: int = 1  # the runner's slots, as its Init said
 
 
 @dataclass(frozen=True)
@@ -308,14 +307,12 @@ class RunnerChannel:
         return [*out, *self._lift(self.session.applied(applied.last_idx))]
 
     def push_request(self) -> PushRequest:
-        init = self.session.init
         return PushRequest(
             # Not while late final reports are announced or being applied: the run one
             # reports done is pending until then, and this runner could claim it again.
             claim=not self.draining and not self._late_awaited and not self._late_in_flight,
             after=self._sent_idx,
             finishing=frozenset(self._finishing),
-            slots=init.total_slots if init is not None else 0,
         )
 
     def pushed(self, pushed: Pushed) -> list[ChannelOutput]:
@@ -548,20 +545,16 @@ class LinkCore:
         (runner_lost) when the runner was declared lost or stopped meanwhile: it must
         connect again."""
         commands = self.store.commands
+        claimed: list[Command] = []
         free = None
         # One commit for the claim and the read; flat: the claim's own transaction joins it
         # (a savepoint would cost PostgreSQL two round trips, and a failure ends both anyway).
         with self.store.db.transaction(flat=True):
-            claimed = (
-                commands.claim_into_commands(runner_id, now, _start_body, request.finishing)
-                if request.claim
-                else []
-            )
             if request.claim:
-                # What is left free decides whether the socket waits for new runs: counted
-                # under the claim's lock of the runner's row, as the claim counted.
-                busy = self.store.runs.held(runner_id) - request.finishing
-                free = max(0, request.slots - len(busy))
+                # What is left free decides whether the socket waits for new runs.
+                claimed, free = commands.claim_into_commands(
+                    runner_id, now, _start_body, request.finishing
+                )
             # Numbering holds the runner's row: what was added here is contiguous. If it
             # starts right after the cursor, it is all there is to send (no read back).
             added = claimed

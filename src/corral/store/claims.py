@@ -68,46 +68,61 @@ def claimable(tx: Tx, now: float, limit: int) -> list[Claimable]:
     return [Claimable(RunId(r["id"]), r["required_runner"], labels[r["labels"]]) for r in rows]
 
 
-def claim(
-    tx: Tx,
-    db: Database,
-    runner_id: str,
-    max_runs: int | None,
-    now: float,
-    finishing: Collection[tuple[str, int]] = (),
-) -> list[Run]:
-    """Give up to ``max_runs`` pending runs to an active runner; ``None``: fill its free
-    slots. ``finishing``: (run, attempt) the runner has reported ended, in reports not yet
-    applied — their slots are free on the runner though the store still counts them.
+def claim(tx: Tx, db: Database, runner_id: str, max_runs: int, now: float) -> list[Run]:
+    """Give up to ``max_runs`` pending runs to an active runner.
 
     On PostgreSQL, ``FOR UPDATE SKIP LOCKED`` makes concurrent claimers pass over each
     other's rows; the seemingly equivalent single ``UPDATE … WHERE id = (SELECT … LIMIT 1)``
     double-claims there under concurrency. On SQLite the immediate transaction holds the
     one write lock, so the same select-then-update is safe.
     """
-    # A runner asking for runs is heard, as by a heartbeat: its lease, which it counts from
-    # when it asked, holds here too (a heartbeat stuck behind an outage no longer ends it
-    # while its claims are answered). That write locks its row, so a reconciler cannot
-    # declare it lost (and take back what it holds) between the check below and the
-    # commit, stranding the new claim; if it is lost already, the check raises and the
-    # write is undone with the caller's transaction.
+    runner = _heard(tx, runner_id, now)
+    if runner["state"] != RunnerState.ACTIVE:
+        return []  # draining: it finishes what it has and takes nothing new
+    return _take(tx, db, runner, max_runs, now)
+
+
+@dataclass(frozen=True)
+class Filled:
+    runs: list[Run]  # claimed, in claim order
+    free: int  # the runner's slots still free after them
+
+
+def fill(
+    tx: Tx, db: Database, runner_id: str, now: float, finishing: Collection[tuple[str, int]] = ()
+) -> Filled:
+    """``claim`` into the runner's free slots, and how many are still free after it: counted
+    under the claim's lock of the runner's row, as the claim counts them. ``finishing``:
+    (run, attempt) the runner has reported ended, in reports not yet applied — their slots
+    are free on the runner though the store still counts them."""
+    runner = _heard(tx, runner_id, now)
+    held = tx.execute(
+        f"SELECT id, attempts FROM runs WHERE runner_id = ? AND status IN ({HELD})", (runner_id,)
+    )
+    free = runner["slots"] - sum((r["id"], r["attempts"]) not in finishing for r in held)
+    if runner["state"] != RunnerState.ACTIVE or free <= 0:
+        return Filled([], max(0, free))  # draining: it takes nothing new
+    runs = _take(tx, db, runner, free, now)
+    return Filled(runs, free - len(runs))
+
+
+def _heard(tx: Tx, runner_id: str, now: float) -> Row:
+    """The runner's row, as it asks for runs: it is heard, as by a heartbeat."""
+    # Its lease, which it counts from when it asked, holds here too (a heartbeat stuck
+    # behind an outage no longer ends it while its claims are answered). That write locks
+    # its row, so a reconciler cannot declare it lost (and take back what it holds) between
+    # the check below and the commit, stranding the new claim; if it is lost already, the
+    # check raises and the write is undone with the caller's transaction.
     runner = tx.one(
         "UPDATE runners SET last_heartbeat_at = ? WHERE id = ? RETURNING *", (now, runner_id)
     )
     if runner is None:
         raise NotFound.of("runner", runner_id)
     check_not_lost(runner)
-    if runner["state"] != RunnerState.ACTIVE:
-        return []  # draining: it finishes what it has and takes nothing new
-    if max_runs is None:
-        held = tx.execute(
-            f"SELECT id, attempts FROM runs WHERE runner_id = ? AND status IN ({HELD})",
-            (runner_id,),
-        )
-        busy = sum((r["id"], r["attempts"]) not in finishing for r in held)
-        max_runs = runner["slots"] - busy
-        if max_runs <= 0:
-            return []
+    return runner
+
+
+def _take(tx: Tx, db: Database, runner: Row, max_runs: int, now: float) -> list[Run]:
     # Only the runs of label classes this runner fits are read: a backlog of runs it cannot
     # take never hides (nor slows the claim of) one it can.
     take = _take_postgres if db.dialect == "postgres" else _take_sqlite

@@ -19,7 +19,7 @@ from typing import Any
 
 from corral.ids import RunId
 from corral.runs import Run
-from corral.store.claims import claim
+from corral.store.claims import fill
 from corral.store.db import Database, Tx
 from corral.store.rows import HELD, dumps
 
@@ -58,12 +58,12 @@ class CommandStore:
         now: float,
         start: Callable[[Run], dict[str, Any]],
         finishing: Collection[tuple[str, int]] = (),
-    ) -> list[Command]:
+    ) -> tuple[list[Command], int]:
         """Fill the runner's free slots with pending runs, each with its start command
-        (``finishing``: see ``claims.claim``)."""
+        (``finishing``: see ``claims.fill``); and how many of its slots are still free."""
         with self.db.transaction() as tx:
-            runs = claim(tx, self.db, runner_id, None, now, finishing)
-            return append(tx, runner_id, [start(run) for run in runs], now)
+            filled = fill(tx, self.db, runner_id, now, finishing)
+            return append(tx, runner_id, [start(run) for run in filled.runs], now), filled.free
 
     def push(self, runner_id: str, bodies: Sequence[dict[str, Any]], now: float) -> list[Command]:
         with self.db.transaction() as tx:

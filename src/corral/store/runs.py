@@ -29,7 +29,6 @@ from corral.runs import (
 from corral.store.claims import Claimable, check_lease, leased_row, reports_late
 from corral.store.db import Database, Row, Tx
 from corral.store.rows import (
-    HELD,
     dumps,
     insert_runs,
     new_run_row,
@@ -122,15 +121,6 @@ class RunStore:
             return []
         with self.db.transaction() as tx:
             return claims.claim(tx, self.db, runner_id, max_runs, now)
-
-    def held(self, runner_id: str) -> set[tuple[str, int]]:
-        """(run, attempt) of every run the runner holds the lease of: its busy slots."""
-        with self.db.transaction(write=False) as tx:
-            rows = tx.execute(
-                f"SELECT id, attempts FROM runs WHERE runner_id = ? AND status IN ({HELD})",
-                (runner_id,),
-            )
-        return {(r["id"], r["attempts"]) for r in rows}
 
     def mark_started(self, run_id: str, runner_id: str, attempt: int, now: float) -> None:
         """The runner started the attempt it holds (nothing is read back: every run starts,
