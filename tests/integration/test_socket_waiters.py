@@ -18,9 +18,11 @@ import pytest
 from api_fixtures import wait_until
 from test_socket_frames import Peer, Served, events, finished, serve
 
+from corral.coordinator import service
 from corral.protocol import messages as m
 from corral.runs import NewRun, RunType
 from corral.store.commands import CommandStore
+from corral.store.runs import RunStore
 
 pytestmark = pytest.mark.anyio
 IDLE = 20  # sockets whose runner has a free slot but none of the labels asked
@@ -170,3 +172,27 @@ async def test_a_batch_is_claimed_by_every_waiting_socket_it_fits_in_its_commit(
     assert sorted(statuses) == ["claimed"] * 3 + ["pending"]  # one slot a runner
     started = {(await receive_start(peer)).body["run"]["run_id"] for peer in peers}
     assert len(started) == 3
+
+
+async def test_a_run_stored_before_its_socket_is_woken_reaches_it_without_a_round(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs that cannot join a socket's claim (a resume: its runner is known once built;
+    or no socket waited when the create began) are offered once stored, with their
+    reservations, as a round would: without the round's read of the claimable runs."""
+    monkeypatch.setattr(service, "_offerable", lambda bodies, principal: False)
+    reads: list[int] = []
+    claimable = RunStore.claimable
+
+    def counted(runs: RunStore, *args: Any) -> Any:
+        reads.append(1)
+        return claimable(runs, *args)
+
+    monkeypatch.setattr(RunStore, "claimable", counted)
+    coordinator = served.coordinator
+    peer = await connect(served, "runner-a")
+    await wait_until(lambda: len(coordinator.waiters) == 1, what="the socket waiting")
+    before = len(reads)
+    run_id = await create(served)
+    assert (await receive_start(peer)).body["run"]["run_id"] == run_id
+    assert len(reads) == before

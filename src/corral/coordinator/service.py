@@ -52,7 +52,7 @@ from corral.errors import Conflict, CorralError, Forbidden, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import CLOSE_POLICY_VIOLATION
 from corral.runners import Held, Runner, RunnerState, RunnerSync
-from corral.runs import AgentSpec, Run
+from corral.runs import AgentSpec, Run, RunStatus
 from corral.store import LogEntry, Reconciled, Store, coordinators, leases
 from corral.store.claims import Claimable
 from corral.store.commands import Command
@@ -181,24 +181,39 @@ class Coordinator:
 
         if self.waiters and self.writer.open and _offerable(bodies, principal):
             created = self.submit_write("", validate_and_create)
-            self._offer(bodies)
+            # By their labels: the runs have no id yet, so nothing is reserved.
+            self._offer(
+                [
+                    Claimable(RunId(f"new-{i}"), None, frozenset(b.labels))
+                    for i, b in enumerate(bodies)
+                ],
+                reserve=False,
+            )
             runs = await answer(created)
         else:
             runs = await self.in_thread(validate_and_create)
+            # Sockets that began to wait meanwhile (or that none of the runs fit, or that a
+            # resume requires) are woken as a round would, without the round's read.
+            new = [
+                Claimable(r.id, r.required_runner, frozenset(r.labels))
+                for r in runs
+                if r.status is RunStatus.PENDING
+            ]
+            if self.waiters and self._offer(new, reserve=True):
+                return runs  # a socket that does not claim what it was given starts a round
         # Whatever the sockets woken did not take (an older run came first), a round hands
         # out; and the long-polls look.
         self.notifier.notify(RUNS_AVAILABLE)
         return runs
 
-    def _offer(self, bodies: Sequence[CreateRun]) -> None:
-        """Wake the waiting sockets that runs of ``bodies`` fit, by their labels, as a round
-        of the socket waiters would once the runs are stored: their claims are queued now.
-        Each is woken without a reservation: the runs have no id yet."""
-        new = [
-            Claimable(RunId(f"new-{i}"), None, frozenset(b.labels)) for i, b in enumerate(bodies)
-        ]
-        for waiter, _ in self.waiters.assign(new, set(), complete=True):
-            waiter.wake(None)
+    def _offer(self, new: list[Claimable], *, reserve: bool) -> bool:
+        """Wake the waiting sockets that the ``new`` runs fit, as a round of the socket
+        waiters does, their claims queued at once; each with the runs reserved for it if
+        ``reserve``. Whether every run went to one."""
+        reserved: set[RunId] = set()
+        for waiter, runs in self.waiters.assign(new, reserved, complete=True):
+            waiter.wake(runs if reserve else None)
+        return bool(new) and len(reserved) == len(new)
 
     async def cancel(self, run_id: str, principal: Principal | None = None) -> Run:
         if principal is not None and principal.run_id is not None:

@@ -270,6 +270,11 @@ class _PostgresTx:
     def many(self, sql: str, rows: Sequence[Params]) -> None:
         if not rows:
             return
+        if len(rows) == 1:
+            # One round trip: psycopg's executemany pipelines the rows, and its pipeline's
+            # sync costs a second (a run created, a command stored).
+            self.execute(sql, rows[0])
+            return
         with self._conn.cursor() as cur:
             try:
                 cur.executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
