@@ -20,7 +20,7 @@ import pytest
 from api_fixtures import PG_URL, backend_url
 
 from corral.coordinator.link_core import Outcome, apply_reports, parse_events
-from corral.coordinator.writer import StoreWriter, run_group
+from corral.coordinator.writer import StoreWriter, answer, run_group
 from corral.errors import LeaseLost, Unavailable
 from corral.protocol.messages import Indexed
 from corral.runs import NewRun, RunStatus, RunType
@@ -203,6 +203,28 @@ async def test_a_group_runs_its_calls_in_runners_order_each_runners_in_turn(stor
     finally:
         await writer.close()
     assert ran == ["a1", "a2", "b1", "b2", "c1"]
+
+
+@pytest.mark.anyio
+async def test_calls_submitted_in_one_turn_share_a_group_and_runners_hear_first(
+    store: Store,
+) -> None:
+    """A client's create and the claims it woke commit together; the claims' sockets are
+    answered first (their starts go out before the create's HTTP answer)."""
+    groups: list[int] = []
+    heard: list[str] = []
+    writer = StoreWriter(store.db, lambda: groups.append(1))
+    try:
+        created = writer.submit(create(store, "a"))
+        claimed = writer.submit(lambda: "claimed", "rnr_1")
+        created.add_done_callback(lambda _: heard.append("client"))
+        claimed.add_done_callback(lambda _: heard.append("runner"))
+        assert await answer(claimed) == "claimed"
+        assert commands(store) == ["a"] and await answer(created)
+    finally:
+        await writer.close()
+    assert groups == [1]
+    assert heard == ["runner", "client"]
 
 
 @pytest.fixture

@@ -156,7 +156,10 @@ class StoreWriter:
     # ---- on the event loop ----------------------------------------------------------------
 
     def _answer(self, group: list[_Call], answers: list[Answer]) -> None:
-        for call, (error, result) in zip(group, answers, strict=True):
+        # The runners' calls first: what their sockets send next (a run's start) goes out
+        # before what the others' callers do (a client's create answers its HTTP request).
+        answered = sorted(zip(group, answers, strict=True), key=lambda done: not done[0].runner)
+        for call, (error, result) in answered:
             if call.future.done():
                 continue
             if error is not None:
