@@ -1065,3 +1065,12 @@ def test_runs_whose_final_report_is_in_flight_free_their_slots(store: Store) -> 
     assert free == 0
     finishing = {*both, (fourth.body["run_id"], 1)}
     assert store.commands.claim_into_commands(runner.id, NOW, start, finishing) == ([], 1)
+
+
+def test_commands_pushed_at_once_are_numbered_and_stored_in_order(store: Store) -> None:
+    runner = register(store)
+    bodies = [{"type": "cancel_run", "run_id": f"run_{n}"} for n in range(2500)]
+    pushed = store.commands.push(runner.id, bodies, NOW)  # more than one statement's worth
+    assert [c.idx for c in pushed] == list(range(1, 2501))
+    stored = store.commands.unacknowledged(runner.id, 0)
+    assert stored == pushed and [c.body for c in stored] == bodies

@@ -141,10 +141,16 @@ def append(tx: Tx, runner_id: str, bodies: Sequence[dict[str, Any]], now: float)
     assert row is not None
     first = row["next_command_idx"] - len(bodies)
     commands = [Command(first + i, body) for i, body in enumerate(bodies)]
-    tx.many(
-        "INSERT INTO runner_commands (runner_id, idx, body, created_at) VALUES (?, ?, ?, ?)",
-        [(runner_id, c.idx, dumps(c.body), now) for c in commands],
-    )
+    # One statement for many rows: ``Tx.many`` costs PostgreSQL a statement a row, and the
+    # coordinator ~350 µs for a push of 8 start commands, against ~250 (at most 1,000 rows
+    # a statement: SQLite takes 32,766 parameters, PostgreSQL 65,535).
+    for start in range(0, len(commands), 1000):
+        chunk = commands[start : start + 1000]
+        tx.execute(
+            "INSERT INTO runner_commands (runner_id, idx, body, created_at) VALUES "
+            + ", ".join("(?, ?, ?, ?)" for _ in chunk),
+            [x for c in chunk for x in (runner_id, c.idx, dumps(c.body), now)],
+        )
     return commands
 
 
