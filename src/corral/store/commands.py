@@ -63,11 +63,12 @@ class CommandStore:
         (``finishing``: see ``claims.fill``); and how many of its slots are still free."""
         with self.db.transaction() as tx:
             filled = fill(tx, self.db, runner_id, now, finishing)
-            return append(tx, runner_id, [start(run) for run in filled.runs], now), filled.free
+            starts = [start(run) for run in filled.runs]
+            return append(tx, self.db, runner_id, starts, now), filled.free
 
     def push(self, runner_id: str, bodies: Sequence[dict[str, Any]], now: float) -> list[Command]:
         with self.db.transaction() as tx:
-            return append(tx, runner_id, bodies, now)
+            return append(tx, self.db, runner_id, bodies, now)
 
     def unacknowledged(self, runner_id: str, after_idx: int) -> list[Command]:
         """Commands after ``after_idx`` (what the runner says it has) not yet acknowledged."""
@@ -128,11 +129,26 @@ class CommandStore:
             tx.execute("DELETE FROM runner_commands WHERE runner_id = ?", (runner_id,))
 
 
-def append(tx: Tx, runner_id: str, bodies: Sequence[dict[str, Any]], now: float) -> list[Command]:
+def append(
+    tx: Tx, db: Database, runner_id: str, bodies: Sequence[dict[str, Any]], now: float
+) -> list[Command]:
     """Number ``bodies`` after the runner's last command and store them, in the caller's
     transaction. Numbering writes the runner's row: it is locked until commit."""
     if not bodies:
         return []
+    if db.dialect == "postgres":
+        # One statement, one round trip: the numbering and the rows it numbers.
+        rows = tx.execute(
+            "WITH numbered AS (UPDATE runners SET next_command_idx = next_command_idx + ? "
+            "WHERE id = ? RETURNING next_command_idx - ? AS first) "
+            "INSERT INTO runner_commands (runner_id, idx, body, created_at) "
+            "SELECT ?, numbered.first + b.n - 1, b.body, ? "
+            "FROM numbered, unnest(?::text[]) WITH ORDINALITY AS b (body, n) RETURNING idx",
+            (len(bodies), runner_id, len(bodies), runner_id, now, [dumps(b) for b in bodies]),
+        )
+        assert rows  # its runner exists
+        first = min(r["idx"] for r in rows)
+        return [Command(first + i, body) for i, body in enumerate(bodies)]
     row = tx.one(
         "UPDATE runners SET next_command_idx = next_command_idx + ? WHERE id = ? "
         "RETURNING next_command_idx",

@@ -337,7 +337,7 @@ def _cancel(tx: Tx, db: Database, run_id: str, now: float) -> Run | None:
         return run_from_row(row)  # asked before: its command is stored already
     flagged = update_row(tx, "runs", run_id, now, cancel_requested=1)
     assert flagged is not None  # the row is locked
-    commands.append(tx, row["runner_id"], [{"type": "cancel_run", "run_id": run_id}], now)
+    commands.append(tx, db, row["runner_id"], [{"type": "cancel_run", "run_id": run_id}], now)
     return run_from_row(flagged)
 
 
