@@ -1,10 +1,11 @@
 """What a runner is given to execute one attempt of a run: ``Assignment``.
 
-The coordinator sends it as the ``run`` of a ``start_run`` command (WebSocket) or of a poll
-answer (HTTP), encoded by ``coordinator.schemas.run_assignment_json``: the run as clients
-see it, with its agent snapshot, its environment and, for a task run, its task context.
-The runner reads back what executing the attempt takes — not a stored ``Run`` rebuilt
-with made-up timestamps.
+The coordinator sends it as the ``run`` of a poll answer (HTTP), encoded by
+``coordinator.schemas.run_assignment_json``: the run as clients see it, with its agent
+snapshot, its environment and, for a task run, its task context; or of a ``start_run``
+command (WebSocket), encoded by ``start_run_json``: only what is read here. The runner
+reads back what executing the attempt takes — not a stored ``Run`` rebuilt with made-up
+timestamps.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The run a coordinator assigns, as the runner reads it back (``corral.assignment``): what
-``run_assignment_json`` writes, ``Assignment.from_json`` reads, field for field."""
+``run_assignment_json`` (a poll answer) and ``start_run_json`` (a socket's start_run
+command) write, ``Assignment.from_json`` reads, field for field."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import replace
 from claude_support import agent_run
 
 from corral.assignment import Assignment
-from corral.coordinator.schemas import run_assignment_json
+from corral.coordinator.schemas import run_assignment_json, start_run_json
 from corral.runs import AgentSpec, RunType
 
 
@@ -30,6 +31,9 @@ def test_an_assignment_reads_back_what_the_coordinator_sent() -> None:
         idle_timeout_s=5.0,
         task_id="tsk_1",
         task={"id": "tsk_1", "steps": {"worktree": {"path": "/w"}}},
+    )
+    assert Assignment.from_json(start_run_json(run)) == Assignment.from_json(
+        run_assignment_json(run)
     )
     assert Assignment.from_json(run_assignment_json(run)) == Assignment(
         id=run.id,

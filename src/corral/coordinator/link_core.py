@@ -60,7 +60,7 @@ from corral.coordinator.schemas import (
     SessionEvent,
     StartedEvent,
     TaskStepEvent,
-    run_assignment_json,
+    start_run_json,
 )
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import CorralError, LeaseLost, Unavailable
@@ -809,7 +809,7 @@ def may_owe_callback(finished: Run) -> bool:
 
 
 def _start_body(run: Run) -> dict[str, Any]:
-    return {"type": "start_run", "run": run_assignment_json(run)}
+    return {"type": "start_run", "run": start_run_json(run)}
 
 
 def _indexed(commands: Sequence[Command]) -> list[Indexed]:

@@ -101,7 +101,7 @@ class Metrics:
             self.dispatch_seconds.observe(max(0.0, claimed_at - created_at))
 
     def started_on_socket(self, bodies: Iterable[Mapping[str, Any]]) -> None:
-        """``start_run`` commands a runner socket sent (their runs as ``run_assignment_json``
+        """``start_run`` commands a runner socket sent (their runs as ``start_run_json``
         has them: times in ISO 8601), counted once for all of them: a push sends several."""
         claims = 0
         for body in bodies:
