@@ -14,6 +14,11 @@ and claims.
         ──▶ that socket is woken with its reservation, claims, and waits again if it
             still has a free slot
 
+A run a client creates skips the round when sockets it fits wait as it arrives: they are
+matched by its labels and woken at once, and their claims join the create's own commit
+(``Coordinator.create_runs``); runs stored first are matched as the round would, without
+its read. A woken socket's claim is queued as it is woken (``SocketPump._wake``).
+
 A woken socket that did not get what was reserved for it (another coordinator took the
 run, one earlier in the queue came first) notifies ``RUNS_AVAILABLE`` again: a fresh round
 gives what is left to others. It is not offered the runs it missed again until it claimed
