@@ -136,15 +136,18 @@ def append(
     transaction. Numbering writes the runner's row: it is locked until commit."""
     if not bodies:
         return []
-    if db.dialect == "postgres":
-        # One statement, one round trip: the numbering and the rows it numbers.
+    if db.dialect == "postgres" and len(bodies) <= 1000:
+        # One statement, one round trip: the numbering and the rows it numbers. The bodies
+        # as a VALUES list: bound as one text[], each was escaped into the array's text by
+        # psycopg, and a push of 8 start commands cost the coordinator 500 µs of CPU.
         rows = tx.execute(
             "WITH numbered AS (UPDATE runners SET next_command_idx = next_command_idx + ? "
             "WHERE id = ? RETURNING next_command_idx - ? AS first) "
             "INSERT INTO runner_commands (runner_id, idx, body, created_at) "
-            "SELECT ?, numbered.first + b.n - 1, b.body, ? "
-            "FROM numbered, unnest(?::text[]) WITH ORDINALITY AS b (body, n) RETURNING idx",
-            (len(bodies), runner_id, len(bodies), runner_id, now, [dumps(b) for b in bodies]),
+            "SELECT ?, numbered.first + b.n - 1, b.body, ? FROM numbered, "
+            f"(VALUES {', '.join(f'({n}, ?)' for n in range(1, len(bodies) + 1))}) "
+            "AS b (n, body) RETURNING idx",
+            (len(bodies), runner_id, len(bodies), runner_id, now, *map(dumps, bodies)),
         )
         assert rows  # its runner exists
         first = min(r["idx"] for r in rows)
