@@ -69,6 +69,8 @@ class WireModel(BaseModel):
     @model_validator(mode="after")
     def _storable(self) -> WireModel:
         for name, value in self.__dict__.items():  # the fields, as validated
+            if value is None:  # most fields of most messages: not worth a call each
+                continue
             why = problem_with(value)
             if why:
                 raise ValueError(f"{name}: {why}")
