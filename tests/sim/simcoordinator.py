@@ -309,6 +309,9 @@ class SimCoordinator:
             result = exc
         if not link.closed:
             op.then(result)
+        elif isinstance(result, Pushed) and result.commands:
+            # As ``SocketPump._stored_behind``: the runner's newest socket sends them.
+            self.notify(runner_topic(link.runner_id))
         self.forget_if_idle(link)
 
     def registered(self, link: SimPump, reg: Registration) -> None:

@@ -332,3 +332,12 @@ def test_a_runner_told_the_longest_interval_is_never_taken_for_lost() -> None:
     gaps = [b - a for a, b in itertools.pairwise(pings)]
     # Less often than every 3 s: within a third of its lease (20 s less its stop margin).
     assert min(gaps) > 4.0 and max(gaps) <= 5.0 and len(pings) >= 12
+
+
+def test_a_final_report_applied_asks_for_no_second_round() -> None:
+    """Its slot was filled when the report was read: the socket waits for new runs while
+    the report is committed, not in a second claim."""
+    channel = registered()
+    assert PushWork() in channel.receive(events(finished(1, "run_1")), T0)
+    out = channel.applied(Applied(last_idx=1, abandon=[], wake=[], finished=True))
+    assert PushWork() not in out

@@ -293,7 +293,8 @@ class RunnerChannel:
         """``LinkCore.apply`` committed the oldest ``ApplyEvents`` handed out."""
         self._finishing.subtract(self._applying.popleft())
         self._finishing = +self._finishing  # drop the zeros
-        self._late_in_flight -= self._late_applying.popleft()
+        late = self._late_applying.popleft()
+        self._late_in_flight -= late
         out: list[ChannelOutput] = []
         topics = list(applied.wake)
         if applied.abandon or applied.finished:
@@ -302,8 +303,12 @@ class RunnerChannel:
             topics.extend(self._announce())
         if topics:
             out.append(Wake(tuple(topics)))
-        if applied.finished or applied.abandon:
-            out.append(PushWork())  # a slot may be free; abandon_run commands wait
+        # The slots its own final reports free were filled when they were read (they were
+        # ``finishing``): another round now would only find them filled, and keep the socket
+        # out of the waiters' line meanwhile (a run created then waits for a round). Late
+        # reports free no slot counted so, and nothing was claimed while they were applied.
+        if applied.abandon or late:
+            out.append(PushWork())  # abandon_run commands wait; a slot may be free
         return [*out, *self._lift(self.session.applied(applied.last_idx))]
 
     def push_request(self) -> PushRequest:

@@ -141,8 +141,10 @@ class SocketPump:
         self.push_wanted = asyncio.Event()
         self._woken = False
         self._reserved: list[RunId] | None = None  # what that round reserved for it
-        # The push loop's next claim, queued by whoever woke it (``_wake``).
+        # The push loop's next claim, queued by whoever woke it (``_push_soon``), and
+        # whether the loop waits for that (nothing of its own in flight).
         self._pushing: asyncio.Future[Pushed] | None = None
+        self._parked = False
         self._send_lock = asyncio.Lock()
         self._work: asyncio.Queue[ApplyEvents | CommandsAcked | Stopping | KvRequested] = (
             asyncio.Queue()
@@ -278,7 +280,7 @@ class SocketPump:
             elif isinstance(out, ApplyEvents | CommandsAcked | KvRequested | Stopping):
                 self._work.put_nowait(out)
             elif isinstance(out, PushWork):
-                self.push_wanted.set()
+                self._push_soon()
             elif isinstance(out, Wake):
                 self.coordinator.notifier.notify(*out.topics)
             elif isinstance(out, Alive) and self.channel.runner_id is not None:
@@ -400,8 +402,13 @@ class SocketPump:
                 self.push_wanted.clear()
                 reserved, self._reserved = self._reserved, None
                 pushing, self._pushing = self._pushing, None
+                if pushing is None:
+                    pushing = self._submit_push()
                 try:
-                    pushed = await answer(pushing if pushing is not None else self._submit_push())
+                    pushed = await answer(pushing)
+                except asyncio.CancelledError:
+                    self._stored_behind(pushing)
+                    raise
                 except CorralError as exc:  # lost or stopped meanwhile
                     log.warning("runner %s: %s", runner_id, exc)
                     await self._follow_orders(runner_id)  # stopped: it is told so
@@ -431,8 +438,10 @@ class SocketPump:
                 try:
                     # Not on ``closed``: a socket that closes cancels its loops. Each event
                     # waited on is a task while it waits, at every idle socket.
+                    self._parked = True
                     await wait_any([orders, self.push_wanted], None)
                 finally:
+                    self._parked = False
                     if waiter is not None:
                         coordinator.waiters.discard(waiter)
                 if orders.is_set() and not self.closed.is_set():
@@ -443,7 +452,7 @@ class SocketPump:
             if self._woken:  # woken for runs it will not claim now: others may take them
                 notifier.notify(RUNS_AVAILABLE)
             if self._pushing is not None:  # its claim runs all the same: nobody reads it
-                self._pushing.add_done_callback(_seen)
+                self._pushing.add_done_callback(self._stored_behind)
 
     def _starts_sent(self, commands: list[m.Indexed]) -> None:
         """Actors this socket told to start: the gateway may send their requests now
@@ -468,13 +477,28 @@ class SocketPump:
             self.channel.push_request(),
         )
 
+    def _stored_behind(self, push: asyncio.Future[Pushed]) -> None:
+        """A push of this socket ran, and nobody will send what it stored (the socket
+        closes): the runner's newest socket, woken by its topic, sends it (the command it
+        claimed a run with, above all; else the run waits, claimed, for a round that never
+        comes)."""
+        ran = push.done() and not push.cancelled() and push.exception() is None
+        if ran and push.result().commands and self.runner_id is not None:
+            self.coordinator.notifier.notify(runner_topic(self.runner_id))
+
     def _wake(self, reserved: list[RunId] | None) -> None:
         """A round of the socket waiters reserved these runs for it (None: claim without a
-        reservation), or a client creates runs it fits. Its claim is queued at once, in the
-        waker's turn of the event loop: a create queued in that turn commits with it
-        (``Coordinator.create_runs``)."""
+        reservation), or a client creates runs it fits."""
         self._woken, self._reserved = True, reserved
-        if self._pushing is None and self.coordinator.writer.open:
+        self._push_soon()
+
+    def _push_soon(self) -> None:
+        """Another round of the push loop. If the loop waits, its claim is queued at once,
+        in the turn of the event loop that asks: a client's create queued in that turn
+        commits with it (``Coordinator.create_runs``), and a final report's freed slot is
+        claimed for in the turn the report is read, before the report's own commit, so the
+        socket is back among the waiters by the time anyone hears the run ended."""
+        if self._parked and self._pushing is None and self.coordinator.writer.open:
             self._pushing = self._submit_push()
         self.push_wanted.set()
 
@@ -483,11 +507,6 @@ class SocketPump:
             self.core.order, runner_id, self.coordinator.clock.now()
         )
         await self._handle(self.channel.ordered(order))
-
-
-def _seen(future: asyncio.Future[Pushed]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def route(scope: asgi.Scope) -> bool:
