@@ -208,7 +208,7 @@ class RunnerChannel:
     _late_applying: deque[int] = field(default_factory=deque)  # how many in each ApplyEvents
     _late_in_flight: int = 0
     # A runner sends them first, right after its Init: those announced and not read within
-    # a lease (``late_reports_due_s``) are not coming, and it claims again.
+    # a lease (the lost threshold) are not coming, and it claims again.
     _late_due_at: float = math.inf
 
     @classmethod

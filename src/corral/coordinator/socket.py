@@ -259,7 +259,7 @@ class SocketPump:
         outputs = self.channel.tick(now)
         if PushWork() in outputs:  # the wait for announced late reports is over
             outputs.remove(PushWork())
-            self.push_wanted.set()
+            self._push_soon()
         if outputs:  # a Close: its task ends the socket, as a loop of it would
             self._tasks.append(self._start(self._handle(outputs), "timing"))
         deadline = self.channel.next_deadline()

@@ -128,13 +128,7 @@ class RunStore:
         with self.db.transaction() as tx:
             # The usual case in one statement (the lease and the old status are its guard);
             # anything else (a repeat, a lost lease) takes the checked path below.
-            started = tx.one(
-                "UPDATE runs SET status = ?, started_at = ?, updated_at = ? "
-                f"WHERE id = ? AND runner_id = ? AND attempts = ? AND status IN ({_STARTABLE}) "
-                "RETURNING id",
-                (str(RunStatus.RUNNING), now, now, run_id, runner_id, attempt),
-            )
-            if started is not None:
+            if _start_as_reported(tx, runner_id, [(run_id, attempt)], now):
                 return
             row = leased_row(tx, run_id, runner_id, attempt)
             if row["status"] == RunStatus.RUNNING or reports_late(row, runner_id, attempt):
@@ -150,22 +144,7 @@ class RunStore:
         if not attempts:
             return set()
         with self.db.transaction() as tx:
-            # Found by primary key (``id IN``), then each run's own attempt matched.
-            started = tx.execute(
-                "UPDATE runs SET status = ?, started_at = ?, updated_at = ? "
-                f"WHERE id IN ({', '.join('?' for _ in attempts)}) AND runner_id = ? "
-                f"AND status IN ({_STARTABLE}) AND (id, attempts) IN "
-                f"(VALUES {', '.join('(?, ?)' for _ in attempts)}) RETURNING id, attempts",
-                (
-                    str(RunStatus.RUNNING),
-                    now,
-                    now,
-                    *(run_id for run_id, _ in attempts),
-                    runner_id,
-                    *(x for pair in attempts for x in pair),
-                ),
-            )
-        return {(r["id"], r["attempts"]) for r in started}
+            return _start_as_reported(tx, runner_id, attempts, now)
 
     def record_session(
         self, run_id: str, runner_id: str, attempt: int, session_id: str, now: float
@@ -339,6 +318,28 @@ def _cancel(tx: Tx, db: Database, run_id: str, now: float) -> Run | None:
     assert flagged is not None  # the row is locked
     commands.append(tx, db, row["runner_id"], [{"type": "cancel_run", "run_id": run_id}], now)
     return run_from_row(flagged)
+
+
+def _start_as_reported(
+    tx: Tx, runner_id: str, attempts: Sequence[tuple[str, int]], now: float
+) -> set[tuple[str, int]]:
+    """Start the runs (run, attempt) this runner holds and has not started yet, in one
+    statement guarded by the lease and the old status: those it started."""
+    started = tx.execute(
+        "UPDATE runs SET status = ?, started_at = ?, updated_at = ? "
+        f"WHERE id IN ({', '.join('?' for _ in attempts)}) AND status IN ({_STARTABLE}) "
+        # As in ``_end_as_reported``: the runner matched with each id, found by primary key.
+        f"AND (id, attempts, runner_id) IN (VALUES {', '.join('(?, ?, ?)' for _ in attempts)}) "
+        "RETURNING id, attempts",
+        (
+            str(RunStatus.RUNNING),
+            now,
+            now,
+            *(run_id for run_id, _ in attempts),
+            *(x for run_id, attempt in attempts for x in (run_id, attempt, runner_id)),
+        ),
+    )
+    return {(r["id"], r["attempts"]) for r in started}
 
 
 def _ended_fields(report: RunReport) -> dict[str, Any]:
