@@ -75,17 +75,48 @@ def test_a_runs_life_is_its_events_in_order(store: Store) -> None:
         (EventKind.LOG, None),
         (EventKind.RUN, "completed"),
     ]
-    assert [e.data["text"] for e in found if e.kind is EventKind.LOG] == [
+    assert [e.data["text"] for e in found if e.kind == EventKind.LOG] == [
         "line 0",
         "line 1",
         "line 2",
     ]
-    log = next(e for e in found if e.kind is EventKind.LOG)
+    log = next(e for e in found if e.kind == EventKind.LOG)
     assert (log.run_id, log.runner_id, log.data["line_no"]) == (run.id, runner.id, 0)
     done = found[-1]
     assert done.run_id == run.id and done.runner_id == runner.id and done.at == NOW + 3
     assert done.data["exit_code"] == 0 and done.data["attempts"] == 1
     assert events.latest() == found[-1].id
+
+
+# Strings a JSON encoder must escape, or pass through, for the text to stay one
+# ``data:`` line whose JSON says exactly what was stored.
+ODD = 'say "hi"\\ \r\n\tbye é \u2028 \x1b 😀'
+
+
+def test_an_events_text_made_by_the_database_is_one_message_saying_what_was_stored(
+    store: Store,
+) -> None:
+    events = EventStore(store.db)
+    runner = register(store)
+    at = 1_764_142_351.123_456_7  # more digits than SQLite's text of a REAL keeps
+    run = store.runs.create(command(session_name=ODD), at)
+    store.runs.claim(runner.id, 1, at)
+    store.logs.append(run.id, runner.id, 1, [LogLine(0, "stderr", ODD, 2.5)])
+    created, claimed, logged = read_all(events)[1:]
+    for event in (created, claimed, logged):
+        lines = event.sse.split("\n")
+        assert lines[:2] == [f"id: {event.id}", f"event: {event.kind}"]
+        assert lines[2].startswith("data: ") and lines[3:] == ["", ""]
+        assert list(event.to_json()) == [
+            "id", "kind", "at", "run_id", "session_id", "session_name", "plan_id",
+            "runner_id", "actor_id", "pool", "data",
+        ]  # fmt: skip
+        said = event.to_json()
+        assert [said[key] for key in Event._fields[:-1]] == list(event[:-1])
+    assert created.session_name == created.to_json()["session_name"] == ODD
+    assert created.at == at and claimed.at == at and claimed.runner_id == runner.id
+    assert logged.data == {"attempt": 1, "line_no": 0, "stream": "stderr", "text": ODD, "ts": 2.5}
+    assert logged.to_json()["session_name"] == ODD and logged.run_id == run.id
 
 
 def test_a_refused_change_writes_no_event(store: Store) -> None:

@@ -43,7 +43,7 @@ def test_every_kind_of_event_is_one_line_naming_what_changed(tmp_path: Path) -> 
     finally:
         store.close()
 
-    lines = {kind: [describe(e.to_json()) for e in events if e.kind is kind] for kind in EventKind}
+    lines = {kind: [describe(e.to_json()) for e in events if e.kind == kind] for kind in EventKind}
     assert all(lines.values()), {k: v for k, v in lines.items() if not v}  # every kind seen
     assert all("\n" not in line for found in lines.values() for line in found)
     assert any(f"{run.id} running on {runner.id}" in line for line in lines[EventKind.RUN])

@@ -23,32 +23,28 @@ from corral.coordinator.event_hub import (
     start_eagerly,
 )
 from corral.errors import InvalidRequest
-from corral.events import KEEPALIVE, Event, EventFilter, EventKind, StoredData, sse, sse_message
-from corral.store.events import _event
+from corral.events import KEEPALIVE, Event, EventFilter, EventKind, encoded, sse_message
 
 
 def event(id: int, kind: EventKind = EventKind.LOG, **keys: str | None) -> Event:
-    fields: dict[str, str | None] = {
-        "run_id": "run_1",
-        "session_id": None,
-        "session_name": None,
-        "plan_id": None,
-        "runner_id": None,
-    }
-    fields.update(keys)
-    return Event(id=id, kind=kind, at=1.5, data={"text": "a\nb\r\nc"}, **fields)  # type: ignore[arg-type]
+    """An event as the store reads it (its text as the database makes it: see
+    tests/integration/test_event_log.py)."""
+    fields: dict[str, str | None] = dict.fromkeys(Event._fields[2:-1])
+    fields.update(run_id="run_1", **keys)
+    body = {"id": id, "kind": kind.value, "at": 1.5, **fields, "data": {"text": "a\nb"}}
+    text = f"id: {id}\nevent: {kind.value}\ndata: {json.dumps(body, separators=(',', ':'))}\n\n"
+    return Event(id, kind.value, *fields.values(), text)  # type: ignore[arg-type]
 
 
-def test_an_event_is_one_id_event_and_data_line_whatever_its_text() -> None:
-    encoded = sse(event(7)).decode()
-    assert encoded.endswith("\n\n")
-    lines = encoded.rstrip("\n").split("\n")
-    assert lines[:2] == ["id: 7", "event: log"]
-    assert len(lines) == 3 and lines[2].startswith("data: ")
-    assert json.loads(lines[2].removeprefix("data: "))["data"]["text"] == "a\nb\r\nc"
-    assert sse_message("ready", {"last_event_id": 3}, event_id=3).startswith(
-        b"id: 3\nevent: ready\n"
+def sse(*events: Event) -> bytes:
+    return encoded(events)
+
+
+def test_a_streams_own_message_is_one_id_event_and_data_line() -> None:
+    assert sse_message("ready", {"last_event_id": 3}, event_id=3) == (
+        b'id: 3\nevent: ready\ndata: {"last_event_id":3}\n\n'
     )
+    assert event(4).data == {"text": "a\nb"} and event(4).at == 1.5
 
 
 def test_filters_parse_and_match() -> None:
@@ -92,68 +88,11 @@ def test_a_round_is_filtered_and_encoded_once_per_filter_not_per_subscriber() ->
     batches = [s.take() for s in logs]
     assert all(len(b) == 1 and b[0] is batches[0][0] for b in batches)  # one shared batch
     assert [e.id for e in batches[0][0].events] == [1, 3]
-    assert batches[0][0].encoded == sse(event(1)) + sse(event(3))
+    assert batches[0][0].encoded == sse(event(1), event(3))
     assert taken(runs) == [2]
     # A stream that already sent event 1 (its catch-up read overlapped) sends the rest.
     assert batches[0][0].after(1) == sse(event(3))
     assert batches[0][0].after(0) is batches[0][0].encoded
-
-
-def test_an_event_read_from_the_store_is_sent_as_its_stored_text_with_the_same_content() -> None:
-    stored = '{"attempt" : 1, "line_no" : 0, "stream" : "stdout", "ts" : 2.5}'  # PostgreSQL's
-    data = StoredData(stored, {"text": 'say "hi"\r\nbye é'})
-    log = Event(7, EventKind.LOG, 1.5, "run_1", None, "s\nname", None, None, data)
-    same = Event(7, EventKind.LOG, 1.5, "run_1", None, "s\nname", None, None, dict(data))
-    lines = sse(log).decode().rstrip("\n").split("\n")
-    assert len(lines) == 3 and stored[:-1] in lines[2]  # the stored text, not parsed again
-    assert json.loads(lines[2].removeprefix("data: ")) == same.to_json()
-    assert log.data["text"] == 'say "hi"\r\nbye é' and log.data["line_no"] == 0
-    run = Event(8, EventKind.RUN, 1.5, "run_1", None, None, None, None, StoredData('{"a":1}'))
-    assert json.loads(sse(run).decode().split("data: ", 1)[1]) == run.to_json()
-    odd = StoredData("{}", {"text": "x"})  # no key to follow: parsed and made again
-    assert json.loads(odd.encoded()) == {"text": "x"}
-    # Every key as json.dumps writes it, whatever the strings hold.
-    data = StoredData('{"k":[1,"\\n"]}')
-    full = Event(9, EventKind.ACTOR, 1e-7, None, None, 'a "b"\n', "é", "r", data, "x", "p")
-    compact = json.dumps(full.to_json(), separators=(",", ":"))
-    assert sse(full).decode() == f"id: 9\nevent: actor\ndata: {compact}\n\n"
-
-
-@pytest.mark.parametrize("kind", list(EventKind))
-def test_an_event_built_from_a_row_equals_one_built_by_its_constructor(kind: EventKind) -> None:
-    row = {
-        "id": 12,
-        "kind": kind.value,
-        "at": 1764142351.25,
-        "run_id": "run_1",
-        "session_id": None,
-        "session_name": 'n "é"\n\u2028',
-        "plan_id": "prj_1",
-        "runner_id": None,
-        "actor_id": "act_1",
-        "pool": "p\x00",
-        "data": '{"status":"ok","s":"\\u00e9"}',
-        "text": "line \r\n\ud83d\ude00 \udcff" if kind is EventKind.LOG else None,
-    }
-    built = _event(row)
-    extra = {"text": row["text"]} if kind is EventKind.LOG else None
-    data = StoredData(row["data"], extra)
-    expected = Event(
-        12,
-        kind,
-        1764142351.25,
-        "run_1",
-        None,
-        row["session_name"],
-        "prj_1",
-        None,
-        data,
-        "act_1",
-        "p\x00",
-    )
-    assert built == expected and type(built.kind) is EventKind
-    assert sse(built) == sse(expected)
-    assert built.encoded is built.encoded  # still encoded once
 
 
 class Socket:
@@ -205,7 +144,7 @@ def test_an_attached_stream_is_written_by_the_pump_in_order_and_queued_behind_a_
         socket.full = None
         await stream.settled()
         await asyncio.sleep(0)  # the write's end writes what queued, as one write
-        assert socket.written[2:] == [sse(event(5)), b"".join(sse(event(i)) for i in (6, 7, 8))]
+        assert socket.written[2:] == [sse(event(5)), sse(*(event(i) for i in (6, 7, 8)))]
         assert stream.last == 8 and not stream.done.is_set()
         socket.full = asyncio.get_running_loop().create_future()
         offered(stream, [event(i) for i in range(9, 14)])  # waits; then 5 behind: dropped
@@ -238,12 +177,8 @@ def test_deflated_streams_share_each_batchs_compression_and_each_decodes_whole()
     assert sockets[0].written[-1] == sockets[1].written[-1]  # one shared piece, same bytes
     decoded = [zlib.decompress(w + e.end()) for w, e in zip(whole, encodings, strict=True)]
     caught_up = b"id: 2\nevent: caught_up\n\n"
-    assert decoded[0] == caught_up + b"".join(sse(event(i)) for i in (3, 4)) + KEEPALIVE + (
-        b"".join(sse(event(i)) for i in (6, 7))
-    )
-    assert decoded[1] == caught_up + sse(event(4)) + KEEPALIVE + (
-        b"".join(sse(event(i)) for i in (6, 7))
-    )
+    assert decoded[0] == caught_up + sse(event(3), event(4)) + KEEPALIVE + (sse(event(6), event(7)))
+    assert decoded[1] == caught_up + sse(event(4)) + KEEPALIVE + (sse(event(6), event(7)))
 
 
 def test_a_coroutine_started_eagerly_runs_at_once_or_finishes_in_a_task() -> None:
@@ -283,13 +218,11 @@ def test_the_pump_pauses_longer_between_rounds_with_more_streams() -> None:
     assert hub.round_s == MAX_ROUND_S  # fifty: each round writes fifty times
 
 
-def test_equal_filters_hash_alike_and_an_event_encodes_once() -> None:
+def test_equal_filters_hash_alike() -> None:
     parsed = EventFilter.parse(kind="run,log", session="s")
     built = EventFilter(frozenset({EventKind.LOG, EventKind.RUN}), session="s")
     assert parsed == built and hash(parsed) == hash(built) == hash(built)
     assert len({parsed, built, EventFilter.parse(kind="run")}) == 2
-    one = event(3)
-    assert one.encoded is one.encoded and one == event(3)  # the cache is no field
 
 
 class Log:

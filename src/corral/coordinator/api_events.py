@@ -34,7 +34,7 @@ from corral.coordinator.event_hub import Encoding, EventHub, Subscription, encod
 from corral.coordinator.schemas import error_responses
 from corral.coordinator.service import Coordinator
 from corral.errors import InvalidRequest, NotFound
-from corral.events import EventFilter, sse, sse_message
+from corral.events import EventFilter, encoded, sse_message
 from corral.wire import Int64
 
 router = APIRouter()
@@ -121,7 +121,7 @@ class EventStream(Response):
             await write_own(sse_message("ready", {"last_event_id": last}, event_id=last))
             pages = self.hub.catch_up(subscription.where, last, subscription.live_from)
             async for page in pages:
-                await write_own(b"".join(sse(event) for event in page))
+                await write_own(encoded(page))
                 last = page[-1].id
             # Every stored event the filter wants is sent: the position is the pump's.
             last = max(last, subscription.live_from)

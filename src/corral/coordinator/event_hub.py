@@ -36,7 +36,7 @@ import anyio.to_thread
 from corral.coordinator.deflate import DeflateStream, Piece, accepts_deflate, compress
 from corral.coordinator.metrics import Metrics
 from corral.coordinator.notifier import Notifier, wait_for
-from corral.events import KEEPALIVE, Event, EventFilter, sse
+from corral.events import KEEPALIVE, Event, EventFilter, encoded
 from corral.store.events import EventStore
 
 EVENTS = "events"  # the notifier's topic: the store may have new events
@@ -81,7 +81,7 @@ class Batch:
         # Not ``functools.cached_property``: up to Python 3.12 it takes a lock on every
         # read, and each stream reads this once a round.
         if self._encoded is None:
-            self._encoded = b"".join([sse(event) for event in self.events])
+            self._encoded = encoded(self.events)
         return self._encoded
 
     def after(self, last: int) -> bytes:
@@ -89,7 +89,7 @@ class Batch:
         unless the stream already sent some of it (its catch-up read overlapped)."""
         if self.whole_after(last):
             return self.encoded
-        return b"".join(sse(event) for event in self.events if event.id > last)
+        return encoded(event for event in self.events if event.id > last)
 
     def whole_after(self, last: int) -> bool:
         return not self.events or self.events[0].id > last

@@ -29,10 +29,9 @@ numbered events (on SQLite, every event).
 from __future__ import annotations
 
 from corral.errors import Gone, InvalidRequest
-from corral.events import Event, EventFilter, EventKind, StoredData
-from corral.store.db import Database, Row, Tx
+from corral.events import Event, EventFilter
+from corral.store.db import Database, Tx
 
-KINDS = {kind.value: kind for kind in EventKind}  # a dict lookup: EventKind(…) costs ~1 µs
 NUMBERING_LOCK = 4242013  # pg_advisory_xact_lock key of ``number`` (migrate uses 4242001)
 IDS = {"sqlite": "events", "postgres": "event_ids"}  # the table that holds the ids given
 
@@ -87,14 +86,14 @@ class EventStore:
 
     def _read(self, tx: Tx, after: int, where: EventFilter, limit: int) -> list[Event]:
         condition, params = where.sql()
-        rows = tx.execute(
-            "SELECT e.id, e.kind, e.at, e.run_id, e.session_id, e.session_name, "
-            "e.plan_id, e.runner_id, e.actor_id, e.pool, e.data, l.text FROM numbered_events e "
+        rows = tx.tuples(
+            "SELECT e.id, e.kind, e.run_id, e.session_id, e.session_name, e.plan_id, "
+            f"e.runner_id, e.actor_id, e.pool, {_SSE[self.db.dialect]} FROM numbered_events e "
             "LEFT JOIN run_logs l ON e.ref = l.id AND e.kind = 'log' "
             f"WHERE e.id > ?{condition} ORDER BY e.id LIMIT ?",
             (after, *params, limit),
         )
-        return [_event(row) for row in rows]
+        return [_new_event(Event, row) for row in rows]
 
     def latest(self) -> int:
         """The newest id given (0: none yet); a resume after it waits for the next."""
@@ -171,26 +170,32 @@ class EventStore:
                 deleted += int(count["n"]) if count else 0
 
 
-def _event(row: Row) -> Event:
-    # Filled in place rather than through the frozen dataclass's ``__init__`` (one
-    # ``object.__setattr__`` a field): the pump builds every event of the log this way,
-    # and that halves its ~2 µs. The same fields, the same values.
-    kind = KINDS[row["kind"]]
-    event = _new_event(Event)
-    vars(event).update(
-        id=int(row["id"]),
-        kind=kind,
-        at=float(row["at"]),
-        run_id=row["run_id"],
-        session_id=row["session_id"],
-        session_name=row["session_name"],
-        plan_id=row["plan_id"],
-        runner_id=row["runner_id"],
-        actor_id=row["actor_id"],
-        pool=row["pool"],
-        data=StoredData(row["data"], {"text": row["text"]} if kind is EventKind.LOG else None),
-    )
-    return event
+def _sse(dialect: str) -> str:
+    """The SQL of an event's server-sent text, from ``numbered_events e`` and its log
+    line ``l``: ``Event.to_json``'s keys in order, strings and the time as JSON (the time
+    exact: 17 significant digits on SQLite, the shortest exact form on PostgreSQL), and a
+    log line's ``text`` added at the end of its ``data`` (always an object with keys)."""
+    if dialect == "sqlite":
+        newline, time, string = "char(10)", "printf('%!.17g', {})", "json_quote({})"
+    else:  # to_json of NULL is NULL; nothing here may hold '?' or '%' (see _PostgresTx)
+        newline, time = "chr(10)", "to_json({})::text"
+        string = "COALESCE(to_json({})::text, 'null')"
+    fields = ("run_id", "session_id", "session_name", "plan_id", "runner_id", "actor_id", "pool")
+    text = string.format("l.text")
+    parts = [
+        f"'id: ' || e.id || {newline} || 'event: ' || e.kind || {newline}",
+        """'data: {"id":' || e.id || ',"kind":"' || e.kind || '"'""",
+        f"""',"at":' || {time.format("e.at")}""",
+        *(f"""',"{name}":' || {string.format("e." + name)}""" for name in fields),
+        f"""',"data":' || CASE WHEN e.kind = 'log' """
+        f"""THEN substr(e.data, 1, length(e.data) - 1) || ',"text":' || {text} || '}}' """
+        "ELSE e.data END",
+        f"'}}' || {newline} || {newline}",
+    ]
+    return " || ".join(parts)
 
 
-_new_event = object.__new__
+_SSE = {dialect: _sse(dialect) for dialect in ("sqlite", "postgres")}
+# A row as it comes is an Event's fields in order: made into one without a call to
+# NamedTuple's ``__new__`` (or ``_make``), which would copy it again.
+_new_event = tuple.__new__
