@@ -3,6 +3,7 @@
     CorralError                       code               HTTP  exit
     ├── InvalidRequest                invalid_request     422     2
     │   │                            (unstorable_value: a value the database refused)
+    │   ├── MalformedJson             malformed_json      400     2
     │   ├── UnknownAgent              unknown_agent       422     2
     │   └── PayloadTooLarge           payload_too_large   413     2
     ├── NotFound                      <kind>_not_found    404     3
@@ -53,6 +54,11 @@ class InvalidRequest(CorralError):
     code = "invalid_request"
     http_status = 422
     exit_code = 2
+
+
+class MalformedJson(InvalidRequest):
+    code = "malformed_json"
+    http_status = 400
 
 
 class UnknownAgent(InvalidRequest):

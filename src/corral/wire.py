@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from corral.errors import InvalidRequest
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -25,6 +27,14 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 # bounds in the OpenAPI document too.
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+
+
+def check_parameters(pairs: Iterable[tuple[str, str]]) -> None:
+    """Path and query values reach SQL as bound text too: refuse (``invalid_request``)
+    what bodies may not hold."""
+    for name, value in pairs:
+        if why := problem_with(name) or problem_with(value):
+            raise InvalidRequest(f"{name!r}: {why}")
 
 
 def problem_with(value: Any) -> str | None:

@@ -361,3 +361,51 @@ async def test_a_report_for_the_attempt_before_a_rate_limit_is_refused(
         await api.started(run_id, runner_id, 2)
         assert (await api.complete(run_id, runner_id, 2, exit_code=0)).status_code == 200
         assert (await api.run(run_id))["status"] == "completed"
+
+
+# What POST /runs may be sent: (body, headers, query). Each is answered alike by the
+# shortcut that serves it (api_clients.serve_create_run) and by the route it stands for.
+POSTS: list[tuple[bytes, dict[str, str], dict[str, str]]] = [
+    (b'{"type": "command", "command": ["echo", "hi"]}', JSON, {}),
+    (b'{"type": "command", "command": ["echo", "hi"]}', {}, {}),  # no content-type: bytes
+    (b'{"type": "command", "command": ["echo"]}', {"content-type": "application/x+json"}, {}),
+    (b'{"type": "command", "command": ["echo"]}', {"content-type": "text/plain"}, {}),
+    (b'{"type": "command", ', JSON, {}),
+    (b"\xff\xfe", JSON, {}),
+    (b"", JSON, {}),
+    (b'["command"]', JSON, {}),
+    (b'{"type": "command", "command": ["echo"], "bogus": 1}', JSON, {}),
+    (b'{"type": "start_session", "prompt": "' + b"x" * (MAX_PROMPT + 1) + b'"}', JSON, {}),
+    (b'{"type": "command", "command": ["echo", "' + b"x" * MAX_BODY + b'"]}', JSON, {}),
+    (b'{"type": "command", "command": ["echo", "\\u0000"]}', JSON, {}),
+    (b'{"type": "command", "command": ["echo"], "max_attempts": 1e400}', JSON, {}),
+    (b'{"type": "command", "command": ["echo"]}', JSON, {"x": "\x00"}),
+]
+
+
+async def test_post_runs_is_answered_by_its_shortcut_as_by_its_route(
+    settings: CoordinatorSettings,
+) -> None:
+    async with running_api(settings) as api:
+        reader = await api.client.post("/tokens", json={"role": "reader"})
+        as_reader = {**JSON, "Authorization": f"Bearer {reader.json()['token']}"}
+        requests = [*POSTS, (POSTS[0][0], as_reader, {})]
+        answers = []
+        for shortcut in (True, False):
+            if not shortcut:
+                api.app.run_creator = None  # type: ignore[attr-defined]  # the route serves
+            answers.append(
+                [
+                    await api.client.post("/runs", content=body, headers=headers, params=query)
+                    for body, headers, query in requests
+                ]
+            )
+        created = (await api.client.get("/runs")).json()["runs"]
+    statuses = [r.status_code for r in answers[0]]
+    assert statuses == [r.status_code for r in answers[1]]
+    assert [error_code(r) if r.status_code >= 400 else "" for r in answers[0]] == [
+        error_code(r) if r.status_code >= 400 else "" for r in answers[1]
+    ]
+    assert statuses[:3] == [201, 422, 201] and 403 in statuses and 413 in statuses
+    assert {400, 422} <= set(statuses)
+    assert len(created) == 2 * statuses.count(201)  # each path created what it accepted

@@ -38,16 +38,16 @@ from corral.coordinator import (
     socket,
 )
 from corral.coordinator.listener import Listener
-from corral.coordinator.schemas import error_responses
+from corral.coordinator.schemas import error_responses, refusal
 from corral.coordinator.service import Coordinator
 from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
 from corral.coordinator.sole import SoleCoordinator
 from corral.dashboard import site as dashboard_site
-from corral.errors import CorralError, InvalidRequest
+from corral.errors import CorralError
 from corral.protocol.limits import MAX_FRAME_BYTES
 from corral.store import Store
 from corral.store.db import PostgresDatabase
-from corral.wire import problem_with
+from corral.wire import check_parameters
 
 log = logging.getLogger("corral.coordinator")
 
@@ -152,6 +152,9 @@ def create_app(
     # The same door in front of the gateway's requests.
     app.gateway = auth.Guard(BodyLimit(gateway.serve, **limits), allowed_hosts=hosts)
     app.runner_socket = auth.Guard(socket.serve, allowed_hosts=hosts)
+    app.run_creator = auth.Guard(
+        BodyLimit(api_clients.serve_create_run, **limits), allowed_hosts=hosts
+    )
     auth.document(app)
     return app
 
@@ -161,10 +164,12 @@ class CoordinatorApp(FastAPI):
     warm request) goes straight to ``gateway``: the same ``Guard`` and body limit as every
     other request, then the gateway's own ASGI code, without FastAPI's routing, exception
     middleware and dependency solving (about a fifth of the coordinator's CPU a request).
-    So does a runner's WebSocket (``socket.serve``): its frames then pass no middleware."""
+    So does a runner's WebSocket (``socket.serve``): its frames then pass no middleware;
+    and ``POST /runs`` (``api_clients.serve_create_run``), the request most often made."""
 
     gateway: ASGIApp | None = None
     runner_socket: ASGIApp | None = None  # the runner link's upgrades, likewise
+    run_creator: ASGIApp | None = None  # POST /runs, likewise
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.gateway is not None and scope["type"] == "http" and gateway.route(scope):
@@ -174,6 +179,10 @@ class CoordinatorApp(FastAPI):
         if self.runner_socket is not None and socket.route(scope):
             scope["app"] = self
             await self.runner_socket(scope, receive, send)
+            return
+        if self.run_creator is not None and api_clients.creates_a_run(scope):
+            scope["app"] = self
+            await self.run_creator(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
@@ -258,10 +267,7 @@ def _error(status: int, code: str, message: str, **details: Any) -> JSONResponse
 
 async def _storable_params(connection: HTTPConnection) -> None:
     """Path and query values reach SQL as bound text too: refuse what bodies may not hold."""
-    for name, value in (*connection.path_params.items(), *connection.query_params.multi_items()):
-        why = problem_with(name) or problem_with(value)
-        if why:
-            raise InvalidRequest(f"{name!r}: {why}")
+    check_parameters((*connection.path_params.items(), *connection.query_params.multi_items()))
 
 
 async def _corral_error(request: Request, exc: Exception) -> JSONResponse:
@@ -271,15 +277,7 @@ async def _corral_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError | ValidationError)
-    errors = exc.errors()
-    if any(e.get("type") == "json_invalid" for e in errors):
-        return _error(400, "malformed_json", "request body is not valid JSON")
-    problems = []
-    for e in errors:
-        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
-        what = str(e.get("msg", "")).removeprefix("Value error, ")
-        problems.append(f"{where}: {what}" if where else what)
-    return _error(422, "invalid_request", "; ".join(problems))
+    return await _corral_error(request, refusal(exc.errors()))
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

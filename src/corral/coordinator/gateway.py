@@ -62,7 +62,7 @@ from corral.errors import CorralError, InvalidRequest, NotFound, Unavailable
 from corral.protocol import messages as wire
 from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES, MAX_TUNNEL_WS_MESSAGE_BYTES
 from corral.runner.tunnel import ERROR_HEADER, HOP_BY_HOP, NEVER_SEEN
-from corral.wire import problem_with
+from corral.wire import check_parameters
 
 log = logging.getLogger("corral.coordinator")
 
@@ -135,9 +135,7 @@ async def serve(scope: Scope, receive: Receive, send: Send) -> None:
     try:
         auth.check(scope["state"]["principal"], Access.WRITE)
         query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
-        for name, value in (("target", target), ("path", path), *query):
-            if why := problem_with(name) or problem_with(value):
-                raise InvalidRequest(f"{name!r}: {why}")
+        check_parameters((("target", target), ("path", path), *query))
     except CorralError as exc:
         await JSONResponse(exc.to_dict(), exc.http_status)(scope, receive, send)
         return

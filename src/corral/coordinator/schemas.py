@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -9,6 +10,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from corral import runners
 from corral.actors.wire import ActorAlarmEvent, ActorIntentEvent, ActorStateEvent
+from corral.errors import InvalidRequest, MalformedJson
 from corral.protocol.limits import MAX_LOG_LINES
 from corral.runners import Runner
 from corral.runs import Run, RunReport, RunStatus
@@ -43,6 +45,20 @@ _ERROR_MEANINGS = {
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` for error answers, all with the ``ErrorBody`` shape."""
     return {s: {"model": ErrorBody, "description": _ERROR_MEANINGS[s]} for s in statuses}
+
+
+def refusal(errors: Sequence[Mapping[str, Any]]) -> InvalidRequest:
+    """What a request is told when its body or parameters failed validation (pydantic's
+    ``errors()``): ``malformed_json`` (400) if the body is not JSON, else
+    ``invalid_request`` (422) naming each problem by where it is."""
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return MalformedJson("request body is not valid JSON")
+    problems = []
+    for e in errors:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        what = str(e.get("msg", "")).removeprefix("Value error, ")
+        problems.append(f"{where}: {what}" if where else what)
+    return InvalidRequest("; ".join(problems))
 
 
 def one_line(value: str | list[str] | None) -> str | list[str] | None:
