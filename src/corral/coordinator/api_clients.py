@@ -58,9 +58,10 @@ async def serve_create_run(scope: Scope, receive: Receive, send: Send) -> None:
     """``POST /runs`` as plain ASGI: the coordinator's app hands it over before FastAPI's
     routing (``app.CoordinatorApp``), behind the same ``Guard`` and body limit, as the
     request most often made: FastAPI's routing, dependency solving and exception
-    middleware cost ~0.13 ms of the coordinator's CPU a request (of ~0.7). It checks and answers what the route above declares (access, parameters,
-    the body as FastAPI reads it); that route stays for the OpenAPI document, for apps
-    without the shortcut and for the tests that walk every route."""
+    middleware cost ~0.13 ms of the coordinator's CPU a request (of ~0.7). It checks and
+    answers what the route above declares (access, parameters, the body as FastAPI reads
+    it); that route stays for the OpenAPI document, for apps without the shortcut and for
+    the tests that walk every route."""
     request = Request(scope, receive)
     try:
         check(principal_of(request), Access.RUNS)
