@@ -71,9 +71,10 @@ def claimable(tx: Tx, now: float, limit: int) -> list[Claimable]:
 def claim(tx: Tx, db: Database, runner_id: str, max_runs: int, now: float) -> list[Run]:
     """Give up to ``max_runs`` pending runs to an active runner.
 
-    On PostgreSQL, ``FOR UPDATE SKIP LOCKED`` makes concurrent claimers pass over each
-    other's rows; the seemingly equivalent single ``UPDATE … WHERE id = (SELECT … LIMIT 1)``
-    double-claims there under concurrency. On SQLite the immediate transaction holds the
+    On PostgreSQL, ``FOR NO KEY UPDATE SKIP LOCKED`` makes concurrent claimers pass over
+    each other's rows, and the claim writes only the row versions it locked; the seemingly
+    equivalent ``UPDATE … WHERE id = (SELECT … LIMIT 1)``, with no lock, double-claims
+    there under concurrency. On SQLite the immediate transaction holds the
     one write lock, so the same select-then-update is safe.
     """
     runner = _heard(tx, runner_id, now)
@@ -150,7 +151,7 @@ _CLASSES = """WITH RECURSIVE classes (labels) AS (
 # The first runs of one class, in claim order, that require no runner or this one (``?``):
 # read along runs_pending_by_class, so only runs this runner may take are visited.
 _IN_CLASS = (
-    "SELECT id, priority, created_at FROM runs WHERE {claimable} AND {cls} = {this_cls} "
+    "SELECT {columns}id, priority, created_at FROM runs WHERE {claimable} AND {cls} = {this_cls} "
     f"AND {PINNED_TO} = ? AND available_at <= ?{{after}} "
     "ORDER BY priority DESC, created_at, id LIMIT ?"
 )
@@ -181,7 +182,7 @@ def _take_sqlite(tx: Tx, db: Database, runner: Row, limit: int, now: float) -> l
         r["labels"]
         for r in tx.execute(f"{_classes(db)} SELECT labels FROM fit", (runner["labels"],))
     ]
-    arm = _IN_CLASS.format(claimable=CLAIMABLE, cls="labels", this_cls="?", after="")
+    arm = _IN_CLASS.format(columns="", claimable=CLAIMABLE, cls="labels", this_cls="?", after="")
     arms: list[str] = []
     params: list[object] = []
     for labels in fit:
@@ -198,9 +199,9 @@ def _take_sqlite(tx: Tx, db: Database, runner: Row, limit: int, now: float) -> l
 
 
 def _take_postgres(tx: Tx, db: Database, runner: Row, limit: int, now: float) -> list[Row]:
-    """As ``_take_sqlite``, in one read that also locks the runs it chose, passing over
-    those another claim holds (``SKIP LOCKED``). While those leave it short, it reads on
-    past the last run read."""
+    """As ``_take_sqlite``, in one statement that also locks the runs it chose, passing over
+    those another claim holds (``SKIP LOCKED``), and claims them. While those leave it
+    short, it reads on past the last run read."""
     pins = _pins(runner)
     cls = LABEL_CLASS[db.dialect]
     taken: list[Row] = []
@@ -208,54 +209,75 @@ def _take_postgres(tx: Tx, db: Database, runner: Row, limit: int, now: float) ->
     while True:
         want = limit - len(taken)
         arm = _IN_CLASS.format(
+            columns="ctid AS version, ",
             claimable=CLAIMABLE,
             cls=cls,
             this_cls=cls.replace("labels", "fit.labels"),
             after=_AFTER if after else "",
         )
-        # The chosen runs are locked by primary key alone: with ``status = 'pending'`` in
-        # that statement, PostgreSQL may scan a pending index instead, which it takes for
-        # tiny until it has statistics (a fresh table, a backlog grown since the last
-        # ANALYZE). A run claimed meanwhile is locked as it now is, and left out here.
-        candidates = tx.execute(
+        # The runs chosen are locked, then claimed, by their row versions' addresses
+        # (``ctid``): a TID scan whatever the table's statistics. By primary key, a plan
+        # PostgreSQL made and kept while the table was tiny (a fresh one: prepared
+        # statements keep a generic plan until the next ANALYZE) scans the whole table for
+        # them, and a claim costs it more the more runs there are. A run claimed (or
+        # otherwise changed) since this statement's snapshot has a new version: the lock
+        # passes over it, as over one another claim holds (``SKIP LOCKED``). One statement
+        # reads, locks and claims (one round trip, one plan); beside the claimed rows it
+        # returns how many runs it read and the last of them (alone if it claimed none).
+        rows = tx.execute(
             f"{_classes(db)}, candidates AS ("
-            "SELECT c.id, c.priority, c.created_at FROM fit CROSS JOIN LATERAL "
+            "SELECT c.version, c.id, c.priority, c.created_at FROM fit CROSS JOIN LATERAL "
             f"({' UNION ALL '.join(f'({arm})' for _ in pins)}) AS c "
             "ORDER BY c.priority DESC, c.created_at, c.id LIMIT ?"
             "), locked AS ("
-            "SELECT id, status, available_at FROM runs "
-            "WHERE id = ANY (ARRAY (SELECT id FROM candidates)) "
+            "SELECT ctid AS version, status, available_at FROM runs "
+            "WHERE ctid = ANY (ARRAY (SELECT version FROM candidates)) "
             f"{db.lock_rows(skip_locked=True)}"
-            ") SELECT c.id, c.priority, c.created_at, l.status, l.available_at "
-            "FROM candidates AS c LEFT JOIN locked AS l ON l.id = c.id "
-            "ORDER BY c.priority DESC, c.created_at, c.id",
-            (runner["labels"], *(x for pin in pins for x in (pin, now, *after, want)), want),
+            "), claimed AS ("
+            f"{_CLAIM_SET} WHERE ctid = ANY (ARRAY (SELECT version FROM locked "
+            f"WHERE status = '{RunStatus.PENDING}' AND available_at <= ?)) RETURNING *"
+            "), last_read AS ("
+            "SELECT id, priority, created_at, COUNT(*) OVER () AS n FROM candidates "
+            "ORDER BY priority, created_at DESC, id DESC LIMIT 1"
+            ") SELECT last_read.n AS read_n, last_read.id AS read_last_id, "
+            "last_read.priority AS read_last_priority, "
+            "last_read.created_at AS read_last_created_at, claimed.* "
+            "FROM (SELECT) AS one LEFT JOIN last_read ON TRUE LEFT JOIN claimed ON TRUE",
+            (
+                runner["labels"],
+                *(x for pin in pins for x in (pin, now, *after, want)),
+                want,
+                *_claim_values(runner["id"], now),
+                now,
+            ),
         )
-        chosen = [
-            c["id"]
-            for c in candidates
-            if c["status"] == RunStatus.PENDING and c["available_at"] <= now
-        ]
-        taken += _set_claimed(tx, chosen, runner["id"], now, guard="")
-        if len(taken) >= limit or len(candidates) < want:
+        taken += [r for r in rows if r["id"] is not None]
+        read = rows[0]["read_n"] or 0
+        if len(taken) >= limit or read < want:
             return taken
-        last = candidates[-1]
-        p, c = last["priority"], last["created_at"]
-        after = (p, p, c, c, last["id"])
+        p, c = rows[0]["read_last_priority"], rows[0]["read_last_created_at"]
+        after = (p, p, c, c, rows[0]["read_last_id"])
 
 
-def _set_claimed(
-    tx: Tx, ids: list[str], runner_id: str, now: float, guard: str = f" AND {CLAIMABLE}"
-) -> list[Row]:
-    """Claim the runs ``ids`` for the runner (those the ``guard`` lets through); their rows
-    as written."""
+# A claim's write: the run is the runner's, a new attempt (``_claim_values``' parameters).
+_CLAIM_SET = (
+    "UPDATE runs SET status = ?, runner_id = ?, attempts = attempts + 1, "
+    "claimed_at = ?, started_at = NULL, cancel_requested = 0, updated_at = ?"
+)
+
+
+def _claim_values(runner_id: str, now: float) -> tuple[object, ...]:
+    return (str(RunStatus.CLAIMED), runner_id, now, now)
+
+
+def _set_claimed(tx: Tx, ids: list[str], runner_id: str, now: float) -> list[Row]:
+    """Claim those of the runs ``ids`` that are claimable for the runner; their rows as
+    written."""
     if not ids:
         return []
     return tx.execute(
-        "UPDATE runs SET status = ?, runner_id = ?, attempts = attempts + 1, "
-        "claimed_at = ?, started_at = NULL, cancel_requested = 0, updated_at = ? "
-        f"WHERE id IN ({', '.join('?' for _ in ids)}){guard} RETURNING *",
-        (str(RunStatus.CLAIMED), runner_id, now, now, *ids),
+        f"{_CLAIM_SET} WHERE id IN ({', '.join('?' for _ in ids)}) AND {CLAIMABLE} RETURNING *",
+        (*_claim_values(runner_id, now), *ids),
     )
 
 
