@@ -26,12 +26,12 @@ def command(**kw: Any) -> NewRun:
     return NewRun(type=RunType.COMMAND, command=("true",), **kw)
 
 
-def register(store: Store, name: str, labels: Sequence[str]) -> Runner:
+def register(store: Store, name: str, labels: Sequence[str], slots: int = 100) -> Runner:
     runner, _ = store.runners.register(
         name=name,
         hostname="host",
         labels=labels,
-        slots=100,
+        slots=slots,
         version="0.1.0",
         transport="http",
         now=NOW,
@@ -145,6 +145,28 @@ def test_postgres_a_claim_passes_over_runs_another_claim_holds(
     rest = [r.id for r in sorted([first, second], key=lambda r: r.id) if r.id != held.id]
     assert claimed == [*rest, *sorted([third.id, fourth.id])]
     assert [r.id for r in store.runs.claim(runner.id, 3, NOW + 2)] == [held.id]
+
+
+@pytest.mark.parametrize("dialect", [pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_postgres_filling_slots_passes_over_held_runs_and_stops_at_the_free_slots(
+    store: Store, store_url: str
+) -> None:
+    """Filling a runner's free slots counts them in the claim's own statement: past a run
+    another claim holds it reads on, and it takes no more runs than the slots free — those
+    it holds, but the one it has reported ended, are not."""
+    runner = register(store, "me", [], slots=4)
+    store.runs.create_many([command(), command()], NOW)
+    busy, ending = store.runs.claim(runner.id, 2, NOW)  # held; the second reported ended
+    runs = store.runs.create_many([command() for _ in range(6)], NOW + 1)
+    ordered = sorted(runs, key=lambda r: r.id)
+    start = lambda run: {"type": "start_run", "run_id": run.id}  # noqa: E731
+    with psycopg.connect(store_url) as other:
+        other.execute("SELECT id FROM runs WHERE id = %s FOR NO KEY UPDATE", (ordered[0].id,))
+        commands, free = store.commands.claim_into_commands(
+            runner.id, NOW + 2, start, finishing={(ending.id, ending.attempts), ("run_x", 1)}
+        )
+    assert [c.body["run_id"] for c in commands] == [r.id for r in ordered[1:4]]
+    assert free == 0 and busy.id not in [c.body["run_id"] for c in commands]
 
 
 def test_claimable_since_sees_runs_written_or_whose_backoff_ended_since(store: Store) -> None:

@@ -80,7 +80,7 @@ def claim(tx: Tx, db: Database, runner_id: str, max_runs: int, now: float) -> li
     runner = _heard(tx, runner_id, now)
     if runner["state"] != RunnerState.ACTIVE:
         return []  # draining: it finishes what it has and takes nothing new
-    return _take(tx, db, runner, max_runs, now)
+    return _take(tx, db, runner, max_runs, now)[0]
 
 
 @dataclass(frozen=True)
@@ -97,13 +97,19 @@ def fill(
     (run, attempt) the runner has reported ended, in reports not yet applied — their slots
     are free on the runner though the store still counts them."""
     runner = _heard(tx, runner_id, now)
+    if db.dialect == "postgres" and runner["state"] == RunnerState.ACTIVE:
+        # The claim's statement counts them itself (one round trip fewer), after this
+        # statement locked the runner's row: it sees every claim committed before.
+        runs, free = _take(tx, db, runner, runner["slots"], now, finishing)
+        assert free is not None
+        return Filled(runs, free)
     held = tx.execute(
         f"SELECT id, attempts FROM runs WHERE runner_id = ? AND status IN ({HELD})", (runner_id,)
     )
     free = runner["slots"] - sum((r["id"], r["attempts"]) not in finishing for r in held)
     if runner["state"] != RunnerState.ACTIVE or free <= 0:
         return Filled([], max(0, free))  # draining: it takes nothing new
-    runs = _take(tx, db, runner, free, now)
+    runs, _ = _take(tx, db, runner, free, now)
     return Filled(runs, free - len(runs))
 
 
@@ -123,11 +129,23 @@ def _heard(tx: Tx, runner_id: str, now: float) -> Row:
     return runner
 
 
-def _take(tx: Tx, db: Database, runner: Row, max_runs: int, now: float) -> list[Run]:
+def _take(
+    tx: Tx,
+    db: Database,
+    runner: Row,
+    max_runs: int,
+    now: float,
+    finishing: Collection[tuple[str, int]] | None = None,
+) -> tuple[list[Run], int | None]:
+    """Claim up to ``max_runs``; with ``finishing`` (PostgreSQL only), no more than the
+    runner's free slots, which the claim counts (``fill``), and how many are free after."""
     # Only the runs of label classes this runner fits are read: a backlog of runs it cannot
     # take never hides (nor slows the claim of) one it can.
-    take = _take_postgres if db.dialect == "postgres" else _take_sqlite
-    rows = take(tx, db, runner, max_runs, now)
+    free = None
+    if db.dialect == "postgres":
+        rows, free = _take_postgres(tx, db, runner, max_runs, now, finishing)
+    else:
+        rows = _take_sqlite(tx, db, runner, max_runs, now)
     # A task run goes out with its task, project and the steps already done: read here, in
     # the claim's transaction, for every transport.
     runs = [
@@ -135,7 +153,7 @@ def _take(tx: Tx, db: Database, runner: Row, max_runs: int, now: float) -> list[
         for run in map(run_from_row, rows)
     ]
     runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
-    return runs
+    return runs, free
 
 
 # The label classes of pending runs, a row each (``labels``: what the class's runs require),
@@ -153,7 +171,7 @@ _CLASSES = """WITH RECURSIVE classes (labels) AS (
 _IN_CLASS = (
     "SELECT {columns}id, priority, created_at FROM runs WHERE {claimable} AND {cls} = {this_cls} "
     f"AND {PINNED_TO} = ? AND available_at <= ?{{after}} "
-    "ORDER BY priority DESC, created_at, id LIMIT ?"
+    "ORDER BY priority DESC, created_at, id LIMIT {limit}"
 )
 # Past the run (priority, created_at, id) in claim order: a later read of the same claim.
 _AFTER = " AND (priority < ? OR (priority = ? AND (created_at > ? OR (created_at = ? AND id > ?))))"
@@ -182,7 +200,9 @@ def _take_sqlite(tx: Tx, db: Database, runner: Row, limit: int, now: float) -> l
         r["labels"]
         for r in tx.execute(f"{_classes(db)} SELECT labels FROM fit", (runner["labels"],))
     ]
-    arm = _IN_CLASS.format(columns="", claimable=CLAIMABLE, cls="labels", this_cls="?", after="")
+    arm = _IN_CLASS.format(
+        columns="", claimable=CLAIMABLE, cls="labels", this_cls="?", after="", limit="?"
+    )
     arms: list[str] = []
     params: list[object] = []
     for labels in fit:
@@ -198,22 +218,32 @@ def _take_sqlite(tx: Tx, db: Database, runner: Row, limit: int, now: float) -> l
     return _set_claimed(tx, [c["id"] for c in chosen], runner["id"], now)
 
 
-def _take_postgres(tx: Tx, db: Database, runner: Row, limit: int, now: float) -> list[Row]:
+def _take_postgres(
+    tx: Tx,
+    db: Database,
+    runner: Row,
+    limit: int,
+    now: float,
+    finishing: Collection[tuple[str, int]] | None,
+) -> tuple[list[Row], int | None]:
     """As ``_take_sqlite``, in one statement that also locks the runs it chose, passing over
     those another claim holds (``SKIP LOCKED``), and claims them. While those leave it
-    short, it reads on past the last run read."""
+    short, it reads on past the last run read. With ``finishing`` (``fill``), it takes no
+    more than the runner's free slots, counted in the same statement: the runs it holds,
+    but those it has reported ended; and then says how many are still free."""
     pins = _pins(runner)
     cls = LABEL_CLASS[db.dialect]
     taken: list[Row] = []
     after: tuple[object, ...] = ()
+    ended = list(finishing or ())
     while True:
-        want = limit - len(taken)
         arm = _IN_CLASS.format(
             columns="ctid AS version, ",
             claimable=CLAIMABLE,
             cls=cls,
             this_cls=cls.replace("labels", "fit.labels"),
             after=_AFTER if after else "",
+            limit="(SELECT n FROM wanted)",
         )
         # The runs chosen are locked, then claimed, by their row versions' addresses
         # (``ctid``): a TID scan whatever the table's statistics. By primary key, a plan
@@ -222,13 +252,22 @@ def _take_postgres(tx: Tx, db: Database, runner: Row, limit: int, now: float) ->
         # them, and a claim costs it more the more runs there are. A run claimed (or
         # otherwise changed) since this statement's snapshot has a new version: the lock
         # passes over it, as over one another claim holds (``SKIP LOCKED``). One statement
-        # reads, locks and claims (one round trip, one plan); beside the claimed rows it
-        # returns how many runs it read and the last of them (alone if it claimed none).
+        # counts the free slots (LEAST ignores a NULL: ``claim`` counts none), reads, locks
+        # and claims (one round trip, one plan); beside the claimed rows it returns the
+        # free slots it counted, how many runs it read and the last of them (alone if it
+        # claimed none). The slots count the runs this one claimed before: they are held.
         rows = tx.execute(
-            f"{_classes(db)}, candidates AS ("
+            f"{_classes(db)}, room AS ("
+            "SELECT ? - COUNT(*) AS free FROM runs "
+            f"WHERE runner_id = ? AND status IN ({HELD}) AND NOT EXISTS ("
+            "SELECT 1 FROM unnest(?::text[], ?::integer[]) AS ended (id, attempts) "
+            "WHERE ended.id = runs.id AND ended.attempts = runs.attempts)"
+            "), wanted AS ("
+            "SELECT GREATEST(0, LEAST(?, (SELECT free FROM room))) AS n"
+            "), candidates AS ("
             "SELECT c.version, c.id, c.priority, c.created_at FROM fit CROSS JOIN LATERAL "
             f"({' UNION ALL '.join(f'({arm})' for _ in pins)}) AS c "
-            "ORDER BY c.priority DESC, c.created_at, c.id LIMIT ?"
+            "ORDER BY c.priority DESC, c.created_at, c.id LIMIT (SELECT n FROM wanted)"
             "), locked AS ("
             "SELECT ctid AS version, status, available_at FROM runs "
             "WHERE ctid = ANY (ARRAY (SELECT version FROM candidates)) "
@@ -239,24 +278,35 @@ def _take_postgres(tx: Tx, db: Database, runner: Row, limit: int, now: float) ->
             "), last_read AS ("
             "SELECT id, priority, created_at, COUNT(*) OVER () AS n FROM candidates "
             "ORDER BY priority, created_at DESC, id DESC LIMIT 1"
-            ") SELECT last_read.n AS read_n, last_read.id AS read_last_id, "
+            ") SELECT room.free AS read_free, wanted.n AS read_wanted, "
+            "last_read.n AS read_n, last_read.id AS read_last_id, "
             "last_read.priority AS read_last_priority, "
             "last_read.created_at AS read_last_created_at, claimed.* "
-            "FROM (SELECT) AS one LEFT JOIN last_read ON TRUE LEFT JOIN claimed ON TRUE",
+            "FROM room CROSS JOIN wanted LEFT JOIN last_read ON TRUE "
+            "LEFT JOIN claimed ON TRUE",
             (
                 runner["labels"],
-                *(x for pin in pins for x in (pin, now, *after, want)),
-                want,
+                runner["slots"] if finishing is not None else None,
+                runner["id"],
+                [run_id for run_id, _ in ended],
+                [attempt for _, attempt in ended],
+                limit - len(taken),
+                *(x for pin in pins for x in (pin, now, *after)),
                 *_claim_values(runner["id"], now),
                 now,
             ),
         )
-        taken += [r for r in rows if r["id"] is not None]
-        read = rows[0]["read_n"] or 0
-        if len(taken) >= limit or read < want:
-            return taken
-        p, c = rows[0]["read_last_priority"], rows[0]["read_last_created_at"]
-        after = (p, p, c, c, rows[0]["read_last_id"])
+        claimed = [r for r in rows if r["id"] is not None]
+        taken += claimed
+        summary = rows[0]
+        free = summary["read_free"]
+        if free is not None:
+            free = max(0, free - len(claimed))
+        wanted, read = summary["read_wanted"], summary["read_n"] or 0
+        if len(claimed) >= wanted or read < wanted:
+            return taken, free
+        p, c = summary["read_last_priority"], summary["read_last_created_at"]
+        after = (p, p, c, c, summary["read_last_id"])
 
 
 # A claim's write: the run is the runner's, a new attempt (``_claim_values``' parameters).
