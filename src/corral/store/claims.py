@@ -232,58 +232,12 @@ def _take_postgres(
     more than the runner's free slots, counted in the same statement: the runs it holds,
     but those it has reported ended; and then says how many are still free."""
     pins = _pins(runner)
-    cls = LABEL_CLASS[db.dialect]
     taken: list[Row] = []
     after: tuple[object, ...] = ()
     ended = list(finishing or ())
     while True:
-        arm = _IN_CLASS.format(
-            columns="ctid AS version, ",
-            claimable=CLAIMABLE,
-            cls=cls,
-            this_cls=cls.replace("labels", "fit.labels"),
-            after=_AFTER if after else "",
-            limit="(SELECT n FROM wanted)",
-        )
-        # The runs chosen are locked, then claimed, by their row versions' addresses
-        # (``ctid``): a TID scan whatever the table's statistics. By primary key, a plan
-        # PostgreSQL made and kept while the table was tiny (a fresh one: prepared
-        # statements keep a generic plan until the next ANALYZE) scans the whole table for
-        # them, and a claim costs it more the more runs there are. A run claimed (or
-        # otherwise changed) since this statement's snapshot has a new version: the lock
-        # passes over it, as over one another claim holds (``SKIP LOCKED``). One statement
-        # counts the free slots (LEAST ignores a NULL: ``claim`` counts none), reads, locks
-        # and claims (one round trip, one plan); beside the claimed rows it returns the
-        # free slots it counted, how many runs it read and the last of them (alone if it
-        # claimed none). The slots count the runs this one claimed before: they are held.
         rows = tx.execute(
-            f"{_classes(db)}, room AS ("
-            "SELECT ? - COUNT(*) AS free FROM runs "
-            f"WHERE runner_id = ? AND status IN ({HELD}) AND NOT EXISTS ("
-            "SELECT 1 FROM unnest(?::text[], ?::integer[]) AS ended (id, attempts) "
-            "WHERE ended.id = runs.id AND ended.attempts = runs.attempts)"
-            "), wanted AS ("
-            "SELECT GREATEST(0, LEAST(?, (SELECT free FROM room))) AS n"
-            "), candidates AS ("
-            "SELECT c.version, c.id, c.priority, c.created_at FROM fit CROSS JOIN LATERAL "
-            f"({' UNION ALL '.join(f'({arm})' for _ in pins)}) AS c "
-            "ORDER BY c.priority DESC, c.created_at, c.id LIMIT (SELECT n FROM wanted)"
-            "), locked AS ("
-            "SELECT ctid AS version, status, available_at FROM runs "
-            "WHERE ctid = ANY (ARRAY (SELECT version FROM candidates)) "
-            f"{db.lock_rows(skip_locked=True)}"
-            "), claimed AS ("
-            f"{_CLAIM_SET} WHERE ctid = ANY (ARRAY (SELECT version FROM locked "
-            f"WHERE status = '{RunStatus.PENDING}' AND available_at <= ?)) RETURNING *"
-            "), last_read AS ("
-            "SELECT id, priority, created_at, COUNT(*) OVER () AS n FROM candidates "
-            "ORDER BY priority, created_at DESC, id DESC LIMIT 1"
-            ") SELECT room.free AS read_free, wanted.n AS read_wanted, "
-            "last_read.n AS read_n, last_read.id AS read_last_id, "
-            "last_read.priority AS read_last_priority, "
-            "last_read.created_at AS read_last_created_at, claimed.* "
-            "FROM room CROSS JOIN wanted LEFT JOIN last_read ON TRUE "
-            "LEFT JOIN claimed ON TRUE",
+            _claim_statement(db, len(pins), reading_on=bool(after)),
             (
                 runner["labels"],
                 runner["slots"] if finishing is not None else None,
@@ -307,6 +261,72 @@ def _take_postgres(
             return taken, free
         p, c = summary["read_last_priority"], summary["read_last_created_at"]
         after = (p, p, c, c, summary["read_last_id"])
+
+
+# The claim's statement on PostgreSQL, by dialect, number of pins and whether it reads on
+# past a run: made once (a 3 kB text, several formats and joins).
+_CLAIM_STATEMENTS: dict[tuple[str, int, bool], str] = {}
+
+
+def _claim_statement(db: Database, pins: int, *, reading_on: bool) -> str:
+    """The statement of ``_take_postgres``: its parameters are the runner's labels, its
+    slots (None: not counted), its id, the runs it has reported ended (ids, attempts), the
+    most runs to take, each pin's (pin, now, the last run read if ``reading_on``), the
+    claim's values (``_claim_values``) and now."""
+    key = (db.dialect, pins, reading_on)
+    statement = _CLAIM_STATEMENTS.get(key)
+    if statement is not None:
+        return statement
+    cls = LABEL_CLASS[db.dialect]
+    arm = _IN_CLASS.format(
+        columns="ctid AS version, ",
+        claimable=CLAIMABLE,
+        cls=cls,
+        this_cls=cls.replace("labels", "fit.labels"),
+        after=_AFTER if reading_on else "",
+        limit="(SELECT n FROM wanted)",
+    )
+    # The runs chosen are locked, then claimed, by their row versions' addresses
+    # (``ctid``): a TID scan whatever the table's statistics. By primary key, a plan
+    # PostgreSQL made and kept while the table was tiny (a fresh one: prepared
+    # statements keep a generic plan until the next ANALYZE) scans the whole table for
+    # them, and a claim costs it more the more runs there are. A run claimed (or
+    # otherwise changed) since this statement's snapshot has a new version: the lock
+    # passes over it, as over one another claim holds (``SKIP LOCKED``). One statement
+    # counts the free slots (LEAST ignores a NULL: ``claim`` counts none), reads, locks
+    # and claims (one round trip, one plan); beside the claimed rows it returns the
+    # free slots it counted, how many runs it read and the last of them (alone if it
+    # claimed none). The slots count the runs this one claimed before: they are held.
+    statement = _CLAIM_STATEMENTS[key] = (
+        f"{_classes(db)}, room AS ("
+        "SELECT ? - COUNT(*) AS free FROM runs "
+        f"WHERE runner_id = ? AND status IN ({HELD}) AND NOT EXISTS ("
+        "SELECT 1 FROM unnest(?::text[], ?::integer[]) AS ended (id, attempts) "
+        "WHERE ended.id = runs.id AND ended.attempts = runs.attempts)"
+        "), wanted AS ("
+        "SELECT GREATEST(0, LEAST(?, (SELECT free FROM room))) AS n"
+        "), candidates AS ("
+        "SELECT c.version, c.id, c.priority, c.created_at FROM fit CROSS JOIN LATERAL "
+        f"({' UNION ALL '.join(f'({arm})' for _ in range(pins))}) AS c "
+        "ORDER BY c.priority DESC, c.created_at, c.id LIMIT (SELECT n FROM wanted)"
+        "), locked AS ("
+        "SELECT ctid AS version, status, available_at FROM runs "
+        "WHERE ctid = ANY (ARRAY (SELECT version FROM candidates)) "
+        f"{db.lock_rows(skip_locked=True)}"
+        "), claimed AS ("
+        f"{_CLAIM_SET} WHERE ctid = ANY (ARRAY (SELECT version FROM locked "
+        f"WHERE status = '{RunStatus.PENDING}' AND available_at <= ?)) RETURNING *"
+        "), last_read AS ("
+        "SELECT id, priority, created_at, COUNT(*) OVER () AS n FROM candidates "
+        "ORDER BY priority, created_at DESC, id DESC LIMIT 1"
+        ") SELECT room.free AS read_free, wanted.n AS read_wanted, "
+        "last_read.n AS read_n, last_read.id AS read_last_id, "
+        "last_read.priority AS read_last_priority, "
+        "last_read.created_at AS read_last_created_at, claimed.* "
+        "FROM room CROSS JOIN wanted LEFT JOIN last_read ON TRUE "
+        "LEFT JOIN claimed ON TRUE"
+    )
+    return statement
 
 
 # A claim's write: the run is the runner's, a new attempt (``_claim_values``' parameters).

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import psycopg
 import psycopg_pool
 from psycopg import pq
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import tuple_row
 
 from corral.errors import InvalidRequest, Unavailable
 from corral.store.schema import MIGRATIONS, render, statements
@@ -257,28 +257,53 @@ class SqliteDatabase:
                 self._writer.release()
 
 
+# Rows come from psycopg as tuples, made dicts here with the names of ``_PG_NAMES`` (as
+# ``_NAMES``, kept apart: a statement's text may name other columns on the other dialect):
+# psycopg's dict_row takes them from ``cursor.description`` at every statement.
+_PgConnection = psycopg.Connection[tuple[Any, ...]]
+_PG_NAMES: dict[str, tuple[str, ...]] = {}
+
+# Each statement's text as psycopg takes it, by its text here (``?`` placeholders made
+# ``%s``, encoded): the claim's statement is 3 kB, made so at every claim otherwise.
+_PG_TEXTS: dict[str, bytes] = {}
+
+
 class _PostgresTx:
     lock = "FOR NO KEY UPDATE"
 
-    def __init__(self, conn: psycopg.Connection[Row]) -> None:
+    def __init__(self, conn: _PgConnection) -> None:
         self._conn = conn
 
     def execute(self, sql: str, params: Params = ()) -> list[Row]:
-        try:
-            cur = self._conn.execute(sql.replace("?", "%s"), tuple(params))
-        except (psycopg.DataError, UnicodeEncodeError) as exc:
-            raise _unstorable(exc) from exc
+        cur = self._run(sql, params)
         # Whether rows came back, from the result's status: ``cur.description`` would build
         # a Column for each of them first (tens of µs a statement, several statements a run).
         result = cur.pgresult
         if result is None or result.status != pq.ExecStatus.TUPLES_OK:
             return []
-        return cur.fetchall()
+        rows = cur.fetchall()
+        if not rows:
+            return []
+        names = _PG_NAMES.get(sql)
+        if names is None or len(names) != len(rows[0]):  # a column added since (a migration)
+            if len(_PG_NAMES) >= _NAMES_KEPT:
+                _PG_NAMES.clear()
+            names = _PG_NAMES[sql] = tuple(column.name for column in cur.description or ())
+        return [dict(zip(names, row, strict=True)) for row in rows]
 
     def tuples(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
-        with self._conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(sql.replace("?", "%s"), tuple(params))
-            return cur.fetchall()
+        return self._run(sql, params).fetchall()
+
+    def _run(self, sql: str, params: Params) -> psycopg.Cursor[tuple[Any, ...]]:
+        text = _PG_TEXTS.get(sql)
+        if text is None:
+            if len(_PG_TEXTS) >= _NAMES_KEPT:
+                _PG_TEXTS.clear()
+            text = _PG_TEXTS[sql] = sql.replace("?", "%s").encode()
+        try:
+            return self._conn.execute(text, tuple(params))
+        except (psycopg.DataError, UnicodeEncodeError) as exc:
+            raise _unstorable(exc) from exc
 
     def many(self, sql: str, rows: Sequence[Params]) -> None:
         if not rows:
@@ -308,27 +333,23 @@ class PostgresDatabase:
         # so this process's listener can pass over its own (corral.store.wakeups).
         self.node = secrets.token_hex(8)
         self._local = threading.local()  # this thread's open transaction, if any
-        self._used_at: weakref.WeakKeyDictionary[psycopg.Connection[Row], float] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Row]] = (
-            psycopg_pool.ConnectionPool(
-                url,
-                min_size=1,
-                max_size=max_connections,
-                kwargs={"row_factory": dict_row},
-                configure=self._name_node,
-                check=self._check,
-                reset=self._returned,
-                open=False,
-            )
+        self._used_at: weakref.WeakKeyDictionary[_PgConnection, float] = weakref.WeakKeyDictionary()
+        self._pool: psycopg_pool.ConnectionPool[_PgConnection] = psycopg_pool.ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max_connections,
+            kwargs={"row_factory": tuple_row},
+            configure=self._name_node,
+            check=self._check,
+            reset=self._returned,
+            open=False,
         )
         try:
             self._pool.open(wait=True, timeout=10)
         except psycopg_pool.PoolTimeout as exc:
             raise Unavailable(f"cannot connect to PostgreSQL at {_redact(url)}") from exc
 
-    def _name_node(self, conn: psycopg.Connection[Row]) -> None:
+    def _name_node(self, conn: _PgConnection) -> None:
         # JIT off: every statement here is short, and on a table without statistics yet (a
         # new one, or one just migrated) the planner's guess can pass jit_above_cost: the
         # event numbering's compiled in 110 ms to run in 1.
@@ -345,17 +366,17 @@ class PostgresDatabase:
     # fails its transaction (Unavailable) and is discarded.
     _FRESH_S = 1.0
 
-    def _check(self, conn: psycopg.Connection[Row]) -> None:
+    def _check(self, conn: _PgConnection) -> None:
         if time.monotonic() - self._used_at.get(conn, -math.inf) >= self._FRESH_S:
             psycopg_pool.ConnectionPool.check_connection(conn)
 
-    def _returned(self, conn: psycopg.Connection[Row]) -> None:
+    def _returned(self, conn: _PgConnection) -> None:
         self._used_at[conn] = time.monotonic()
 
     @contextmanager
     def transaction(self, *, write: bool = True, flat: bool = False) -> Iterator[Tx]:
         local = self._local
-        current: psycopg.Connection[Row] | None = getattr(local, "conn", None)
+        current: _PgConnection | None = getattr(local, "conn", None)
         if current is not None and local.flat:
             with _joined(local):
                 yield _PostgresTx(current)
