@@ -9,7 +9,7 @@ its backend's, from /proc/PID/schedstat (nanoseconds), read around each call: un
 run_cost.py's runs/s it holds up on a loaded machine, and it says which statement costs
 what. --no-wake and --no-events disable the wake-up and event triggers, to see their share.
 
-    python benchmarks/store_cost.py [--cycles 500] [--statements] [--no-wake] [--no-events]
+    python benchmarks/pg_statement_cost.py [--cycles 500] [--statements] [--no-wake] [--no-events]
 """
 
 from __future__ import annotations
