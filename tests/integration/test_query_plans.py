@@ -141,3 +141,22 @@ def test_the_reconciler_does_not_read_pending_runs(store: Store) -> None:
     store.runs.create_many([command(labels=("gpu",)) for _ in range(3000)], NOW - 100)
     with_backlog = rows_read(store, reconcile)
     assert with_backlog <= 2 * alone + 10, (alone, with_backlog)
+
+
+def test_a_batchs_runs_are_stored_in_the_order_claims_take_them(tmp_path: Path) -> None:
+    """A batch's runs share their creation time, so claims take them by id: stored in that
+    order, the runs of one claim share a page of the table (inserted as they came, each lay
+    on a page of its own, written again at each commit of its claim, start and end)."""
+    store = Store(open_database(str(tmp_path / "order.db")))
+    try:
+        created = store.runs.create_many([command() for _ in range(50)], NOW)
+        runner, _ = store.runners.register(
+            name="me", hostname="h", labels=[], slots=50, version="0", transport="http", now=NOW
+        )
+        claimed = store.runs.claim(runner.id, 50, NOW + 1)
+        with store.db.transaction(write=False) as tx:
+            stored = [r["id"] for r in tx.execute("SELECT id FROM runs ORDER BY rowid")]
+    finally:
+        store.close()
+    assert [r.id for r in claimed] == stored
+    assert stored != [r.id for r in created]  # the batch's own order is not the claims'
