@@ -160,3 +160,19 @@ def test_a_batchs_runs_are_stored_in_the_order_claims_take_them(tmp_path: Path) 
         store.close()
     assert [r.id for r in claimed] == stored
     assert stored != [r.id for r in created]  # the batch's own order is not the claims'
+
+
+def test_runs_are_indexed_by_session_and_by_task_only_when_they_have_one(tmp_path: Path) -> None:
+    """A command's run has neither: no entry of those indexes to write as it is created.
+    Runs are still found by either through its index."""
+    db = open_database(str(tmp_path / "plans.db"))
+    try:
+        with db.transaction(write=False) as tx:
+            partial = {r["name"]: r["partial"] for r in tx.execute("PRAGMA index_list(runs)")}
+    finally:
+        db.close()
+    assert partial["runs_by_session"] == partial["runs_by_task"] == 1, partial
+    by_session = plan(tmp_path / "plans.db", "SELECT id FROM runs WHERE session_id = ? LIMIT ?")
+    assert "USING INDEX runs_by_session" in by_session, by_session
+    by_task = plan(tmp_path / "plans.db", "SELECT id FROM runs WHERE task_id = ? LIMIT ?")
+    assert "USING INDEX runs_by_task" in by_task, by_task
