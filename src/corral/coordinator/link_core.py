@@ -818,4 +818,4 @@ def _start_body(run: Run) -> dict[str, Any]:
 
 
 def _indexed(commands: Sequence[Command]) -> list[Indexed]:
-    return [Indexed(c.idx, c.body) for c in commands]
+    return [Indexed(c.idx, c.body, c.stored) for c in commands]

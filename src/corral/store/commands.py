@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from corral.ids import RunId
@@ -28,6 +28,8 @@ from corral.store.rows import HELD, dumps
 class Command:
     idx: int
     body: dict[str, Any]
+    # The body as stored (JSON): the socket sends it as it is (``messages.Indexed.encoded``).
+    stored: str | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class CommandStore:
                 "ORDER BY idx",
                 (runner_id, after_idx),
             )
-        return [Command(r["idx"], json.loads(r["body"])) for r in rows]
+        return [Command(r["idx"], json.loads(r["body"]), r["body"]) for r in rows]
 
     def acknowledge(self, runner_id: str, idx: int) -> None:
         """The runner has durably handled commands up to ``idx``: forget them."""
@@ -136,6 +138,7 @@ def append(
     transaction. Numbering writes the runner's row: it is locked until commit."""
     if not bodies:
         return []
+    stored = [dumps(body) for body in bodies]
     if db.dialect == "postgres" and len(bodies) <= 1000:
         # One statement, one round trip: the numbering and the rows it numbers. The bodies
         # as a VALUES list: bound as one text[], each was escaped into the array's text by
@@ -147,11 +150,14 @@ def append(
             "SELECT ?, numbered.first + b.n - 1, b.body, ? FROM numbered, "
             f"(VALUES {', '.join(f'({n}, ?)' for n in range(1, len(bodies) + 1))}) "
             "AS b (n, body) RETURNING idx",
-            (len(bodies), runner_id, len(bodies), runner_id, now, *map(dumps, bodies)),
+            (len(bodies), runner_id, len(bodies), runner_id, now, *stored),
         )
         assert rows  # its runner exists
         first = min(r["idx"] for r in rows)
-        return [Command(first + i, body) for i, body in enumerate(bodies)]
+        return [
+            Command(first + i, body, text)
+            for i, (body, text) in enumerate(zip(bodies, stored, strict=True))
+        ]
     row = tx.one(
         "UPDATE runners SET next_command_idx = next_command_idx + ? WHERE id = ? "
         "RETURNING next_command_idx",
@@ -159,7 +165,10 @@ def append(
     )
     assert row is not None
     first = row["next_command_idx"] - len(bodies)
-    commands = [Command(first + i, body) for i, body in enumerate(bodies)]
+    commands = [
+        Command(first + i, body, text)
+        for i, (body, text) in enumerate(zip(bodies, stored, strict=True))
+    ]
     # One statement for many rows: ``Tx.many`` costs PostgreSQL a statement a row, and the
     # coordinator ~350 µs for a push of 8 start commands, against ~250 (at most 1,000 rows
     # a statement: SQLite takes 32,766 parameters, PostgreSQL 65,535).
@@ -168,7 +177,7 @@ def append(
         tx.execute(
             "INSERT INTO runner_commands (runner_id, idx, body, created_at) VALUES "
             + ", ".join("(?, ?, ?, ?)" for _ in chunk),
-            [x for c in chunk for x in (runner_id, c.idx, dumps(c.body), now)],
+            [x for c in chunk for x in (runner_id, c.idx, c.stored, now)],
         )
     return commands
 

@@ -115,6 +115,24 @@ def test_a_pong_is_written_as_json_would_write_it(ts: float) -> None:
     assert decode(expected, side="client") == ToClientPong(float(ts))
 
 
+def test_commands_as_stored_are_sent_as_json_would_write_them() -> None:
+    """Commands the store kept as JSON are written around it, not encoded again: the same
+    bytes, and the runner reads the same commands."""
+    bodies = [START.body, CANCEL.body, {"type": "start_run", "run": {"prompt": 'é " \n'}}]
+    plain = ToClientCommands(tuple(Indexed(n, b) for n, b in enumerate(bodies, 1)))
+    stored = ToClientCommands(
+        tuple(Indexed(n, b, json.dumps(b, separators=(",", ":"))) for n, b in enumerate(bodies, 1))
+    )
+    assert encode(stored) == encode(plain)
+    assert decode(encode(stored), side="client") == plain
+    # What goes out is the stored JSON itself, not the body encoded again.
+    sent = encode(ToClientCommands((Indexed(1, {"type": "a"}, '{"type":"b"}'),)))
+    assert decode(sent, side="client") == ToClientCommands((Indexed(1, {"type": "b"}),))
+    # Unless every command has its JSON, the frame is encoded as any other.
+    mixed = ToClientCommands((stored.commands[0], plain.commands[1]))
+    assert encode(mixed) == encode(ToClientCommands(plain.commands[:2]))
+
+
 @pytest.mark.parametrize(("side", "message"), SAMPLES, ids=lambda x: type(x).__name__)
 def test_wire_shape_is_versioned_and_tagged(
     side: Literal["server", "client"], message: Message
