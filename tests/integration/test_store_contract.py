@@ -20,6 +20,7 @@ from corral.store import LogLine, Reconciled, Store, coordinators
 from corral.store import reconcile as reconcile_module
 from corral.store.commands import Command
 from corral.store.db import migrate
+from corral.store.rows import MAX_PARAMETERS
 from corral.store.schema import LATEST_VERSION, MIGRATIONS
 
 NOW = 1_700_000_000.0
@@ -131,6 +132,16 @@ def test_create_runs_is_one_batch(store: Store) -> None:
     assert len({r.id for r in runs}) == 5
     assert [store.runs.get(r.id).priority for r in runs] == [0, 1, 2, 3, 4]
     assert store.runs.create_many([], NOW) == []
+
+
+def test_a_batch_past_one_statements_parameters_is_stored_whole(store: Store) -> None:
+    """On SQLite a batch is written many rows a statement: one that takes more than a
+    statement may bind goes in several, each run once, in the batch's order as created."""
+    batch = [command(priority=i % 7) for i in range(2 * MAX_PARAMETERS // 30)]
+    runs = store.runs.create_many(batch, NOW)
+    assert [r.priority for r in runs] == [spec.priority for spec in batch]
+    assert store.runs.count_by_status() == {"pending": len(batch)}
+    assert {store.runs.get(r.id).id for r in runs[::97]} == {r.id for r in runs[::97]}
 
 
 def test_get_unknown_run_is_not_found(store: Store) -> None:

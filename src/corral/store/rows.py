@@ -59,21 +59,39 @@ def update_row(
     )
 
 
-def insert_runs(tx: Tx, rows: Sequence[Row]) -> list[Run]:
+# Parameters a SQLite statement may bind.
+MAX_PARAMETERS = 32766
+
+
+def insert_runs(tx: Tx, rows: Sequence[Row], dialect: str = "") -> list[Run]:
     """Write new runs (rows made by ``new_run_row``); the runs as written, in ``rows``' order.
 
     Stored in id order: a batch's runs share their creation time, so claims take them by id
     (``claims.py``), and on SQLite a row's place in the table is its insertion's. Inserted
     as they came (random ids), the 8 runs of a claim lay on 8 pages, each written again at
     the claim's commit, the start's and the end's (a page a run each time, against a page
-    for several)."""
+    for several).
+
+    On SQLite (``dialect``) many rows a statement, not a statement a row (``Tx.many``): a
+    batch of 500 cost 24-31 µs a run so, 17-21 this way. Not on PostgreSQL: psycopg's
+    reading of a statement with thousands of parameters cost 113 µs a run, its executemany
+    30."""
     if not rows:
         return []
     columns = list(rows[0])
-    tx.many(
-        f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
-        [list(row.values()) for row in sorted(rows, key=lambda row: row["id"])],
-    )
+    stored = sorted(rows, key=lambda row: row["id"])
+    into = f"INSERT INTO runs ({', '.join(columns)}) VALUES "
+    one = f"({', '.join('?' for _ in columns)})"
+    if dialect != "sqlite":
+        tx.many(into + one, [list(row.values()) for row in stored])
+    else:
+        per_statement = MAX_PARAMETERS // len(columns)
+        for first in range(0, len(stored), per_statement):
+            chunk = stored[first : first + per_statement]
+            tx.execute(
+                into + ", ".join(one for _ in chunk),
+                [value for row in chunk for value in row.values()],
+            )
     return [run_from_row({**row, "exit_code": None}) for row in rows]
 
 

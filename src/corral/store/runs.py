@@ -63,7 +63,7 @@ class RunStore:
         rows = [new_run_row(spec, now) for spec in specs]
         with self.db.transaction() as tx:
             callbacks.check_children(tx, self.db, rows, self.subagent_limits)
-            return insert_runs(tx, rows)
+            return insert_runs(tx, rows, self.db.dialect)
 
     def create(self, spec: NewRun, now: float) -> Run:
         return self.create_many([spec], now)[0]
