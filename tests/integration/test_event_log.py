@@ -199,6 +199,11 @@ def test_retention_deletes_old_events_and_refuses_a_resume_from_them(store: Stor
     store.runs.create(command(), NOW + 101)
     (newest,) = read_all(events, after=found[-1].id)
     assert newest.id > found[-1].id
+    # In id order: an event older than the cutoff behind a newer one waits for a later pass.
+    store.runs.create(command(), NOW + 300)
+    store.runs.create(command(), NOW + 200)
+    assert events.collect(cutoff=NOW + 250, batch=10) == 1  # the one at +101
+    assert [e.at for e in read_all(events)] == [NOW + 300, NOW + 200]
 
 
 def test_each_step_of_a_task_attempt_is_an_event_naming_the_steps_done(store: Store) -> None:

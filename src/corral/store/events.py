@@ -28,6 +28,8 @@ numbered events (on SQLite, every event).
 
 from __future__ import annotations
 
+from itertools import takewhile
+
 from corral.errors import Gone, InvalidRequest
 from corral.events import Event, EventFilter
 from corral.store.db import Database, Tx
@@ -138,23 +140,24 @@ class EventStore:
             ) is not None
 
     def collect(self, cutoff: float, batch: int) -> int:
-        """Retention: delete events older than ``cutoff`` (``at``), oldest first, in batches;
-        remember the highest id deleted, so that a resume from before it is refused. (On
-        PostgreSQL events nobody read yet have no id: they are numbered first.)"""
+        """Retention: delete the oldest events, in id order, while they are older than
+        ``cutoff`` (``at``), in batches; remember the highest id deleted, so that a resume
+        from before it is refused. (On PostgreSQL events nobody read yet have no id: they
+        are numbered first.) ``at`` is the change's time, nearly in id order: an event a
+        little older than ``cutoff`` behind a newer one waits for a later pass. No index on
+        ``at``: each event would write one more entry (~2 µs of the coordinator's CPU an
+        event on SQLite, four events a run) for a pass an hour."""
         self.number()
         deleted = 0
         while True:
             with self.db.transaction() as tx:
                 rows = tx.execute(
-                    "SELECT id FROM numbered_events WHERE at < ? ORDER BY id LIMIT ?",
-                    (cutoff, batch),
+                    "SELECT id, at FROM numbered_events ORDER BY id LIMIT ?", (batch,)
                 )
-                if not rows:
+                old = list(takewhile(lambda row: row["at"] < cutoff, rows))
+                if not old:
                     return deleted
-                top = max(int(r["id"]) for r in rows)
-                # By id: a kept event never has a lower id than a deleted one (``at`` is
-                # the change's time, not quite in id order).
-                count = tx.one("SELECT COUNT(*) AS n FROM numbered_events WHERE id <= ?", (top,))
+                top = int(old[-1]["id"])
                 if self.db.dialect == "sqlite":
                     tx.execute("DELETE FROM events WHERE id <= ?", (top,))
                 else:
@@ -167,7 +170,7 @@ class EventStore:
                     "UPDATE event_log SET deleted_through = ? WHERE deleted_through < ?",
                     (top, top),
                 )
-                deleted += int(count["n"]) if count else 0
+                deleted += len(old)
 
 
 def _sse(dialect: str) -> str:
