@@ -19,7 +19,11 @@ Measures, for each store:
 
     python benchmarks/events.py [--subscribers 50] [--samples 200] [--runs 5000] [--rounds 3]
                                 [--db sqlite|postgres|both] [--parse] [--no-latency]
-                                [--profile DIR]
+                                [--profile DIR] [--one-coordinator]
+
+``--one-coordinator``: each round measures alone and watched on one coordinator and
+database, which of them first in turn: two fresh coordinators differ by as much as the
+stream costs (identical pairs swing ±10 %).
 """
 
 from __future__ import annotations
@@ -202,6 +206,20 @@ def throughput(
             )
 
 
+def pair_on_one(kind: str, runs: int, subscribers: int, drain: bool, first: str) -> list[Phase]:
+    """Alone and watched on one coordinator and database, ``first`` ("alone" or "watched")
+    first: the stream's cost without what differs between two coordinators (their starts,
+    their files). The second measure's store holds the first's runs: alternate ``first``."""
+    with tempfile.TemporaryDirectory() as tmp, database(kind, Path(tmp)) as url:
+        db = f"{url}&application_name={url.rsplit('%3D', 1)[1]}" if kind == "postgres" else url
+        with cluster(db, 4, 8, Path(tmp), "websocket", NOOP_RUNNER) as target:
+            order = [0, subscribers] if first == "alone" else [subscribers, 0]
+            phases = [
+                _throughput(target, db, runs, n, drain, None, SPY_OPTIONS, Path(tmp)) for n in order
+            ]
+    return phases if first == "alone" else phases[::-1]
+
+
 def _throughput(
     target: Cluster,
     db: str,
@@ -273,6 +291,12 @@ def main() -> None:
     )
     parser.add_argument("--no-latency", action="store_true", help="the throughput phase alone")
     parser.add_argument(
+        "--one-coordinator",
+        action="store_true",
+        help="each round measures alone and watched on one coordinator and database (in "
+        "turn first), not each on a fresh one: less noise between the two measures",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         help="py-spy records the coordinator during each throughput measure, into this "
@@ -308,10 +332,16 @@ def main() -> None:
             ]
             if args.profile:
                 args.profile.mkdir(parents=True, exist_ok=True)
-            alone.append(throughput(kind, args.runs, 0, not args.parse, profiles[0]))
-            watched.append(
-                throughput(kind, args.runs, args.subscribers, not args.parse, profiles[1])
-            )
+            if args.one_coordinator:
+                first = "alone" if n % 2 == 0 else "watched"
+                pair = pair_on_one(kind, args.runs, args.subscribers, not args.parse, first)
+                alone.append(pair[0])
+                watched.append(pair[1])
+            else:
+                alone.append(throughput(kind, args.runs, 0, not args.parse, profiles[0]))
+                watched.append(
+                    throughput(kind, args.runs, args.subscribers, not args.parse, profiles[1])
+                )
             for name, phase in (("alone", alone[-1]), ("watched", watched[-1])):
                 t = phase.measured
                 print(
