@@ -96,6 +96,22 @@ _NAMES: dict[str, tuple[str, ...]] = {}
 _NAMES_KEPT = 1000
 
 
+def _dicts(
+    kept: dict[str, tuple[str, ...]],
+    sql: str,
+    rows: list[Any],
+    description: Sequence[Sequence[Any]] | None,
+) -> list[Row]:
+    """Rows (tuples) as dicts, the statement's column names kept by its text in ``kept``:
+    a cursor's ``description`` builds them anew at every statement."""
+    names = kept.get(sql)
+    if names is None or len(names) != len(rows[0]):  # a column added since (a migration)
+        if len(kept) >= _NAMES_KEPT:
+            kept.clear()
+        names = kept[sql] = tuple(column[0] for column in description or ())
+    return [dict(zip(names, row, strict=True)) for row in rows]
+
+
 class _SqliteTx:
     lock = ""
 
@@ -103,22 +119,18 @@ class _SqliteTx:
         self._conn = conn
 
     def execute(self, sql: str, params: Params = ()) -> list[Row]:
-        try:
-            cur = self._conn.execute(sql, tuple(params))
-        except (OverflowError, UnicodeEncodeError) as exc:
-            raise _unstorable(exc) from exc
+        cur = self._run(sql, params)
         rows = cur.fetchall()  # none for a statement that returns no rows
-        if not rows:
-            return []
-        names = _NAMES.get(sql)
-        if names is None or len(names) != len(rows[0]):  # a column added since (a migration)
-            if len(_NAMES) >= _NAMES_KEPT:
-                _NAMES.clear()
-            names = _NAMES[sql] = tuple(d[0] for d in cur.description)
-        return [dict(zip(names, row, strict=True)) for row in rows]
+        return _dicts(_NAMES, sql, rows, cur.description) if rows else []
 
     def tuples(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
-        return self._conn.execute(sql, tuple(params)).fetchall()
+        return self._run(sql, params).fetchall()
+
+    def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
+        try:
+            return self._conn.execute(sql, tuple(params))
+        except (OverflowError, UnicodeEncodeError) as exc:
+            raise _unstorable(exc) from exc
 
     def many(self, sql: str, rows: Sequence[Params]) -> None:
         if rows:
@@ -282,14 +294,7 @@ class _PostgresTx:
         if result is None or result.status != pq.ExecStatus.TUPLES_OK:
             return []
         rows = cur.fetchall()
-        if not rows:
-            return []
-        names = _PG_NAMES.get(sql)
-        if names is None or len(names) != len(rows[0]):  # a column added since (a migration)
-            if len(_PG_NAMES) >= _NAMES_KEPT:
-                _PG_NAMES.clear()
-            names = _PG_NAMES[sql] = tuple(column.name for column in cur.description or ())
-        return [dict(zip(names, row, strict=True)) for row in rows]
+        return _dicts(_PG_NAMES, sql, rows, cur.description) if rows else []
 
     def tuples(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
         return self._run(sql, params).fetchall()
