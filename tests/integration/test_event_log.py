@@ -10,6 +10,8 @@ import threading
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from corral.actors import lifecycle as lc
 from corral.actors.lifecycle import CrashPolicy
@@ -117,6 +119,35 @@ def test_an_events_text_made_by_the_database_is_one_message_saying_what_was_stor
     assert created.at == at and claimed.at == at and claimed.runner_id == runner.id
     assert logged.data == {"attempt": 1, "line_no": 0, "stream": "stderr", "text": ODD, "ts": 2.5}
     assert logged.to_json()["session_name"] == ODD and logged.run_id == run.id
+
+
+# Any text the store takes: no NUL, no lone surrogate (``wire.problem_with`` refuses them).
+STORABLE = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"))
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(name=STORABLE, text=STORABLE, at=st.floats(0, 4e9, allow_nan=False))
+def test_whatever_the_text_and_time_an_event_is_one_message_saying_them(
+    store: Store, name: str, text: str, at: float
+) -> None:
+    events = EventStore(store.db)
+    events.number()
+    after = events.latest()
+    runner = register(store, name=f"r{after}", now=at)
+    run = store.runs.create(command(session_name=name or None), at)
+    store.runs.claim(runner.id, 1, at)
+    store.logs.append(run.id, runner.id, 1, [LogLine(0, "stdout", text, at)])
+    found = [e for e in read_all(events, after) if e.run_id == run.id]
+    assert [e.kind for e in found] == ["run", "run", "log"]
+    for event in found:
+        assert event.sse.count("\n") == 4 and event.sse.endswith("\n\n")  # one message
+        said = event.to_json()
+        assert said["session_name"] == (name or None) and said["at"] == at
+    assert found[-1].data["text"] == text
 
 
 def test_a_refused_change_writes_no_event(store: Store) -> None:
