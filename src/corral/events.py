@@ -95,6 +95,16 @@ class Event(NamedTuple):
         return float(self.to_json()["at"])
 
 
+class EventText(NamedTuple):
+    """Events one filter wants, as the stream sends them: how many, the first and the last
+    id (0 if none), and their server-sent texts one after the other."""
+
+    size: int
+    first: int
+    last: int
+    sse: str
+
+
 def encoded(events: Iterable[Event]) -> bytes:
     """Events as the stream sends them, one after the other."""
     return "".join([event.sse for event in events]).encode()

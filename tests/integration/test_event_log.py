@@ -198,12 +198,23 @@ def test_filters_pick_their_events(store: Store) -> None:
     assert ids(plan="prj_none") == set()
     with pytest.raises(InvalidRequest, match="not an event kind"):
         EventFilter.parse(kind="run,bogus")
-    for event in read_all(events):  # the store's filter and the live one agree
-        for query in ({"run_id": mine.id}, {"session": "alpha"}, {"kind": "runner"}):
+    queries = ({"run_id": mine.id}, {"session": "alpha"}, {"kind": "runner"})
+    every = read_all(events)
+    for event in every:  # the store's filter and the live one agree
+        for query in queries:
             wanted = EventFilter.parse(**query)
             assert wanted.matches(event) == (
                 event.id in {e.id for e in read_all(events, where=wanted)}
             )
+    # The pump's round, up to its bound: for each filter the events it wants, one text.
+    filters = [EventFilter(), *(EventFilter.parse(**query) for query in queries)]
+    until, size, texts = events.read_round(every[0].id, filters, limit=len(every) - 2)
+    assert (until, size) == (every[-2].id, len(every) - 2)
+    for where in filters:
+        picked = [e for e in every[1:-1] if where.matches(e)]
+        ends = (picked[0].id, picked[-1].id) if picked else (0, 0)
+        assert texts[where] == (len(picked), *ends, "".join(e.sse for e in picked))
+    assert events.read_round(every[-1].id, filters, limit=10) == (every[-1].id, 0, {})
 
 
 def test_retention_deletes_old_events_and_refuses_a_resume_from_them(store: Store) -> None:
@@ -347,11 +358,13 @@ def test_concurrent_writers_never_make_a_resuming_reader_skip_an_event(
         after = 0
         while not stop.is_set() or events.number():
             if reader == "the pump's round":
-                batch = events.number_and_read(after, limit=10_000)
+                after, _, texts = events.read_round(after, [EventFilter()], limit=10_000)
+                text = texts[EventFilter()].sse if texts else ""
+                seen.extend(int(m.split("\n")[0][4:]) for m in text.split("\n\n")[:-1])
             else:
                 batch = read_all(events, after=after)
-            seen.extend(e.id for e in batch)
-            after = batch[-1].id if batch else after
+                seen.extend(e.id for e in batch)
+                after = batch[-1].id if batch else after
 
     reader = threading.Thread(target=read)
     reader.start()

@@ -21,9 +21,18 @@ from corral.coordinator.event_hub import (
     EventHub,
     Subscription,
     start_eagerly,
+    text_of,
 )
 from corral.errors import InvalidRequest
-from corral.events import KEEPALIVE, Event, EventFilter, EventKind, encoded, sse_message
+from corral.events import (
+    KEEPALIVE,
+    Event,
+    EventFilter,
+    EventKind,
+    EventText,
+    encoded,
+    sse_message,
+)
 
 
 def event(id: int, kind: EventKind = EventKind.LOG, **keys: str | None) -> Event:
@@ -64,7 +73,16 @@ def offered(subscription: Subscription, events: list[Event]) -> None:
 
 
 def taken(subscription: Subscription) -> list[int]:
-    return [e.id for batch in subscription.take() for e in batch.events]
+    return [_id for batch in subscription.take() for _id in ids(batch.encoded)]
+
+
+def ids(text: bytes) -> list[int]:
+    return [int(m.split(b"\n")[0].removeprefix(b"id: ")) for m in text.split(b"\n\n")[:-1]]
+
+
+def fan_out(hub: EventHub, events: list[Event]) -> None:
+    """A pump's round of ``events``, read as the store reads it: a text a filter."""
+    hub._fan_out({s.where: Batch.of(events, s.where) for s in hub.subscriptions})
 
 
 def test_a_subscription_past_its_capacity_is_dropped_and_keeps_nothing() -> None:
@@ -84,10 +102,10 @@ def test_a_round_is_filtered_and_encoded_once_per_filter_not_per_subscriber() ->
     logs = [Subscription(EventFilter.parse(kind="log"), 0, 100) for _ in range(3)]
     runs = Subscription(EventFilter.parse(kind="run"), 0, 100)
     hub.subscriptions.update([*logs, runs])
-    hub._fan_out([event(1), event(2, EventKind.RUN), event(3)])
+    fan_out(hub, [event(1), event(2, EventKind.RUN), event(3)])
     batches = [s.take() for s in logs]
     assert all(len(b) == 1 and b[0] is batches[0][0] for b in batches)  # one shared batch
-    assert [e.id for e in batches[0][0].events] == [1, 3]
+    assert ids(batches[0][0].encoded) == [1, 3]
     assert batches[0][0].encoded == sse(event(1), event(3))
     assert taken(runs) == [2]
     # A stream that already sent event 1 (its catch-up read overlapped) sends the rest.
@@ -169,10 +187,10 @@ def test_deflated_streams_share_each_batchs_compression_and_each_decodes_whole()
     streams[0].attach(sockets[0].write, 2, encodings[0])
     streams[1].attach(sockets[1].write, 3, encodings[1])  # its catch-up sent event 3
     hub.subscriptions.update(streams)
-    hub._fan_out([event(3), event(4), event(5, EventKind.RUN)])
+    fan_out(hub, [event(3), event(4), event(5, EventKind.RUN)])
     hub.nudge_when_due(1.0)
     hub.nudge_when_due(1.0 + KEEPALIVE_S)  # a keepalive each
-    hub._fan_out([event(6), event(7)])
+    fan_out(hub, [event(6), event(7)])
     whole = [head + b"".join(socket.written) for head, socket in zip(heads, sockets, strict=True)]
     assert sockets[0].written[-1] == sockets[1].written[-1]  # one shared piece, same bytes
     decoded = [zlib.decompress(w + e.end()) for w, e in zip(whole, encodings, strict=True)]
@@ -226,24 +244,39 @@ def test_equal_filters_hash_alike() -> None:
 
 
 class Log:
-    """An event log of ``count`` events, read a page at a time as the store reads it."""
+    """An event log of ``count`` run events, read as the store reads a round: in the
+    middle of the read (``joining``) another stream subscribes."""
 
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self.reads = 0
+    def __init__(self, count: int, hub: EventHub, joining: Subscription) -> None:
+        self.count, self.hub, self.joining = count, hub, joining
+        self.reads: list[tuple[int, int, set[EventFilter]]] = []
 
-    def number_and_read(self, after: int, limit: int) -> list[Event]:
-        self.reads += 1
-        return [
-            event(i, EventKind.RUN) for i in range(after + 1, min(after + limit, self.count) + 1)
-        ]
+    def read_round(
+        self, after: int, filters: set[EventFilter], limit: int
+    ) -> tuple[int, int, dict[EventFilter, EventText]]:
+        self.hub.subscriptions.add(self.joining)
+        until = min(after + limit, self.count)
+        return until, until - after, self.read_texts(after, until, filters)
+
+    def read_texts(
+        self, after: int, until: int, filters: set[EventFilter]
+    ) -> dict[EventFilter, EventText]:
+        self.reads.append((after, until, set(filters)))
+        events = [event(i, EventKind.RUN) for i in range(after + 1, until + 1)]
+        return {where: text_of(events, where) for where in filters}
 
 
-def test_a_round_reads_every_page_since_the_last_one_up_to_its_bound() -> None:
-    log = Log(PAGE * 2 + 7)
-    hub = EventHub(log, None, None)  # type: ignore[arg-type]  # only the reads are used
-    assert [e.id for e in hub._read_round(0)] == list(range(1, PAGE * 2 + 8)) and log.reads == 3
-    log = Log(PAGE * (ROUND_PAGES + 3))
-    hub = EventHub(log, None, None)  # type: ignore[arg-type]
-    round_ = hub._read_round(5)  # bounded: the next round reads on, without a pause
-    assert len(round_) == PAGE * ROUND_PAGES and round_[0].id == 6 and log.reads == ROUND_PAGES
+def test_a_round_reads_up_to_its_bound_for_every_filter_even_one_that_came_meanwhile() -> None:
+    hub = EventHub(None, None, None)  # type: ignore[arg-type]  # only the reads are used
+    everything = Subscription(EventFilter(), 5, 100_000)
+    joining = Subscription(EventFilter.parse(kind="run"), 5, 100_000)
+    hub.events = log = Log(PAGE * (ROUND_PAGES + 3), hub, joining)  # type: ignore[assignment]
+    hub.subscriptions.add(everything)
+    read = asyncio.run(hub._read_round(5))  # bounded: the next round reads on, without a pause
+    assert read == PAGE * ROUND_PAGES and hub._cursor == 5 + PAGE * ROUND_PAGES
+    wanted = list(range(6, 6 + PAGE * ROUND_PAGES))
+    assert taken(everything) == wanted and taken(joining) == wanted
+    assert log.reads == [
+        (5, hub._cursor, {EventFilter()}),
+        (5, hub._cursor, {EventFilter.parse(kind="run")}),  # the newcomer's, same range
+    ]

@@ -3,13 +3,15 @@
 One pump per coordinator reads the log (numbering it first on PostgreSQL, in the same
 transaction) after each store call it is woken for (``EVENTS``, notified by
 ``Coordinator._db``), or every ``poll_interval_s`` for what other processes wrote: one
-read per round, however many subscribers. Each round is filtered once per distinct filter
-and encoded once per filter (``Batch``): fifty dashboards with the same filter share one
-list and one chunk of bytes, which the pump writes to each stream itself (see
-``Subscription``). A subscription keeps at most ``capacity`` events: one that falls
-further behind (its socket full) is dropped (its stream says so and ends; the client
-resumes from its last id, read from the store), so a slow reader never makes the
-coordinator buffer without bound.
+read per round, however many subscribers. The store reads a round as one text per
+distinct filter of the open streams, each made and joined inside the database
+(``EventStore.read_round``: no row, no value, no GIL hand-off an event in Python), and the
+pump's thread makes it a ``Batch`` (encoded, and compressed once if a stream deflates):
+fifty dashboards with the same filter share one chunk of bytes, which the pump writes to
+each stream itself (see ``Subscription``). A subscription keeps at most ``capacity``
+events: one that falls further behind (its socket full) is dropped (its stream says so
+and ends; the client resumes from its last id, read from the store), so a slow reader
+never makes the coordinator buffer without bound.
 
 Joining without a gap or a duplicate::
 
@@ -36,7 +38,7 @@ import anyio.to_thread
 from corral.coordinator.deflate import DeflateStream, Piece, accepts_deflate, compress
 from corral.coordinator.metrics import Metrics
 from corral.coordinator.notifier import Notifier, wait_for
-from corral.events import KEEPALIVE, Event, EventFilter, encoded
+from corral.events import KEEPALIVE, Event, EventFilter, EventText
 from corral.store.events import EventStore
 
 EVENTS = "events"  # the notifier's topic: the store may have new events
@@ -64,35 +66,32 @@ Writer = Callable[[bytes], Coroutine[Any, Any, None]]
 
 
 class Batch:
-    """A round's events that one filter wants, and their encoding, made once for every
+    """A round's events that one filter wants, as the stream sends them (read so from the
+    store: ``EventStore.read_round``), and their compression, made once for every
     subscription with that filter."""
 
-    def __init__(self, events: list[Event]) -> None:
-        self.events = events
-        self._encoded: bytes | None = None
+    def __init__(self, text: EventText) -> None:
+        self.size = text.size
+        self.first = text.first
+        self.last = text.last
+        self.encoded = text.sse.encode()
         self._deflated: Piece | None = None
 
     @classmethod
     def of(cls, events: list[Event], where: EventFilter) -> Batch:
-        return cls([e for e in events if where.matches(e)])
-
-    @property
-    def encoded(self) -> bytes:
-        # Not ``functools.cached_property``: up to Python 3.12 it takes a lock on every
-        # read, and each stream reads this once a round.
-        if self._encoded is None:
-            self._encoded = encoded(self.events)
-        return self._encoded
+        return cls(text_of(events, where))
 
     def after(self, last: int) -> bytes:
         """The batch as sent by a stream whose last event was ``last``: the shared bytes
-        unless the stream already sent some of it (its catch-up read overlapped)."""
+        unless the stream already sent some of it (its catch-up read overlapped): then the
+        messages after it (each ends in a blank line, which no ``data:`` line holds)."""
         if self.whole_after(last):
             return self.encoded
-        return encoded(event for event in self.events if event.id > last)
+        messages = self.encoded.split(b"\n\n")[:-1]
+        return b"".join(m + b"\n\n" for m in messages if _message_id(m) > last)
 
     def whole_after(self, last: int) -> bool:
-        return not self.events or self.events[0].id > last
+        return not self.size or self.first > last
 
     @property
     def deflated(self) -> Piece:
@@ -100,6 +99,26 @@ class Batch:
         if self._deflated is None:
             self._deflated = compress(self.encoded)
         return self._deflated
+
+
+def text_of(events: list[Event], where: EventFilter) -> EventText:
+    """The text of the ``events`` that ``where`` wants, made here as the store makes the
+    pump's (``EventStore.read_texts``)."""
+    wanted = [e for e in events if where.matches(e)]
+    first, last = (wanted[0].id, wanted[-1].id) if wanted else (0, 0)
+    return EventText(len(wanted), first, last, "".join(e.sse for e in wanted))
+
+
+def _batches(texts: dict[EventFilter, EventText], deflate: bool) -> dict[EventFilter, Batch]:
+    batches = {where: Batch(text) for where, text in texts.items()}
+    if deflate:
+        for batch in batches.values():
+            batch.deflated  # noqa: B018  # made now, in the caller's thread
+    return batches
+
+
+def _message_id(message: bytes) -> int:
+    return int(message.split(b"\n", 1)[0].removeprefix(b"id: "))
 
 
 class Encoding:
@@ -199,10 +218,10 @@ class Subscription:
     def offer(self, batch: Batch) -> None:
         """Queue ``batch`` (already filtered by ``where``: see ``Batch.of``) and write
         what is queued if the stream is attached and no write of its is under way."""
-        if self.dropped or not batch.events:
+        if self.dropped or not batch.size:
             return
         self.queue.append(batch)
-        self.queued += len(batch.events)
+        self.queued += batch.size
         if self.queued > self.capacity:
             self.dropped = True
             self.queue.clear()
@@ -245,7 +264,7 @@ class Subscription:
             batches = self.take()
             chunk = b"".join([self.encoding.batch(batch, self.last) for batch in batches])
             batch = batches[-1]
-        self.last = max(self.last, batch.events[-1].id)
+        self.last = max(self.last, batch.last)
         if chunk:
             self._send(chunk)
 
@@ -391,26 +410,35 @@ class EventHub:
             last_round = asyncio.get_running_loop().time()
             woken = self.notifier.event(EVENTS)
             try:
-                batch = await self.in_thread(self._read_round, self._cursor or 0)
+                read = await self._read_round(self._cursor or 0)
             except Exception:  # a database hiccup: try again at the next wake-up
                 log.exception("reading events failed; retrying")
-                batch = []
-            if batch:
-                self._cursor = batch[-1].id
-                self._fan_out(batch)
+                read = 0
             self.nudge_when_due(last_round)
-            if len(batch) < PAGE * ROUND_PAGES:
+            if read < PAGE * ROUND_PAGES:
                 await wait_for(woken, self.poll_interval_s)
 
-    def _read_round(self, after: int) -> list[Event]:
-        """What came since ``after``, page by page, up to ROUND_PAGES pages: one round
-        (one write a stream) for all of it."""
-        events = self.events.number_and_read(after, PAGE)
-        page = events
-        while len(page) == PAGE and len(events) < PAGE * ROUND_PAGES:
-            page = self.events.number_and_read(page[-1].id, PAGE)
-            events += page
-        return events
+    async def _read_round(self, after: int) -> int:
+        """Read what came since ``after`` (up to ROUND_PAGES pages: one round, one write a
+        stream for all of it) as each open filter's batch, and offer it: how many events."""
+        deflate = any(isinstance(s.encoding, Deflated) for s in self.subscriptions)
+        wanted = {s.where for s in self.subscriptions}
+        until, count, batches = await self.in_thread(self._read, after, wanted, deflate)
+        # Whoever subscribed meanwhile with a filter of its own has this round too.
+        while missing := {s.where for s in self.subscriptions} - batches.keys():
+            texts = await self.in_thread(self.events.read_texts, after, until, missing)
+            batches |= _batches(texts, deflate)
+        self._cursor = until
+        self._fan_out(batches)
+        return count
+
+    def _read(
+        self, after: int, wanted: set[EventFilter], deflate: bool
+    ) -> tuple[int, int, dict[EventFilter, Batch]]:
+        """The store's round, made batches (encoded, and compressed if a stream deflates)
+        here in the pump's thread, not in the event loop's."""
+        until, count, texts = self.events.read_round(after, wanted, PAGE * ROUND_PAGES)
+        return until, count, _batches(texts, deflate)
 
     def nudge_when_due(self, now: float) -> None:
         """Every KEEPALIVE_S (by the pump's clock ``now``), a keepalive to each stream."""
@@ -421,14 +449,11 @@ class EventHub:
                 subscription.nudge()
         self._keepalive_at = now + KEEPALIVE_S
 
-    def _fan_out(self, events: list[Event]) -> None:
-        batches: dict[EventFilter, Batch] = {}
+    def _fan_out(self, batches: dict[EventFilter, Batch]) -> None:
         for subscription in list(self.subscriptions):
-            where = subscription.where
-            batch = batches.get(where)
-            if batch is None:
-                batch = batches[where] = Batch.of(events, where)
-            subscription.offer(batch)
+            batch = batches.get(subscription.where)
+            if batch is not None:
+                subscription.offer(batch)
 
     def end_streams(self) -> None:
         """The coordinator is stopping: every stream ends now, cleanly, after what it has

@@ -28,10 +28,11 @@ numbered events (on SQLite, every event).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from itertools import takewhile
 
 from corral.errors import Gone, InvalidRequest
-from corral.events import Event, EventFilter
+from corral.events import Event, EventFilter, EventText
 from corral.store.db import Database, Tx
 
 NUMBERING_LOCK = 4242013  # pg_advisory_xact_lock key of ``number`` (migrate uses 4242001)
@@ -71,14 +72,51 @@ class EventStore:
         )
         return int(row["n"]) if row else 0
 
-    def number_and_read(self, after: int, limit: int = 500) -> list[Event]:
-        """Every event after id ``after``, oldest first, numbering them first on
-        PostgreSQL: one transaction (the event pump's round)."""
+    def read_round(
+        self, after: int, filters: Collection[EventFilter], limit: int
+    ) -> tuple[int, int, dict[EventFilter, EventText]]:
+        """The event pump's round, in one transaction (numbering first on PostgreSQL): the
+        id up to which it reads (up to ``limit`` events after ``after``; ``after`` if none
+        came), how many events that is, and for each filter the text of the events it wants
+        among them (``read_texts``)."""
         if self.db.dialect == "sqlite":
-            return self.read(after, EventFilter(), limit)
+            with self.db.transaction(write=False) as tx:
+                return self._read_round(tx, after, filters, limit)
         with self.db.transaction() as tx:
             self._number(tx)
-            return self._read(tx, after, EventFilter(), limit)
+            return self._read_round(tx, after, filters, limit)
+
+    def read_texts(
+        self, after: int, until: int, filters: Collection[EventFilter]
+    ) -> dict[EventFilter, EventText]:
+        """For each filter, the text of the numbered events in (``after``, ``until``] it
+        wants: one statement a filter, whose aggregate is made inside the database (one
+        string, not a row and its values an event)."""
+        with self.db.transaction(write=False) as tx:
+            return self._read_texts(tx, after, until, filters)
+
+    def _read_round(
+        self, tx: Tx, after: int, filters: Collection[EventFilter], limit: int
+    ) -> tuple[int, int, dict[EventFilter, EventText]]:
+        until, count = tx.tuples(
+            "SELECT MAX(p.id), COUNT(*) FROM (SELECT id FROM numbered_events WHERE id > ? "
+            "ORDER BY id LIMIT ?) p",
+            (after, limit),
+        )[0]
+        if not count:
+            return after, 0, {}
+        return until, count, self._read_texts(tx, after, until, filters)
+
+    def _read_texts(
+        self, tx: Tx, after: int, until: int, filters: Collection[EventFilter]
+    ) -> dict[EventFilter, EventText]:
+        texts = {}
+        for where in filters:
+            condition, params = where.sql()
+            statement = _texts(self.db.dialect, condition)
+            count, first, last, text = tx.tuples(statement, (after, until, *params))[0]
+            texts[where] = EventText(count, first or 0, last or 0, text or "")
+        return texts
 
     def read(self, after: int, where: EventFilter, limit: int = 500) -> list[Event]:
         """The events after id ``after`` that ``where`` wants, oldest first (numbered ones:
@@ -90,8 +128,7 @@ class EventStore:
         condition, params = where.sql()
         rows = tx.tuples(
             "SELECT e.id, e.kind, e.run_id, e.session_id, e.session_name, e.plan_id, "
-            f"e.runner_id, e.actor_id, e.pool, {_SSE[self.db.dialect]} FROM numbered_events e "
-            "LEFT JOIN run_logs l ON e.ref = l.id AND e.kind = 'log' "
+            f"e.runner_id, e.actor_id, e.pool, {_SSE[self.db.dialect]} {_FROM} "
             f"WHERE e.id > ?{condition} ORDER BY e.id LIMIT ?",
             (after, *params, limit),
         )
@@ -173,32 +210,58 @@ class EventStore:
                 deleted += len(old)
 
 
+_FROM = "FROM numbered_events e LEFT JOIN run_logs l ON e.ref = l.id AND e.kind = 'log'"
+
+
+FIELDS = ("run_id", "session_id", "session_name", "plan_id", "runner_id", "actor_id", "pool")
+
+
 def _sse(dialect: str) -> str:
     """The SQL of an event's server-sent text, from ``numbered_events e`` and its log
     line ``l``: ``Event.to_json``'s keys in order, strings and the time as JSON (the time
     exact: 17 significant digits on SQLite, the shortest exact form on PostgreSQL), and a
     log line's ``text`` added at the end of its ``data`` (always an object with keys)."""
+    # PostgreSQL: to_json of NULL is NULL; nothing there may hold '?' or '%' (_PostgresTx).
+    string = "json_quote({})" if dialect == "sqlite" else "COALESCE(to_json({})::text, 'null')"
+    data = (
+        "CASE WHEN e.kind = 'log' THEN substr(e.data, 1, length(e.data) - 1) || "
+        f"""',"text":' || {string.format("l.text")} || '}}' ELSE e.data END"""
+    )
     if dialect == "sqlite":
-        newline, time, string = "char(10)", "printf('%!.17g', {})", "json_quote({})"
-    else:  # to_json of NULL is NULL; nothing here may hold '?' or '%' (see _PostgresTx)
-        newline, time = "chr(10)", "to_json({})::text"
-        string = "COALESCE(to_json({})::text, 'null')"
-    fields = ("run_id", "session_id", "session_name", "plan_id", "runner_id", "actor_id", "pool")
-    text = string.format("l.text")
+        # One printf, not a chain of || (each of which makes a new string): ~25 % less.
+        keys = "".join(f',"{name}":%s' for name in FIELDS)
+        text = f'id: %d\nevent: %s\ndata: {{"id":%d,"kind":"%s","at":%!.17g{keys},"data":%s}}\n\n'
+        values = ["e.id", "e.kind", "e.id", "e.kind", "e.at"]
+        values += [string.format(f"e.{name}") for name in FIELDS] + [data]
+        return f"printf('{text}', {', '.join(values)})"
     parts = [
-        f"'id: ' || e.id || {newline} || 'event: ' || e.kind || {newline}",
+        "'id: ' || e.id || chr(10) || 'event: ' || e.kind || chr(10)",
         """'data: {"id":' || e.id || ',"kind":"' || e.kind || '"'""",
-        f"""',"at":' || {time.format("e.at")}""",
-        *(f"""',"{name}":' || {string.format("e." + name)}""" for name in fields),
-        f"""',"data":' || CASE WHEN e.kind = 'log' """
-        f"""THEN substr(e.data, 1, length(e.data) - 1) || ',"text":' || {text} || '}}' """
-        "ELSE e.data END",
-        f"'}}' || {newline} || {newline}",
+        """',"at":' || to_json(e.at)::text""",
+        *(f"""',"{name}":' || {string.format("e." + name)}""" for name in FIELDS),
+        f"""',"data":' || {data}""",
+        "'}' || chr(10) || chr(10)",
     ]
     return " || ".join(parts)
 
 
 _SSE = {dialect: _sse(dialect) for dialect in ("sqlite", "postgres")}
+
+
+def _texts(dialect: str, condition: str) -> str:
+    """The statement of ``read_texts`` for one filter's ``condition``: the events' texts
+    joined in id order. (SQLite's group_concat joins in the order its rows come, and a
+    subquery with ORDER BY under an aggregate is not flattened into it: it runs first, in
+    order. PostgreSQL is told the order.)"""
+    joined = (
+        "group_concat(p.sse, '')" if dialect == "sqlite" else "string_agg(p.sse, '' ORDER BY p.id)"
+    )
+    return (
+        f"SELECT COUNT(*), MIN(p.id), MAX(p.id), {joined} FROM (SELECT e.id, {_SSE[dialect]} "
+        f"AS sse {_FROM} WHERE e.id > ? AND e.id <= ?{condition} ORDER BY e.id) p"
+    )
+
+
 # A row as it comes is an Event's fields in order: made into one without a call to
 # NamedTuple's ``__new__`` (or ``_make``), which would copy it again.
 _new_event = tuple.__new__
