@@ -217,6 +217,62 @@ def test_filters_pick_their_events(store: Store) -> None:
     assert events.read_round(every[-1].id, filters, limit=10) == (every[-1].id, 0, {})
 
 
+def _some_history(store: Store) -> None:
+    """Two runners, runs in two sessions (one name odd), claims, starts, ends, log lines."""
+    runners = [register(store, name) for name in ("r1", "r2")]
+    for n in range(12):
+        run = store.runs.create(command(session_name=("alpha", ODD, None)[n % 3]), NOW + n)
+        runner = runners[n % 2]
+        store.runs.claim(runner.id, 1, NOW + n)
+        store.runs.mark_started(run.id, runner.id, 1, NOW + n)
+        store.logs.append(run.id, runner.id, 1, [LogLine(0, "stdout", f"line {n}", NOW + n)])
+        if n % 4:
+            report = RunReport(RunStatus.COMPLETED, exit_code=0)
+            store.runs.finish(run.id, runner.id, 1, report, NOW + n)
+
+
+FILTERS = st.builds(
+    EventFilter,
+    kinds=st.frozensets(st.sampled_from(EventKind)),
+    session=st.sampled_from([None, "alpha", ODD, "nobody"]),
+    runner=st.sampled_from([None, "r1", "nobody"]),
+)
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(filters=st.sets(FILTERS, max_size=4), start=st.integers(0, 80), limit=st.integers(1, 90))
+def test_a_round_read_for_any_filters_and_bounds_is_each_filters_events_in_order(
+    store: Store, filters: set[EventFilter], start: int, limit: int
+) -> None:
+    """The pump's round (``read_round``) against the events read one by one and filtered
+    here: the same bound, and for each filter exactly its events' texts, in id order."""
+    events = EventStore(store.db)
+    if not read_all(events):
+        _some_history(store)
+    every = read_all(events)
+    runner_ids = {r.name: r.id for r in store.runners.list()}
+    filters = {  # the runners by their ids (the strategy knows their names)
+        EventFilter(f.kinds, session=f.session, runner=runner_ids.get(f.runner or "", f.runner))
+        for f in filters
+    }
+    after = every[0].id - 1 + start
+    expected = [e for e in every if e.id > after][:limit]
+    until, size, texts = events.read_round(after, filters, limit)
+    if not expected:
+        assert (until, size, texts) == (after, 0, {})
+        return
+    assert (until, size) == (expected[-1].id, len(expected))
+    assert texts.keys() == filters
+    for where in filters:
+        picked = [e for e in expected if where.matches(e)]
+        ends = (picked[0].id, picked[-1].id) if picked else (0, 0)
+        assert texts[where] == (len(picked), *ends, "".join(e.sse for e in picked))
+
+
 def test_retention_deletes_old_events_and_refuses_a_resume_from_them(store: Store) -> None:
     events = EventStore(store.db)
     register(store, now=NOW)
