@@ -3,16 +3,20 @@
     pending ──claim──▶ claimed ──start──▶ running ──▶ completed | failed | timed_out | cancelled
        ▲                  │                  │
        │                  ├──────────────────┴──▶ lost ──(attempts left)──▶ pending
-       │                  │                                  └─(none left)─▶ failed
+       │                  │                        │
+       │                  │                        └─(none left: waits a grace)─▶ failed
        └──── requeue (rate limit: the attempt is given back) ◀── running
     pending | claimed ──▶ cancelled          claimed ──▶ failed (could not spawn)
-    pending ──late report──▶ completed | failed | timed_out | cancelled   (LATE_REPORT)
+    pending | lost ──late report──▶ completed | failed | timed_out | cancelled   (LATE_REPORT)
+    lost ──cancel──▶ cancelled
 
 A transition not in ``TRANSITIONS`` raises ``IllegalTransition`` and changes nothing.
 ``LATE_REPORT`` holds the one kind of move only a late final report may take: the attempt
-was done when its runner's lease ran out, the run went back to pending for it, and nobody
-claimed it since (``corral.store.claims.reports_late``). Everything else still finds
-pending → completed illegal.
+was done when its runner's lease ran out, and the run waits for that report — back at
+pending for the same attempt while attempts remain (nobody has claimed it since), or lost
+for a grace when none remain (``corral.store.claims.reports_late``; the reconciler fails it
+once the grace is over: ``corral.store.reconcile``). Everything else still finds
+pending → completed and lost → completed illegal.
 """
 
 from __future__ import annotations
@@ -69,9 +73,14 @@ del S
 TERMINAL = frozenset(status for status, targets in TRANSITIONS.items() if not targets)
 
 # A late final report: the runner finished the attempt, but its lease ran out before the
-# report was stored, and the run went back to pending for that same attempt. While nobody
-# has claimed it since, the report still ends it (instead of running finished work again).
-LATE_REPORT: dict[RunStatus, frozenset[RunStatus]] = {RunStatus.PENDING: TERMINAL}
+# report was stored, and the run waits for that same attempt: back at pending (attempts
+# remain), or lost (none remain). While nobody has claimed it since, and while a lost one's
+# grace lasts, the report still ends it (instead of running finished work again, or
+# recording done work as failed).
+LATE_REPORT: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.PENDING: TERMINAL,
+    RunStatus.LOST: TERMINAL,
+}
 
 
 def check_transition(run_id: str, old: RunStatus, new: RunStatus, *, late: bool = False) -> None:
@@ -124,12 +133,21 @@ def after_lost(
     *, cancel_requested: bool, attempts: int, rate_limited: int, max_attempts: int
 ) -> RunStatus:
     """Where a lost run goes (its runner is gone or no longer reports it): cancelled if a
-    cancel was asked, pending while attempts remain, else failed."""
+    cancel was asked, pending while attempts remain, else nowhere yet: it stays lost, for
+    its runner's late report of the last attempt, until the reconciler fails it
+    (``lost_for_good``)."""
     if cancel_requested:
         return RunStatus.CANCELLED
     if attempts_counted(attempts, rate_limited) < max_attempts:
         return RunStatus.PENDING
-    return RunStatus.FAILED
+    return RunStatus.LOST
+
+
+def lost_for_good(reason: str, *, attempts: int, rate_limited: int, max_attempts: int) -> str:
+    """The error of a run that failed lost (no late report came in its grace): why it was
+    lost, and that no attempt was left."""
+    counted = attempts_counted(attempts, rate_limited)
+    return f"{reason}; no attempts left ({counted}/{max_attempts})"
 
 
 @dataclass(frozen=True)

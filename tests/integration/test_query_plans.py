@@ -15,6 +15,7 @@ from corral.store import Store
 from corral.store.actors import WANTED_SLOTS
 from corral.store.claims import CLAIMABLE
 from corral.store.db import SqliteDatabase, open_database
+from corral.store.reconcile import LOST_PAST_GRACE
 from corral.store.rows import HELD
 
 NOW = 1_700_000_000.0
@@ -49,6 +50,14 @@ def test_a_runners_held_runs_are_read_through_their_index(tmp_path: Path) -> Non
         f"SELECT id FROM runs WHERE runner_id = ? AND status IN ({HELD}) LIMIT ?",
     )
     assert "runs_held" in found, found
+
+
+def test_the_look_for_lost_runs_past_their_grace_reads_their_index(tmp_path: Path) -> None:
+    """The reconciler looks each second for runs lost with no attempt left whose grace is
+    over: only the runs waiting lost are read, not every run."""
+    found = plan(tmp_path / "plans.db", LOST_PAST_GRACE)
+    # (A scan of that partial index, not of the table: "SCAN runs USING INDEX runs_lost".)
+    assert found.startswith("SCAN runs USING INDEX runs_lost |"), found
 
 
 def test_wanted_slots_count_placements_not_every_sleeping_actor(tmp_path: Path) -> None:

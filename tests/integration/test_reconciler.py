@@ -160,8 +160,15 @@ async def test_a_lost_run_without_attempts_left_fails_naming_the_runner(
         done = await api.coordinator.reconcile_once()
 
         assert done.lost_runners == [runner_a]
+        assert (done.waiting, done.failed, done.requeued) == ([run_id], [], [])
+        run = await api.run(run_id)
+        assert (run["status"], run["finished_at"]) == ("lost", None)  # its grace
+        assert await api.claim(runner_b) == []
+
+        clock.advance(LOST_AFTER + 1)  # runner-a's threshold again: the grace is over
+        await api.heartbeat(runner_b)
+        done = await api.coordinator.reconcile_once()
         assert done.failed == [run_id]
-        assert done.requeued == []
         run = await api.run(run_id)
         assert run["status"] == "failed"
         assert run["attempts"] == 1
@@ -169,6 +176,34 @@ async def test_a_lost_run_without_attempts_left_fails_naming_the_runner(
         assert runner_a in run["error"]
         assert "no attempts left" in run["error"]
         assert await api.claim(runner_b) == []
+        # Its runner's report, later still, is refused: the run stays failed.
+        assert (await api.complete(run_id, runner_a)).status_code == 409
+        assert (await api.run(run_id))["status"] == "failed"
+
+
+async def test_a_lost_last_attempt_its_runner_reports_done_in_its_grace_completes(
+    settings: CoordinatorSettings, clock: FakeClock
+) -> None:
+    """The runner finished the run's only attempt while it was cut off past its lease: it
+    registers again (a long-poll runner keeps its id) and reports it, within the run's
+    grace. The run ends completed, as reported, and is not claimed again."""
+    async with running_api(settings, clock=clock) as api:
+        run_id, runner_a = await started_on_runner_a(api, max_attempts=1)
+        clock.advance(LOST_AFTER + 1)
+        assert (await api.coordinator.reconcile_once()).waiting == [run_id]
+
+        clock.advance(LOST_AFTER / 2)
+        assert await api.register("runner-a", runner_id=runner_a) == runner_a
+        response = await api.complete(run_id, runner_a, result="done", exit_code=0)
+        assert response.status_code == 200, response.text
+        run = await api.run(run_id)
+        assert (run["status"], run["result"], run["runner_id"]) == ("completed", "done", runner_a)
+        assert run["error"] is None and run["attempts"] == 1
+
+        clock.advance(LOST_AFTER)  # past the grace: nothing is left to fail
+        assert not (await api.coordinator.reconcile_once()).failed
+        assert (await api.run(run_id))["status"] == "completed"
+        assert await api.claim(runner_a) == []
 
 
 async def test_a_run_past_its_timeout_and_grace_times_out(

@@ -21,11 +21,13 @@ from typing import Any, TypeVar
 
 import pytest
 
-from corral.errors import LeaseLost
+from corral.errors import CorralError, IllegalTransition, LeaseLost
+from corral.events import EventFilter, EventKind
 from corral.ids import RunId, RunnerId
 from corral.runners import RunnerState
 from corral.runs import NewRun, Run, RunReport, RunStatus, RunType
 from corral.store import Reconciled, Store
+from corral.store.events import EventStore
 
 NOW = 1_700_000_000.0
 DONE = RunReport(status=RunStatus.COMPLETED, exit_code=0, result="ok")
@@ -326,6 +328,81 @@ def test_postgres_two_reconcilers_at_once_take_each_run_back_once(
             assert sorted(requeued) == sorted(r.id for r in runs)
             for run in runs:
                 store.runs.request_cancel(run.id, LATER)
+
+
+# ---- the grace of a lost last attempt ------------------------------------------------------
+
+GRACE_OVER = LATER + 31  # a run lost at LATER waits its runner's threshold (30 s)
+
+
+def lost_last_attempts(store: Store, count: int) -> list[Run]:
+    """``count`` runs, each the only attempt of a runner lost at LATER: waiting lost."""
+    runners = [register(store, f"r{i}", now=NOW) for i in range(count)]
+    runs = [held_run(store, r, command(max_attempts=1, session_name=f"s-{r}")) for r in runners]
+    assert sorted(reconcile(store).waiting) == sorted(r.id for r in runs)
+    return runs
+
+
+def fail_lost(store: Store) -> Reconciled:
+    return store.reconcile(GRACE_OVER, lost_after_s=30, timeout_grace_s=5)
+
+
+def run_statuses(store: Store, run_id: str) -> list[str]:
+    """The statuses the run's events tell, in order."""
+    events = EventStore(store.db)
+    events.number()
+    where = EventFilter(kinds=frozenset({EventKind.RUN}), run_id=run_id)
+    return [str(e.data["status"]) for e in events.read(0, where, 1_000)]
+
+
+@postgres_only
+def test_postgres_two_reconcilers_at_the_graces_end_fail_each_run_once(
+    store: Store, store_url: str
+) -> None:
+    runs = lost_last_attempts(store, 8)
+    with stores(store_url, 2) as (a, b):
+        first, second = run_threads([partial(fail_lost, a), partial(fail_lost, b)])
+    assert sorted(first.failed + second.failed) == sorted(r.id for r in runs)
+    for run in runs:
+        assert store.runs.get(run.id).status is RunStatus.FAILED
+        assert run_statuses(store, run.id).count("failed") == 1
+
+
+def report_unless_ended(store: Store, run: Run, report: RunReport) -> Run | CorralError:
+    assert run.runner_id is not None
+    try:
+        return store.runs.finish(run.id, run.runner_id, run.attempts, report, GRACE_OVER)
+    except CorralError as exc:
+        return exc
+
+
+@postgres_only
+def test_postgres_a_late_report_racing_the_graces_end_is_one_or_the_other(
+    store: Store, store_url: str
+) -> None:
+    """The report first (completed, and the reconciler leaves it), or the reconciler first
+    (failed, and the report refused as too late): one end, one event, the session's run
+    counted once."""
+    with stores(store_url, 2) as (reporter, reconciler):
+        for i in range(20):
+            (run,) = lost_last_attempts(store, 1)
+            report = RunReport(status=RunStatus.COMPLETED, session_id=f"sess-{i}", cost_usd=1.0)
+            finished, reconciled = run_threads(
+                [
+                    partial(report_unless_ended, reporter, run, report),
+                    partial(fail_lost, reconciler),
+                ]
+            )
+            after = store.runs.get(run.id)
+            if isinstance(finished, Run):
+                assert after == finished and after.status is RunStatus.COMPLETED, i
+                assert reconciled.failed == []
+                assert store.sessions.get(f"sess-{i}").runs == 1
+            else:
+                assert isinstance(finished, IllegalTransition), finished
+                assert after.status is RunStatus.FAILED and reconciled.failed == [run.id]
+            statuses = run_statuses(store, run.id)
+            assert statuses[-2] == "lost" and statuses[-1] == after.status
 
 
 def test_closing_a_sqlite_store_waits_for_a_write_in_another_thread(tmp_path: Path) -> None:

@@ -482,9 +482,13 @@ def test_a_rate_limit_does_not_count_against_max_attempts(store: Store) -> None:
     run = running(store, runner, command(max_attempts=1))
     finish(store, run, RunStatus.PENDING, now=NOW + 1, retry_after_s=0.0)
     claim_one(store, runner, NOW + 2)
-    # The runner is then lost: its one real attempt is used up, so the run fails.
+    # The runner is then lost: its one real attempt is used up, so the run waits lost for
+    # its late report, then fails.
+    lost_at = NOW + 2 + LOST_AFTER + 1
+    result = store.reconcile(lost_at, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE)
+    assert (result.waiting, result.requeued) == ([run.id], [])
     result = store.reconcile(
-        NOW + 2 + LOST_AFTER + 1, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE
+        lost_at + LOST_AFTER + 1, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE
     )
     assert result.failed == [run.id]
     assert "no attempts left (1/1)" in (store.runs.get(run.id).error or "")
@@ -866,7 +870,8 @@ def test_reconcile_takes_runs_back_from_a_silent_runner(store: Store) -> None:
     assert result.changed
     assert result.lost_runners == [silent.id]
     assert sorted(result.requeued) == sorted([claimed_only.id, retryable.id])
-    assert sorted(result.failed) == sorted([last_try.id, to_cancel.id])
+    assert result.waiting == [last_try.id]  # no attempt left: lost, for a late report
+    assert result.failed == [to_cancel.id]
     assert result.timed_out == []
     assert store.runners.get(silent.id).state is RunnerState.LOST
     assert store.runners.get(alive.id).state is RunnerState.ACTIVE
@@ -875,11 +880,12 @@ def test_reconcile_takes_runs_back_from_a_silent_runner(store: Store) -> None:
         run = store.runs.get(run_id)
         assert (run.status, run.runner_id, run.attempts) == (RunStatus.PENDING, None, 1)
         assert run.available_at == later
-    failed = store.runs.get(last_try.id)
-    assert failed.status is RunStatus.FAILED
-    assert failed.finished_at == later
-    assert failed.error is not None
-    assert "lost" in failed.error and "no attempts left" in failed.error
+    waiting = store.runs.get(last_try.id)
+    assert (waiting.status, waiting.runner_id, waiting.finished_at) == (
+        RunStatus.LOST,
+        silent.id,
+        None,
+    )
     assert store.runs.get(to_cancel.id).status is RunStatus.CANCELLED
     assert store.runs.get(alive_run.id) == alive_run
 
@@ -887,6 +893,18 @@ def test_reconcile_takes_runs_back_from_a_silent_runner(store: Store) -> None:
     again = store.reconcile(later + 1, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE)
     assert not again.changed
     assert {r.id: r for r in store.runs.list(limit=100)} == before
+
+    # Its grace (the runner's threshold, from the loss) over, the last try fails, once.
+    over = later + LOST_AFTER + 1
+    store.runners.heartbeat(alive.id, held(alive_run), over - 1)
+    assert store.reconcile(over, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE).failed == [
+        last_try.id
+    ]
+    failed = store.runs.get(last_try.id)
+    assert failed.status is RunStatus.FAILED
+    assert failed.finished_at == over
+    assert failed.error == f"runner {silent.id} was lost; no attempts left (1/1)"
+    assert not store.reconcile(over + 1, lost_after_s=LOST_AFTER, timeout_grace_s=GRACE).changed
 
     retaken = claim_one(store, alive, later + 2)
     assert retaken.attempts == 2

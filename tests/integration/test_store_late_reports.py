@@ -2,6 +2,9 @@
 ran out before the report was stored, and the run went back to pending for that attempt.
 The report still ends the run while nobody has claimed it since; a cancel, a new claim or
 another end refuses it and changes nothing (issue 16 §2: never run finished work twice).
+With no attempt left, the run waits lost instead, for a grace (its runner's threshold): the
+report still ends it as reported (done work is not recorded as failed); a cancel ends it;
+after the grace the reconciler fails it, once.
 
 Every operation gets an explicit ``now``; nothing sleeps.
 """
@@ -12,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import corral.store.task_runs as task_runs
 from corral.errors import IllegalTransition, LeaseLost
 from corral.events import EventFilter, EventKind
 from corral.ids import RunnerId
@@ -33,9 +37,9 @@ def register(store: Store, name: str, now: float = NOW) -> RunnerId:
     return runner.id
 
 
-def started_by(store: Store, runner: RunnerId, max_attempts: int = 3) -> Run:
+def started_by(store: Store, runner: RunnerId, max_attempts: int = 3, **kw: Any) -> Run:
     store.runs.create(
-        NewRun(type=RunType.COMMAND, command=("true",), max_attempts=max_attempts), NOW
+        NewRun(type=RunType.COMMAND, command=("true",), max_attempts=max_attempts, **kw), NOW
     )
     (run,) = store.runs.claim(runner, 1, NOW)
     store.runs.mark_started(run.id, runner, run.attempts, NOW)
@@ -45,6 +49,11 @@ def started_by(store: Store, runner: RunnerId, max_attempts: int = 3) -> Run:
 def declare_lost(store: Store, runner: RunnerId) -> None:
     lost = store.reconcile(LOST_AT, lost_after_s=LOST_AFTER, timeout_grace_s=5)
     assert lost.lost_runners == [runner]
+
+
+def reconcile(store: Store, now: float) -> list[str]:
+    """A reconciler's pass at ``now``: the runs it failed."""
+    return list(store.reconcile(now, lost_after_s=LOST_AFTER, timeout_grace_s=5).failed)
 
 
 def report(
@@ -160,17 +169,6 @@ def test_a_late_report_after_a_cancel_is_refused(store: Store) -> None:
     assert store.runs.get(run.id).status is RunStatus.CANCELLED
 
 
-def test_a_late_report_of_a_run_that_ended_otherwise_is_refused(store: Store) -> None:
-    """No attempts left: the lost run failed. Its end stays (ended runs never move)."""
-    old = register(store, "old")
-    run = started_by(store, old, max_attempts=1)
-    declare_lost(store, old)
-    assert store.runs.get(run.id).status is RunStatus.FAILED
-    with pytest.raises(IllegalTransition):
-        report(store, run, old)
-    assert store.runs.get(run.id).status is RunStatus.FAILED
-
-
 def test_a_late_report_from_another_runner_is_refused(store: Store) -> None:
     old = register(store, "old")
     run = started_by(store, old)
@@ -198,6 +196,178 @@ def test_an_attempt_given_back_takes_no_late_report_of_an_earlier_one(store: Sto
     with pytest.raises(LeaseLost):  # nor a late one of its own: it gave it back
         store.runs.finish(run.id, other, 2, RunReport(RunStatus.COMPLETED), LATER)
     assert store.runs.get(run.id).status is RunStatus.PENDING
+
+
+# ---- the last attempt: lost, for a grace -----------------------------------------------------
+
+# The lost runner's threshold (here the coordinator's) again, from the loss: the grace is over.
+GRACE_OVER = LOST_AT + LOST_AFTER + 1
+
+
+def lost_last_attempt(store: Store, runner: RunnerId, **kw: Any) -> Run:
+    run = started_by(store, runner, max_attempts=1, **kw)
+    declare_lost(store, runner)
+    return run
+
+
+def test_a_run_lost_with_no_attempt_left_waits_lost_for_its_runner(store: Store) -> None:
+    old = register(store, "old")
+    run = started_by(store, old, max_attempts=1)
+    result = store.reconcile(LOST_AT, lost_after_s=LOST_AFTER, timeout_grace_s=5)
+    assert (result.waiting, result.failed, result.requeued) == ([run.id], [], [])
+    waiting = store.runs.get(run.id)
+    assert (waiting.status, waiting.runner_id, waiting.attempts) == (RunStatus.LOST, old, 1)
+    assert (waiting.finished_at, waiting.error) == (None, f"runner {old} was lost")
+    # Nobody may claim it (it is not pending), and within its grace nothing fails it.
+    assert store.runs.claim(register(store, "other", LOST_AT), 1, LATER) == []
+    assert reconcile(store, GRACE_OVER - 2) == []
+    assert store.runs.get(run.id).status is RunStatus.LOST
+
+
+def test_a_late_report_in_the_grace_ends_the_run_as_reported(store: Store) -> None:
+    old = register(store, "old")
+    run = lost_last_attempt(store, old, session_name="fix")
+    store.logs.append(run.id, old, 1, [LogLine(0, "stdout", "the last line", LATER)])
+
+    ended = report(store, run, old, exit_code=0, result="done", cost_usd=0.25, session_id="sess-1")
+
+    assert (ended.status, ended.exit_code, ended.result, ended.error) == (
+        RunStatus.COMPLETED,
+        0,
+        "done",
+        None,
+    )
+    assert (ended.cost_usd, ended.session_id, ended.runner_id, ended.attempts) == (
+        0.25,
+        "sess-1",
+        old,
+        1,
+    )
+    assert ended.finished_at == LATER
+    assert store.runs.get(run.id) == ended
+    assert [e.text for e in store.logs.read(run.id)] == ["the last line"]
+    session = store.sessions.get("sess-1")
+    assert (session.last_run_id, session.cost_usd, session.runs) == (run.id, 0.25, 1)
+    statuses = [(e["status"], e["runner_id"]) for e in run_events(store, run)]
+    assert statuses[-2:] == [("lost", old), ("completed", old)]
+    # A repeat of the report changes nothing; the grace's end finds nothing to fail.
+    assert report(store, run, old, exit_code=0, result="done") == ended
+    assert reconcile(store, GRACE_OVER) == []
+    assert store.runs.get(run.id) == ended
+    assert [e["status"] for e in run_events(store, run)].count("completed") == 1
+
+
+@pytest.mark.parametrize("status", [RunStatus.FAILED, RunStatus.TIMED_OUT])
+def test_a_late_failure_in_the_grace_is_recorded_as_reported(
+    store: Store, status: RunStatus
+) -> None:
+    old = register(store, "old")
+    run = lost_last_attempt(store, old)
+    ended = report(store, run, old, status, exit_code=3, error="tests failed")
+    assert (ended.status, ended.exit_code, ended.error) == (status, 3, "tests failed")
+    assert reconcile(store, GRACE_OVER) == []
+    assert store.runs.get(run.id) == ended
+
+
+def test_in_the_grace_a_report_from_another_runner_or_attempt_is_refused(store: Store) -> None:
+    old = register(store, "old")
+    run = lost_last_attempt(store, old)
+    stranger = register(store, "stranger", LOST_AT)
+    with pytest.raises(LeaseLost):
+        report(store, run, stranger)
+    with pytest.raises(LeaseLost):
+        store.runs.finish(run.id, old, 2, RunReport(RunStatus.COMPLETED), LATER)  # no attempt 2
+    with pytest.raises(LeaseLost):
+        store.logs.append(run.id, stranger, 1, [LogLine(0, "stdout", "not mine", LATER)])
+    assert store.runs.get(run.id).status is RunStatus.LOST
+    # It still waits for its own runner's report.
+    assert report(store, run, old).status is RunStatus.COMPLETED
+
+
+def test_a_late_give_back_in_the_grace_changes_nothing(store: Store) -> None:
+    old = register(store, "old")
+    run = lost_last_attempt(store, old)
+    given = report(store, run, old, RunStatus.PENDING, retry_after_s=5.0)
+    assert (given.status, given.rate_limited) == (RunStatus.LOST, 0)
+    assert reconcile(store, GRACE_OVER) == [run.id]
+
+
+def test_a_cancel_in_the_grace_ends_it_cancelled(store: Store) -> None:
+    old = register(store, "old")
+    run = lost_last_attempt(store, old)
+    cancelled = store.runs.request_cancel(run.id, LATER)
+    assert (cancelled.status, cancelled.finished_at) == (RunStatus.CANCELLED, LATER)
+    with pytest.raises(IllegalTransition):  # ended: its report comes too late
+        report(store, run, old)
+    assert reconcile(store, GRACE_OVER) == []
+    assert store.runs.get(run.id) == cancelled
+    assert [e["status"] for e in run_events(store, run)][-2:] == ["lost", "cancelled"]
+
+
+def test_after_its_grace_the_reconciler_fails_it_once(store: Store, store_url: str) -> None:
+    """With the same error as a lost last attempt always had; from two handles on the
+    database (two coordinators), one after the other: one transition, one event."""
+    old = register(store, "old")
+    run = lost_last_attempt(store, old)
+    other = Store.open(store_url)
+    try:
+        assert reconcile(store, GRACE_OVER) == [run.id]
+        assert reconcile(other, GRACE_OVER + 1) == []
+        assert reconcile(store, GRACE_OVER + 2) == []
+    finally:
+        other.close()
+    failed = store.runs.get(run.id)
+    assert (failed.status, failed.finished_at, failed.runner_id) == (
+        RunStatus.FAILED,
+        GRACE_OVER,
+        old,
+    )
+    assert failed.error == f"runner {old} was lost; no attempts left (1/1)"
+    statuses = [e["status"] for e in run_events(store, run)]
+    assert statuses[-2:] == ["lost", "failed"] and statuses.count("failed") == 1
+    # Its runner's report, later still, is refused: ended runs never move.
+    with pytest.raises(IllegalTransition):
+        report(store, run, old)
+    assert store.runs.get(run.id) == failed
+
+
+def test_the_grace_is_the_lost_runners_own_threshold(store: Store) -> None:
+    """A runner that told its own threshold (a WebSocket runner's) gets its runs' grace by
+    it, not by the coordinator's default."""
+    runner, _ = store.runners.register(
+        name="ws",
+        hostname="ws",
+        labels=(),
+        slots=1,
+        version="0",
+        transport="websocket",
+        now=NOW,
+        lost_after_s=10.0,
+    )
+    run = lost_last_attempt(store, runner.id)
+    assert reconcile(store, LOST_AT + 10) == []
+    assert reconcile(store, LOST_AT + 11) == [run.id]
+
+
+def test_a_last_attempt_its_runner_no_longer_reports_waits_lost_too(store: Store) -> None:
+    old = register(store, "old")
+    run = started_by(store, old, max_attempts=1)
+    store.runners.heartbeat(old, [], NOW + 20)  # holds nothing, past the claim's grace
+    waiting = store.runs.get(run.id)
+    assert (waiting.status, waiting.error) == (RunStatus.LOST, f"runner {old} no longer reports it")
+    ended = report(store, run, old, exit_code=0)
+    assert (ended.status, ended.exit_code) == (RunStatus.COMPLETED, 0)
+
+
+def test_a_last_attempt_its_runner_no_longer_reports_fails_after_the_grace(store: Store) -> None:
+    old = register(store, "old")
+    run = started_by(store, old, max_attempts=1)
+    store.runners.heartbeat(old, [], NOW + 20)
+    store.runners.heartbeat(old, [], NOW + 50)  # alive all along
+    assert reconcile(store, NOW + 20 + LOST_AFTER - 1) == []
+    assert reconcile(store, NOW + 20 + LOST_AFTER + 1) == [run.id]
+    failed = store.runs.get(run.id)
+    assert failed.error == f"runner {old} no longer reports it; no attempts left (1/1)"
 
 
 # ---- task runs -----------------------------------------------------------------------------
@@ -233,3 +403,74 @@ def test_a_late_report_of_a_task_run_settles_its_task(store: Store) -> None:
     # Only b's run is left to claim: a is not run again.
     claimed = store.runs.claim(register(store, "other", LATER), 10, LATER + 1)
     assert [r.task_id for r in claimed] == [tasks["b"].id]
+
+
+def task_run_lost_for_good(store: Store, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Run]:
+    """Tasks a, then b after a; a's run (its only attempt) lost by its runner "old"."""
+    monkeypatch.setattr(task_runs, "TASK_RUN_ATTEMPTS", 1)
+    pid = store.projects.ensure("/repo", "main", NOW, retry_backoff_s=0.0).id
+    store.tasks.add(
+        pid,
+        [
+            TaskSpec(key="a", title="a", prompt="do a"),
+            TaskSpec(key="b", title="b", prompt="do b", after=("a",)),
+        ],
+        {},
+        NOW,
+    )
+    store.tasks.start(pid, 1, NOW)
+    old = register(store, "old")
+    (run,) = store.runs.claim(old, 1, NOW)
+    store.runs.mark_started(run.id, old, 1, NOW)
+    store.runs.record_task_step(run.id, old, 1, "worktree", {"at": NOW}, NOW)
+    declare_lost(store, old)
+    assert store.runs.get(run.id).status is RunStatus.LOST
+    return pid, run
+
+
+def test_a_late_report_in_the_grace_settles_its_task_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pid, run = task_run_lost_for_good(store, monkeypatch)
+    a = {t.key: t for t in store.tasks.list(pid)}["a"]
+    assert (a.status, a.run_id, a.attempts, a.interrupted) == (
+        TaskStatus.IN_PROGRESS,
+        run.id,
+        1,
+        True,
+    )
+    other = register(store, "other", LOST_AT)
+    assert store.runs.claim(other, 10, LATER) == []  # a waits: not retried meanwhile
+
+    outcome = {"outcome": "merged", "commit": "c1", "merge_commit": "m1"}
+    assert report(store, run, RunnerId(str(run.runner_id)), task=outcome).status is (
+        RunStatus.COMPLETED
+    )
+    assert reconcile(store, GRACE_OVER) == []
+    tasks = {t.key: t for t in store.tasks.list(pid)}
+    assert (tasks["a"].status, tasks["a"].merge_sha, tasks["a"].attempts) == (
+        TaskStatus.COMPLETED,
+        "m1",
+        1,
+    )
+    claimed = store.runs.claim(register(store, "third", GRACE_OVER), 10, GRACE_OVER)
+    assert [r.task_id for r in claimed] == [tasks["b"].id]  # b's run only: a is not run again
+
+
+def test_a_task_run_failed_after_its_grace_retries_its_task_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pid, run = task_run_lost_for_good(store, monkeypatch)
+    assert reconcile(store, GRACE_OVER) == [run.id]
+    assert reconcile(store, GRACE_OVER + 1) == []
+    a = {t.key: t for t in store.tasks.list(pid)}["a"]
+    assert a.attempts == 2 and a.run_id != run.id  # retried once, in a new run
+    assert "no attempts left (1/1)" in (a.last_error or "")
+    runs = store.runs.list(limit=10)
+    assert sorted(r.status for r in runs if r.task_id == a.id) == sorted(
+        [RunStatus.FAILED, RunStatus.PENDING]
+    )
+    # Its runner's report of the failed run, later still, changes nothing.
+    with pytest.raises(IllegalTransition):
+        report(store, run, RunnerId(str(run.runner_id)), task={"outcome": "merged"})
+    assert {t.key: t for t in store.tasks.list(pid)}["a"].attempts == 2

@@ -577,7 +577,16 @@ def test_a_task_run_failed_by_the_reconciler_fails_the_attempt(
         now += 100
         result = store.reconcile(now, lost_after_s=30, timeout_grace_s=5)
         failed += result.failed
-    assert run is not None and failed == [run.id]
+    # The last attempt lost, the run waits for its late report (the task with it, not
+    # retried yet), and the reconciler fails it once its grace is over.
+    assert run is not None and failed == []
+    assert store.runs.get(run.id).status is RunStatus.LOST
+    waiting = tasks_by_key(store, pid)["a"]
+    assert (waiting.status, waiting.run_id, waiting.interrupted) == (S.CLAIMED, run.id, True)
+    now += 100
+    failed += store.reconcile(now, lost_after_s=30, timeout_grace_s=5).failed
+    failed += store.reconcile(now + 1, lost_after_s=30, timeout_grace_s=5).failed
+    assert failed == [run.id]
     stored = store.runs.get(run.id)
     assert stored.status is RunStatus.FAILED and "no attempts left" in (stored.error or "")
     a = tasks_by_key(store, pid)["a"]

@@ -13,6 +13,7 @@ from corral.runs import (
     after_lost,
     after_rate_limit,
     attempts_counted,
+    lost_for_good,
     may_become,
     status_reported,
 )
@@ -25,11 +26,13 @@ S = RunStatus
     [
         (False, 1, 0, 3, S.PENDING),  # attempts left
         (False, 2, 0, 3, S.PENDING),
-        (False, 3, 0, 3, S.FAILED),  # the last attempt was lost
-        (False, 4, 0, 3, S.FAILED),
+        # The last attempt was lost: it stays lost, for its runner's late report (a grace;
+        # then the reconciler fails it).
+        (False, 3, 0, 3, S.LOST),
+        (False, 4, 0, 3, S.LOST),
         (False, 3, 1, 3, S.PENDING),  # a rate-limited attempt was given back: not counted
-        (False, 5, 2, 3, S.FAILED),
-        (False, 1, 0, 1, S.FAILED),
+        (False, 5, 2, 3, S.LOST),
+        (False, 1, 0, 1, S.LOST),
         (True, 1, 0, 3, S.CANCELLED),  # a cancel was asked: it is not run again
         (True, 3, 0, 3, S.CANCELLED),
     ],
@@ -44,7 +47,14 @@ def test_where_a_lost_run_goes(
         max_attempts=max_attempts,
     )
     assert status is goes_to
-    assert status in TRANSITIONS[S.LOST]
+    assert status is S.LOST or status in TRANSITIONS[S.LOST]
+    if status is S.LOST:  # and when its grace is over, it may fail
+        assert S.FAILED in TRANSITIONS[S.LOST]
+
+
+def test_a_run_lost_for_good_says_why_and_that_no_attempt_was_left() -> None:
+    error = lost_for_good("runner rnr_1 was lost", attempts=5, rate_limited=2, max_attempts=3)
+    assert error == "runner rnr_1 was lost; no attempts left (3/3)"
 
 
 @pytest.mark.parametrize(

@@ -106,7 +106,7 @@ def test_terminal_states_have_no_way_out(status: RunStatus) -> None:
 def test_terminal_is_exactly_the_states_without_exits() -> None:
     assert {s for s, targets in TRANSITIONS.items() if not targets} == set(TERMINAL)
     assert {S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMED_OUT} == TERMINAL
-    assert not S.LOST.is_terminal  # a lost run is decided on next: requeue or fail
+    assert not S.LOST.is_terminal  # requeued, or it waits for a late report, then fails
 
 
 def test_only_claimed_and_running_hold_a_lease() -> None:
@@ -130,15 +130,21 @@ def test_the_cli_knows_the_same_terminal_states() -> None:
     assert {"completed", "failed", "cancelled", "timed_out"} == TERMINAL  # the API's strings
 
 
+@pytest.mark.parametrize("waiting", [S.PENDING, S.LOST])
 @pytest.mark.parametrize("new", sorted(TERMINAL))
-def test_only_a_late_report_ends_a_pending_run_as_it_ended(new: RunStatus) -> None:
-    """A late final report (``LATE_REPORT``) may end a run that went back to pending for
-    its attempt; nothing else may, and it may end nothing else that way."""
-    assert new in LATE_REPORT[S.PENDING]
-    check_transition("run_x", S.PENDING, new, late=True)
-    if new not in TRANSITIONS[S.PENDING]:
+def test_only_a_late_report_ends_a_waiting_run_as_it_ended(
+    waiting: RunStatus, new: RunStatus
+) -> None:
+    """A late final report (``LATE_REPORT``) may end a run that waits for its attempt: back
+    at pending (attempts left), or lost (none left, for a grace); nothing else may, and it
+    may end nothing else that way."""
+    assert new in LATE_REPORT[waiting]
+    check_transition("run_x", waiting, new, late=True)
+    if new not in TRANSITIONS[waiting]:
         with pytest.raises(IllegalTransition):
-            check_transition("run_x", S.PENDING, new)
-    assert set(LATE_REPORT) == {S.PENDING}
-    with pytest.raises(IllegalTransition):
-        check_transition("run_x", S.LOST, S.COMPLETED, late=True)
+            check_transition("run_x", waiting, new)
+    assert set(LATE_REPORT) == {S.PENDING, S.LOST}
+    for other in (S.CLAIMED, S.RUNNING, *TERMINAL):
+        if new not in TRANSITIONS[other]:
+            with pytest.raises(IllegalTransition):
+                check_transition("run_x", other, new, late=True)

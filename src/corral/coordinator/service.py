@@ -561,9 +561,11 @@ class Coordinator:
         )
         if done.changed:
             log.warning(
-                "reconciled: lost runners %s, requeued %s, failed %s, timed out %s",
+                "reconciled: lost runners %s, requeued %s, waiting lost %s, failed %s, "
+                "timed out %s",
                 done.lost_runners,
                 done.requeued,
+                done.waiting,
                 done.failed,
                 done.timed_out,
             )

@@ -379,16 +379,14 @@ def reports_late(row: Row, runner_id: str, attempt: int) -> bool:
     """Is this a late report of the attempt ``runner_id`` held, that the run still takes?
 
     The runner's lease ran out (it was declared lost, or stopped reporting the run) and the
-    run went back to pending for the same attempt: nobody has claimed it since (a claim
-    counts a new attempt), so nobody else ran it, and the work the report tells of is the
-    only work done for it. A cancel, a claim, or another report ending it, all move it on
-    from there, and the report is refused."""
-    return (
-        row["status"] == RunStatus.PENDING
-        and row["runner_id"] is None
-        and row["attempts"] == attempt
-        and row["lost_runner_id"] == runner_id
-    )
+    run waits for that same attempt: back at pending while attempts remain, nobody having
+    claimed it since (a claim counts a new attempt), or lost, with no attempt left, until
+    the reconciler fails it (``reconcile.fail_lost``). Nobody else ran it, and the work the
+    report tells of is the only work done for it. A cancel, a claim, the grace's end or
+    another report ending it, all move it on from there, and the report is refused."""
+    status = row["status"]
+    waiting = status == RunStatus.LOST or (status == RunStatus.PENDING and row["runner_id"] is None)
+    return bool(waiting and row["attempts"] == attempt and row["lost_runner_id"] == runner_id)
 
 
 def check_reporter(row: Row, runner_id: str, attempt: int) -> None:

@@ -1,9 +1,9 @@
 """Reconciliation: taking runs back from runners that are gone, or that no longer hold them.
 
-``reconcile`` declares silent runners lost and ends runs past their timeout; ``sync_held``
-compares what a runner says it holds with what the store gave it; both release runs
-through ``release_runner_runs`` / ``release_run``. Each runs inside the caller's
-transaction except ``reconcile``, which is one of its own.
+``reconcile`` declares silent runners lost, ends runs past their timeout and fails lost
+runs whose grace is over; ``sync_held`` compares what a runner says it holds with what the
+store gave it; both release runs through ``release_runner_runs`` / ``release_run``. Each
+runs inside the caller's transaction except ``reconcile``, which is one of its own.
 """
 
 from __future__ import annotations
@@ -13,26 +13,63 @@ from dataclasses import dataclass, field
 
 from corral.ids import RunId, RunnerId
 from corral.runners import ALIVE, Held, RunnerState, RunnerSync, check_runner_transition
-from corral.runs import RunStatus, after_lost, attempts_counted
+from corral.runs import RunStatus, after_lost, lost_for_good
 from corral.store.db import Database, Row, Tx
-from corral.store.rows import HELD, sql_list
+from corral.store.rows import HELD, sql_in, sql_list
 from corral.store.runs import transition
 
 # A run the runner did not mention this long after it was claimed was lost on the way
 # (the claim committed but its answer never reached the runner).
 UNREPORTED_CLAIM_GRACE_S = 15.0
 
+# A run lost with no attempt left waits lost, for its runner's late final report, as long as
+# that runner's lost threshold (its own, told at registration, else the coordinator's
+# ``lost_after_s``): the lease the coordinator grants it, counted again from the loss.
+# When the run was lost its runner had been silent that long, so its lease had run out and
+# it had stopped the attempt (``corral.runner.lease``: a margin before the lease ends): how
+# the attempt ended is settled, and its report waits in the runner's outbox for the link to
+# come back. As long again lets a cut of up to twice the lease still count the work done
+# (a runner tries its link again at most ~37 s apart: ``backoff_delay``'s cap and jitter),
+# and bounds how long a run whose runner is really gone stays undecided: then it fails as
+# it always did, and a report coming later still is refused (ended runs never move).
+_LOST = sql_in("status", {RunStatus.LOST})
+# The runs waiting lost whose grace is over at ``?`` (now), the coordinator's threshold the
+# second ``?``: read through runs_lost, a partial index of the (few) runs waiting lost.
+LOST_PAST_GRACE = (
+    f"SELECT id FROM runs WHERE {_LOST} AND lost_at < ? - COALESCE("
+    "(SELECT lost_after_s FROM runners WHERE runners.id = runs.lost_runner_id), ?)"
+)
+
 
 @dataclass(frozen=True)
 class Reconciled:
     lost_runners: list[RunnerId] = field(default_factory=list)
     requeued: list[RunId] = field(default_factory=list)
+    # Lost with no attempt left: waiting for a late report (the grace), then failed.
+    waiting: list[RunId] = field(default_factory=list)
     failed: list[RunId] = field(default_factory=list)
     timed_out: list[RunId] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
-        return bool(self.lost_runners or self.requeued or self.failed or self.timed_out)
+        return bool(
+            self.lost_runners or self.requeued or self.waiting or self.failed or self.timed_out
+        )
+
+    def add(self, released: Released) -> None:
+        self.requeued.extend(released.requeued)
+        self.waiting.extend(released.waiting)
+        self.failed.extend(released.ended)
+
+
+@dataclass(frozen=True)
+class Released:
+    """Where ``release_run`` sent runs: back to pending, lost waiting for a late report
+    (no attempt left), or ended (cancelled: a cancel was asked)."""
+
+    requeued: list[RunId] = field(default_factory=list)
+    waiting: list[RunId] = field(default_factory=list)
+    ended: list[RunId] = field(default_factory=list)
 
 
 def reconcile(
@@ -67,9 +104,8 @@ def reconcile(
             check_runner_transition(rid, RunnerState(runner["state"]), RunnerState.LOST)
             tx.execute("UPDATE runners SET state = ? WHERE id = ?", (str(RunnerState.LOST), rid))
             result.lost_runners.append(rid)
-            released = release_runner_runs(tx, rid, now, f"runner {rid} was lost")
-            result.requeued.extend(released[0])
-            result.failed.extend(released[1])
+            result.add(release_runner_runs(tx, rid, now, f"runner {rid} was lost"))
+        fail_lost(tx, db, now, lost_after_s, result.failed)
         # The held runs are found through their index (runs_held), then locked in id order:
         # with the ORDER BY on the same select, SQLite read every run in id order instead,
         # each second (100,000 pending runs: 77 ms of the coordinator's CPU a second).
@@ -94,29 +130,32 @@ def reconcile(
     return result
 
 
-def release_runner_runs(
-    tx: Tx, runner_id: RunnerId, now: float, reason: str
-) -> tuple[list[RunId], list[RunId]]:
-    """Runs held by a runner that is gone: back to pending while attempts remain.
+def release_runner_runs(tx: Tx, runner_id: RunnerId, now: float, reason: str) -> Released:
+    """Runs held by a runner that is gone: back to pending while attempts remain, else lost
+    for a grace (``release_run``).
 
     They are locked first, so a report that is finishing one is waited for (and that run
     left alone) rather than found changed under us."""
-    requeued: list[RunId] = []
-    failed: list[RunId] = []
+    released = Released()
     held = tx.execute(
         f"SELECT * FROM runs WHERE runner_id = ? AND status IN ({HELD}) ORDER BY id {tx.lock}",
         (runner_id,),
     )
     for row in held:
-        release_run(tx, row, now, reason, requeued, failed)
-    return requeued, failed
+        release_run(tx, row, now, reason, released)
+    return released
 
 
-def release_run(
-    tx: Tx, row: Row, now: float, reason: str, requeued: list[RunId], failed: list[RunId]
-) -> None:
-    """A held run whose runner is gone: lost, then where ``after_lost`` sends it."""
-    lost = transition(tx, row, RunStatus.LOST, now, error=reason)
+def release_run(tx: Tx, row: Row, now: float, reason: str, released: Released) -> None:
+    """A held run whose runner is gone: lost, then where ``after_lost`` sends it.
+
+    The runner may have finished the attempt before it went: its late final report still
+    ends the run while the run waits for it (``claims.reports_late``) — at pending while
+    nobody has claimed it again, or, with no attempt left, lost until ``fail_lost`` ends
+    the grace. The run stays on its runner (``runner_id``) while lost, as its end will be."""
+    lost = transition(
+        tx, row, RunStatus.LOST, now, error=reason, lost_at=now, lost_runner_id=row["runner_id"]
+    )
     lost_row = {**row, "status": str(RunStatus.LOST)}
     after = after_lost(
         cancel_requested=lost.cancel_requested,
@@ -124,27 +163,38 @@ def release_run(
         rate_limited=lost.rate_limited,
         max_attempts=lost.max_attempts,
     )
-    if after is RunStatus.PENDING:
-        # The runner may have finished the attempt before it went: its late final report
-        # still ends the run while nobody has claimed it again (``claims.reports_late``).
-        transition(
-            tx,
-            lost_row,
-            after,
-            now,
-            runner_id=None,
-            lost_runner_id=row["runner_id"],
-            available_at=now,
-        )
-        requeued.append(lost.id)
-        return
-    if after is RunStatus.CANCELLED:
-        error = f"cancelled ({reason})"
+    if after is RunStatus.LOST:
+        released.waiting.append(lost.id)
+    elif after is RunStatus.PENDING:
+        transition(tx, lost_row, after, now, runner_id=None, available_at=now)
+        released.requeued.append(lost.id)
     else:
-        counted = attempts_counted(lost.attempts, lost.rate_limited)
-        error = f"{reason}; no attempts left ({counted}/{lost.max_attempts})"
-    transition(tx, lost_row, after, now, finished_at=now, error=error)
-    failed.append(lost.id)
+        transition(tx, lost_row, after, now, finished_at=now, error=f"cancelled ({reason})")
+        released.ended.append(lost.id)
+
+
+def fail_lost(tx: Tx, db: Database, now: float, lost_after_s: float, failed: list[RunId]) -> None:
+    """Fail the runs lost with no attempt left whose grace is over (``LOST_PAST_GRACE``), with
+    the error they would have had at once before (``lost_for_good``).
+
+    Once each, however many coordinators reconcile: each is locked and read again as lost
+    (on PostgreSQL a lock waited for reads the row as the holder left it, and the
+    ``status`` term drops one that moved on), and its update is guarded by that status
+    (``transition``). A late report or a cancel that ended it first leaves it out."""
+    expired = tx.execute(
+        f"SELECT * FROM runs WHERE {_LOST} AND id IN ({LOST_PAST_GRACE}) ORDER BY id "
+        + db.lock_rows(),
+        (now, lost_after_s),
+    )
+    for row in expired:
+        error = lost_for_good(
+            row["error"],
+            attempts=row["attempts"],
+            rate_limited=row["rate_limited"],
+            max_attempts=row["max_attempts"],
+        )
+        transition(tx, row, RunStatus.FAILED, now, finished_at=now, error=error)
+        failed.append(RunId(row["id"]))
 
 
 def sync_held(tx: Tx, runner_id: RunnerId, held: Sequence[Held], now: float) -> RunnerSync:
@@ -164,8 +214,8 @@ def sync_held(tx: Tx, runner_id: RunnerId, held: Sequence[Held], now: float) -> 
         row = mine.get(h.run_id)
         if row is None or row["attempts"] != h.attempt:
             sync.abandon.append(h.run_id)
-    requeued: list[RunId] = []
+    released = Released()
     for run_id, row in mine.items():
         if run_id not in reported and (row["claimed_at"] or 0) < now - UNREPORTED_CLAIM_GRACE_S:
-            release_run(tx, row, now, f"runner {runner_id} no longer reports it", requeued, [])
+            release_run(tx, row, now, f"runner {runner_id} no longer reports it", released)
     return sync

@@ -179,7 +179,8 @@ class RunStore:
     ) -> Run:
         """Record how an attempt ended; only the runner and attempt holding the lease may —
         or, late, the runner whose lease on that attempt ran out while the run still waits
-        for it at pending, unclaimed since (``reports_late``): done work is not run again."""
+        for it (``reports_late``): at pending, unclaimed since (done work is not run again),
+        or lost in its grace, no attempt left (done work is not recorded as failed)."""
         with self.db.transaction() as tx:
             if report.status is not RunStatus.PENDING:
                 # The usual case in one statement, as ``mark_started``; anything else (a

@@ -23,7 +23,8 @@ whose late final report may still end it (``corral.store.claims.reports_late``);
 PostgreSQL the events' ids in a table of their own, and the events as readers see them
 (``corral.store.event_triggers.numbering_migration``); 19 runs by session and by task
 only for runs that have one; 20 no index of the events by time (retention deletes them
-in id order).
+in id order); 21 when a run was lost, and the runs waiting lost for a late report, for the
+reconciler that fails them once their grace is over (``corral.store.reconcile``).
 """
 
 from __future__ import annotations
@@ -435,6 +436,17 @@ CREATE INDEX runs_by_task ON runs (task_id) WHERE task_id IS NOT NULL;
     # Retention deletes events in id order (``EventStore.collect``): an index on their
     # time cost each event one more entry to write, for a pass an hour.
     (20, "DROP INDEX events_by_at;\n"),
+    (
+        21,
+        # When the run was last lost (its runner gone, or no longer reporting it). A run lost
+        # with no attempt left waits in status lost for its runner's late final report, a
+        # grace counted from then; the reconciler looks for those whose grace is over each
+        # second, through the index of the (few) runs waiting lost.
+        """
+ALTER TABLE runs ADD COLUMN lost_at {real};
+CREATE INDEX runs_lost ON runs (lost_at) WHERE status = 'lost';
+""",
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]
