@@ -7,7 +7,8 @@ longer than the runner's lease. The coordinator declares the runner lost and put
 back to pending for the same attempt; the runner stops its work and comes back under a new
 identity. Its final report, carried over to that identity, still ends the run: completed
 once, attempt 1, its process run once — instead of being claimed again and run a second
-time.
+time. And when that attempt was the run's last, the run waits lost for the report (a grace
+of the runner's threshold) instead of failing: it ends completed, not failed.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from urllib.parse import quote
 
 import pytest
 from e2e_support import Cluster, Coordinator, wait_until
-from faultproxy import FaultProxy
+from faultproxy import CutMode, FaultProxy
 
 LOST_THRESHOLD_S = 3.0
+# For the lost last attempt: its grace is the runner's threshold, counted from the loss.
+GRACE_THRESHOLD_S = 5.0
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -32,10 +35,13 @@ def db(request: pytest.FixtureRequest, cluster: Cluster) -> str:
     return f"{pg_url}{'&' if '?' in pg_url else '?'}options={options}"
 
 
-def start_coordinator(cluster: Cluster, db: str) -> Coordinator:
+def start_coordinator(
+    cluster: Cluster, db: str, threshold_s: float = LOST_THRESHOLD_S, **kw: float
+) -> Coordinator:
     coordinator = cluster.start_coordinator(
         db=db,
-        extra=("--runner-lost-threshold", str(LOST_THRESHOLD_S), "--ping-interval", "1"),
+        extra=("--runner-lost-threshold", str(threshold_s), "--ping-interval", "1"),
+        **kw,
     )
     return coordinator
 
@@ -99,3 +105,52 @@ def test_a_run_done_while_its_report_could_not_get_through_is_not_run_again(
         assert cluster.wait_run(other)["runner_id"] == second_id
         assert ledger.read_text().count("done") == 1
         assert cluster.client.get_run(run_id)["attempts"] == 1
+
+
+# How the link is cut: for the WebSocket runner as above (its report is sent again on its
+# next socket); for the long-poll runner both ends are reset, as when the link crashed. (Cut
+# on the coordinator's side only, a report it posted on a pooled connection hangs for the
+# client's timeout, 30 s: past a grace of a few seconds, though not the default's 120 s.)
+@pytest.mark.parametrize(("transport", "cut"), [("websocket", "server"), ("poll", "both")])
+def test_a_last_attempt_done_while_its_runner_was_cut_off_ends_completed(
+    cluster: Cluster, db: str, tmp_path: Path, transport: str, cut: CutMode
+) -> None:
+    """The run's only attempt finishes while its runner is cut off past its lease: the
+    coordinator declares the runner lost, and the run, with no attempt left to run again,
+    waits lost (not failed) for the runner's report. The runner gets back within that grace
+    (the runner's threshold) and the run ends completed, as it did."""
+    coordinator = start_coordinator(
+        cluster, db, threshold_s=GRACE_THRESHOLD_S, lost_after_s=GRACE_THRESHOLD_S
+    )
+    with FaultProxy(coordinator.port) as proxy:
+        runner = cluster.start_runner(
+            "runner-a", slots=2, url=proxy.url, extra=("--transport", transport)
+        )
+        first_id = cluster.wait_runner("runner-a")
+        gate, ledger = tmp_path / "gate", tmp_path / "ledger"
+        command = ledger_script(gate, ledger)
+        run_id = cluster.client.create_run(type="command", command=command, max_attempts=1)[
+            "run_id"
+        ]
+        cluster.wait_run(run_id, {"running"})
+
+        proxy.refusing = True
+        assert proxy.cut_all(cut) >= 1
+        gate.touch()  # the run finishes now, its runner cut off
+        wait_until(lambda: ledger.exists() and ledger.read_text().count("done") == 1, 10)
+
+        waiting = cluster.wait_run(run_id, {"lost", "failed"}, timeout=30)
+        assert waiting["status"] == "lost", waiting
+        assert (waiting["attempts"], waiting["runner_id"], waiting["finished_at"]) == (
+            1,
+            first_id,
+            None,
+        )
+        wait_until(lambda: "stopping all work" in runner.log(), 15, what="the lease to end")
+
+        proxy.refusing = False
+        run = cluster.wait_run(run_id, timeout=30)
+        assert run["status"] == "completed", run
+        assert (run["attempts"], run["runner_id"], run["exit_code"]) == (1, first_id, 0), run
+        assert [line["text"] for line in cluster.client.logs(run_id)["lines"]] == ["finished"]
+        assert ledger.read_text().count("done") == 1

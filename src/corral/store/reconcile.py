@@ -27,11 +27,13 @@ UNREPORTED_CLAIM_GRACE_S = 15.0
 # ``lost_after_s``): the lease the coordinator grants it, counted again from the loss.
 # When the run was lost its runner had been silent that long, so its lease had run out and
 # it had stopped the attempt (``corral.runner.lease``: a margin before the lease ends): how
-# the attempt ended is settled, and its report waits in the runner's outbox for the link to
-# come back. As long again lets a cut of up to twice the lease still count the work done
-# (a runner tries its link again at most ~37 s apart: ``backoff_delay``'s cap and jitter),
-# and bounds how long a run whose runner is really gone stays undecided: then it fails as
-# it always did, and a report coming later still is refused (ended runs never move).
+# the attempt ended is settled, and its report waits in the runner's outbox for the link
+# to come back. Its runner tries the link again meanwhile, from a short backoff that
+# doubles (``backoff_delay``: 0.5 s on, at most 30 s and a quarter), so a cut that ends
+# within the grace mostly gets the report in; and the grace bounds how long a run whose
+# runner is really gone stays undecided, as long again as its runner was given before it
+# was declared lost. After it the run fails as it always did, and a report coming later
+# still is refused (ended runs never move).
 _LOST = sql_in("status", {RunStatus.LOST})
 # The runs waiting lost whose grace is over at ``?`` (now), the coordinator's threshold the
 # second ``?``: read through runs_lost, a partial index of the (few) runs waiting lost.
