@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 from pathlib import Path
 
 from browser_support import DESKTOP, NETWORK_DOWN, PHONE, WEBSOCKET, Page
-from e2e_support import TOKEN, Cluster
+from e2e_support import TOKEN, Cluster, Runner
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
@@ -107,6 +108,31 @@ def test_log_lines_stream_into_a_running_runs_page(
     page.shot("run-logs")
     assert page.still_same_document()
     assert page.find("#run-log").text.splitlines() == ["first line", "second line", "to stderr"]
+    assert page.console_errors() == []
+
+
+def test_a_lost_run_shows_it_waits_for_its_runner_and_may_be_cancelled(
+    cluster: Cluster, page: Page
+) -> None:
+    """Its runner stopped (SIGSTOP) past its lost threshold holding the run's only attempt:
+    the run's page shows it lost, waiting for that runner's report (not failed), and its
+    Cancel button ends it."""
+    run_id = cluster.client.create_run(
+        type="command", command=["sh", "-c", "echo started; sleep 120"], max_attempts=1
+    )["run_id"]
+    page.go(f"/runs/{run_id}")
+    page.wait_text("#run-log", "started")
+    (runner,) = [p for p in cluster.procs if isinstance(p, Runner)]
+    runner.send(signal.SIGSTOP)
+    try:
+        page.wait_attr(".run-status", "data-status", {"lost"})
+        page.wait_text(".run-status", "waiting for its runner to report the attempt")
+        page.shot("run-lost")
+        page.click(f'button[aria-label="Cancel run {run_id}"]')
+        page.wait_attr(".run-status", "data-status", {"cancelled"})
+    finally:
+        runner.send(signal.SIGCONT)
+    assert cluster.client.get_run(run_id)["status"] == "cancelled"
     assert page.console_errors() == []
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import click
 
+from corral.cli.plan_progress import first_line
 from corral.cli.transcript import Transcript
 from corral.client import Client, LogLine, Run, Runner
 from corral.errors import NotFound, Unavailable
@@ -137,7 +138,7 @@ class Follower:
         try:
             return self._follow()
         except KeyboardInterrupt:
-            state = "waiting" if self.status == "pending" else "running"
+            state = {"pending": "waiting", "lost": "lost"}.get(self.status, "running")
             self.say(
                 f"{self.run_id} is still {state}; cancel it with `corral runs cancel {self.run_id}`"
             )
@@ -153,6 +154,8 @@ class Follower:
                     self._waiting(run)
                     self._until_changed(run.status)
                     continue
+                if run.status == "lost":
+                    self._lost(run)
                 if not self.stream and run.status not in TERMINAL:
                     self._until_changed(run.status)
                     continue
@@ -197,7 +200,16 @@ class Follower:
             time.sleep(PENDING_POLL_S)
 
     def _waiting(self, run: Run) -> None:
-        reason = waiting_reason(run, self.client.list_runners(), self._holder(run))
+        self._tell(waiting_reason(run, self.client.list_runners(), self._holder(run)))
+
+    def _lost(self, run: Run) -> None:
+        """Its runner went with the run's last attempt: the run waits for that runner's
+        report of it (a grace), then fails."""
+        why = first_line(run.error)
+        self._tell(f"lost ({why}): waiting for its runner to report the attempt, else it fails")
+
+    def _tell(self, reason: str) -> None:
+        """Say why the run waits, unless that was just said."""
         now = time.monotonic()
         if self._said and self._said[0] == reason and now - self._said[1] < REPEAT_WAITING_S:
             return

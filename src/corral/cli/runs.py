@@ -238,7 +238,9 @@ def _why_no_result(client: Client, session: str) -> str:
         return f"no session {session!r}: no run was ever started with that name or id"
     run = runs[0]
     status = run.status
-    if status in ("pending", "claimed", "running"):
-        return f"session {session!r} has no result yet: its run {run.run_id} is {status}"
     why = f": {first_line(run.error)}" if run.error else ""
+    if status == "lost":  # its last attempt's runner is gone: it may still report it
+        return f"session {session!r} has no result yet: its run {run.run_id} is lost{why}"
+    if status not in TERMINAL:
+        return f"session {session!r} has no result yet: its run {run.run_id} is {status}"
     return f"session {session!r} has no result: its run {run.run_id} {status}{why}"

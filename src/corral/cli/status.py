@@ -13,7 +13,10 @@ from corral.cli.output import current, local_time, money, print_json
 from corral.cli.plan_progress import first_line
 from corral.client import Client, Run, Runner, Stats
 
-STATE_ORDER = ("pending", "claimed", "running", "completed", "failed", "timed_out", "cancelled")
+STATE_ORDER = (
+    *("pending", "claimed", "running", "lost"),  # lost: waiting for its runner's late report
+    *("completed", "failed", "timed_out", "cancelled"),
+)
 RECENT_FAILURES = 5
 PAGE = 500
 

@@ -16,7 +16,13 @@ export function render(main, { id }) {
 
   const draw = (run) => {
     if (!changed(run)) return;
-    replace(status, badge(run.status), run.cancel_requested && !TERMINAL.has(run.status) ? " cancel requested" : "");
+    replace(
+      status,
+      badge(run.status),
+      run.cancel_requested && !TERMINAL.has(run.status) ? " cancel requested" : "",
+      // Its last attempt's runner is gone: the run waits for that runner's late report.
+      run.status === "lost" ? " waiting for its runner to report the attempt, else it fails" : "",
+    );
     status.dataset.status = run.status;
     replace(
       actions,
