@@ -14,8 +14,8 @@ after every step; after the storm the world runs quietly until every run has end
 Invariants:
 - a run never runs in two simulated processes at once, and a runner never runs more
   attempts than it has slots (work goes out as soon as a final report is read);
-- every run status change is one the transition table allows (a pending run ends at
-  once only by a late report of the attempt it was lost with); a completed run stays
+- every run status change is one the transition table allows (a pending or lost run ends
+  at once only by a late report of the attempt it was lost with); a completed run stays
   completed; no effect is applied twice (the same change of the same attempt, two
   terminal changes of one run);
 - each runner identity executes command indexes in increasing order, with no gap (a
@@ -23,7 +23,9 @@ Invariants:
   too, ``RunStore.request_cancel``), and no event index is skipped;
 - a runner is never told it was evicted on its newest socket;
 - liveness: once the faults stop (the coordinator back up, hosts reachable, crashed
-  runners restarted), every run ends: completed, or cancelled if a client asked.
+  runners restarted), every run ends: completed, or cancelled if a client asked, or — one
+  run in four has a single attempt — failed lost (that attempt lost, and no report of it
+  in the grace).
 
 An actor world (``with_actors``) also has actors: runners host a kind in actor slots,
 clients create actors and wake, sleep and destroy them through the store's API, the actor
@@ -135,6 +137,7 @@ class World:
         self.client_plan.sort()
         self.created: list[str] = []
         self.cancel_asked: set[str] = set()
+        self.one_attempt: set[str] = set()  # runs created with one attempt
         # What the invariants remember.
         self.status: dict[str, str] = {}
         self.history: dict[str, list[str]] = {}  # each run's status changes, for a failure
@@ -384,8 +387,13 @@ class World:
             self.actor_client(kind, i)
             return
         if kind == "create":
-            spec = NewRun(type=RunType.COMMAND, command=("true",), max_attempts=1_000_000)
+            # Every fourth run has one attempt: lost, it waits lost for its runner's late
+            # report (a grace), then fails (``store.reconcile.fail_lost``).
+            attempts = 1 if len(self.created) % 4 == 3 else 1_000_000
+            spec = NewRun(type=RunType.COMMAND, command=("true",), max_attempts=attempts)
             (run,) = self.store.runs.create_many([spec], self.now)
+            if attempts == 1:
+                self.one_attempt.add(run.id)
             self.created.append(run.id)
             self.status[run.id] = str(RunStatus.PENDING)
             self.history[run.id] = [f"pending at {self.now - T0:.3f}"]
@@ -715,9 +723,12 @@ class World:
             legal = RunStatus(new) in TRANSITIONS[RunStatus(old)]
             if not legal and RunStatus(new) in LATE_REPORT.get(RunStatus(old), frozenset()):
                 # A late final report ends only a run taken back from its runner (lost) for
-                # the attempt the report is of, and not claimed since.
-                self.count("late reports taken")
-                if self.last_change.get(run_id) != (str(RunStatus.LOST), old, attempts):
+                # the attempt the report is of, and not claimed since: back at pending, or
+                # waiting lost (its last attempt).
+                self.count(f"late reports taken ({old})")
+                last = self.last_change.get(run_id)
+                lost = str(RunStatus.LOST)
+                if last is None or last[1:] != (old, attempts) or lost not in (last[0], old):
                     self.violation(
                         f"{run_id}: {old} → {new} (attempt {attempts}) after "
                         f"{self.last_change.get(run_id)}, not a lost attempt's late report"
@@ -739,14 +750,19 @@ class World:
         return not self.client_plan and all(s in _TERMINAL for s in self.status.values())
 
     def final_check(self) -> None:
-        rows = self.watch.execute("SELECT id, status FROM runs ORDER BY id").fetchall()
-        in_store = dict(rows)
+        rows = self.watch.execute("SELECT id, status, error FROM runs ORDER BY id").fetchall()
+        in_store = {run_id: status for run_id, status, _ in rows}
         if in_store != self.status:
             self.violation(f"the transition log disagrees with the store: {in_store}")
-        for run_id, status in in_store.items():
+        for run_id, status, error in rows:
             if status == RunStatus.COMPLETED:
                 continue
             if status == RunStatus.CANCELLED and run_id in self.cancel_asked:
+                continue
+            lost_for_good = (error or "").endswith("; no attempts left (1/1)")
+            if status == RunStatus.FAILED and run_id in self.one_attempt and lost_for_good:
+                # Its one attempt lost, and no report of it came in the grace.
+                self.count("one-attempt runs failed lost")
                 continue
             self.violation(f"{run_id} ended {status}, not completed")
 
