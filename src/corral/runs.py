@@ -5,6 +5,7 @@
        │                  ├──────────────────┴──▶ lost ──(attempts left)──▶ pending
        │                  │                        │
        │                  │                        └─(none left: waits a grace)─▶ failed
+       │                  │                          (its runner stopped: at once)
        └──── requeue (rate limit: the attempt is given back) ◀── running
     pending | claimed ──▶ cancelled          claimed ──▶ failed (could not spawn)
     pending | lost ──late report──▶ completed | failed | timed_out | cancelled   (LATE_REPORT)
@@ -130,17 +131,23 @@ def after_rate_limit(rate_limited: int, *, cancel_requested: bool = False) -> Ru
 
 
 def after_lost(
-    *, cancel_requested: bool, attempts: int, rate_limited: int, max_attempts: int
+    *,
+    cancel_requested: bool,
+    attempts: int,
+    rate_limited: int,
+    max_attempts: int,
+    report_may_come: bool = True,
 ) -> RunStatus:
     """Where a lost run goes (its runner is gone or no longer reports it): cancelled if a
     cancel was asked, pending while attempts remain, else nowhere yet: it stays lost, for
     its runner's late report of the last attempt, until the reconciler fails it
-    (``lost_for_good``)."""
+    (``lost_for_good``) — or failed at once when no report may come (``report_may_come``
+    false: the runner was stopped, not lost)."""
     if cancel_requested:
         return RunStatus.CANCELLED
     if attempts_counted(attempts, rate_limited) < max_attempts:
         return RunStatus.PENDING
-    return RunStatus.LOST
+    return RunStatus.LOST if report_may_come else RunStatus.FAILED
 
 
 def lost_for_good(reason: str, *, attempts: int, rate_limited: int, max_attempts: int) -> str:

@@ -19,6 +19,7 @@ import corral.store.task_runs as task_runs
 from corral.errors import IllegalTransition, LeaseLost
 from corral.events import EventFilter, EventKind
 from corral.ids import RunnerId
+from corral.runners import RunnerState
 from corral.runs import NewRun, Run, RunReport, RunStatus, RunType
 from corral.store import LogLine, Store
 from corral.store.events import EventStore
@@ -368,6 +369,17 @@ def test_a_last_attempt_its_runner_no_longer_reports_fails_after_the_grace(store
     assert reconcile(store, NOW + 20 + LOST_AFTER + 1) == [run.id]
     failed = store.runs.get(run.id)
     assert failed.error == f"runner {old} no longer reports it; no attempts left (1/1)"
+
+
+def test_a_last_attempt_of_a_stopped_runner_fails_at_once(store: Store) -> None:
+    """Stopped (told to, or known dead: a new ``tasks run`` finds its local runner's process
+    gone), not lost: no report of it is waited for."""
+    old = register(store, "old")
+    run = started_by(store, old, max_attempts=1)
+    store.runners.set_state(old, RunnerState.STOPPED, LATER)
+    failed = store.runs.get(run.id)
+    assert (failed.status, failed.finished_at) == (RunStatus.FAILED, LATER)
+    assert failed.error == "runner stopped; no attempts left (1/1)"
 
 
 # ---- task runs -----------------------------------------------------------------------------

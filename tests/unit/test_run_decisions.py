@@ -52,6 +52,19 @@ def test_where_a_lost_run_goes(
         assert S.FAILED in TRANSITIONS[S.LOST]
 
 
+@pytest.mark.parametrize(("attempts", "goes_to"), [(1, S.PENDING), (3, S.FAILED)])
+def test_a_run_of_a_stopped_runner_waits_for_no_report(attempts: int, goes_to: S) -> None:
+    """Stopped (told to, or known dead), not lost: its last attempt fails at once."""
+    status = after_lost(
+        cancel_requested=False,
+        attempts=attempts,
+        rate_limited=0,
+        max_attempts=3,
+        report_may_come=False,
+    )
+    assert status is goes_to
+
+
 def test_a_run_lost_for_good_says_why_and_that_no_attempt_was_left() -> None:
     error = lost_for_good("runner rnr_1 was lost", attempts=5, rate_limited=2, max_attempts=3)
     assert error == "runner rnr_1 was lost; no attempts left (3/3)"

@@ -67,7 +67,8 @@ class Reconciled:
 @dataclass(frozen=True)
 class Released:
     """Where ``release_run`` sent runs: back to pending, lost waiting for a late report
-    (no attempt left), or ended (cancelled: a cancel was asked)."""
+    (no attempt left), or ended (a cancel was asked; or no attempt left, its runner
+    stopped)."""
 
     requeued: list[RunId] = field(default_factory=list)
     waiting: list[RunId] = field(default_factory=list)
@@ -132,7 +133,9 @@ def reconcile(
     return result
 
 
-def release_runner_runs(tx: Tx, runner_id: RunnerId, now: float, reason: str) -> Released:
+def release_runner_runs(
+    tx: Tx, runner_id: RunnerId, now: float, reason: str, *, report_may_come: bool = True
+) -> Released:
     """Runs held by a runner that is gone: back to pending while attempts remain, else lost
     for a grace (``release_run``).
 
@@ -144,17 +147,21 @@ def release_runner_runs(tx: Tx, runner_id: RunnerId, now: float, reason: str) ->
         (runner_id,),
     )
     for row in held:
-        release_run(tx, row, now, reason, released)
+        release_run(tx, row, now, reason, released, report_may_come=report_may_come)
     return released
 
 
-def release_run(tx: Tx, row: Row, now: float, reason: str, released: Released) -> None:
+def release_run(
+    tx: Tx, row: Row, now: float, reason: str, released: Released, *, report_may_come: bool = True
+) -> None:
     """A held run whose runner is gone: lost, then where ``after_lost`` sends it.
 
     The runner may have finished the attempt before it went: its late final report still
     ends the run while the run waits for it (``claims.reports_late``) — at pending while
     nobody has claimed it again, or, with no attempt left, lost until ``fail_lost`` ends
-    the grace. The run stays on its runner (``runner_id``) while lost, as its end will be."""
+    the grace. The run stays on its runner (``runner_id``) while lost, as its end will be.
+    ``report_may_come`` false: the runner was stopped (told to, or known dead), not lost
+    or cut off; the last attempt fails at once."""
     lost = transition(
         tx, row, RunStatus.LOST, now, error=reason, lost_at=now, lost_runner_id=row["runner_id"]
     )
@@ -164,6 +171,7 @@ def release_run(tx: Tx, row: Row, now: float, reason: str, released: Released) -
         attempts=lost.attempts,
         rate_limited=lost.rate_limited,
         max_attempts=lost.max_attempts,
+        report_may_come=report_may_come,
     )
     if after is RunStatus.LOST:
         released.waiting.append(lost.id)
@@ -171,7 +179,17 @@ def release_run(tx: Tx, row: Row, now: float, reason: str, released: Released) -
         transition(tx, lost_row, after, now, runner_id=None, available_at=now)
         released.requeued.append(lost.id)
     else:
-        transition(tx, lost_row, after, now, finished_at=now, error=f"cancelled ({reason})")
+        error = (
+            f"cancelled ({reason})"
+            if after is RunStatus.CANCELLED
+            else lost_for_good(
+                reason,
+                attempts=lost.attempts,
+                rate_limited=lost.rate_limited,
+                max_attempts=lost.max_attempts,
+            )
+        )
+        transition(tx, lost_row, after, now, finished_at=now, error=error)
         released.ended.append(lost.id)
 
 

@@ -199,7 +199,11 @@ class RunnerStore:
                 (state, state, now, asked, grace_s, state, now, runner_id),
             )
             if state is RunnerState.STOPPED:
-                release_runner_runs(tx, RunnerId(runner_id), now, "runner stopped")
+                # Stopped (told to, or known dead: ``cli.embedded``), not lost: no late
+                # report of a last attempt is waited for.
+                release_runner_runs(
+                    tx, RunnerId(runner_id), now, "runner stopped", report_may_come=False
+                )
             return runner_from_row(row_by_id(tx, "runners", runner_id))
 
     def order(self, runner_id: str, now: float) -> Order:
