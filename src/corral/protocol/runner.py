@@ -215,6 +215,10 @@ class RunnerConnection:
         self._ack_at: float | None = None
         self._reconnect_at: float | None = None
         self._lost_at: float | None = None
+        # The work stopped with its final reports unsent: until when the coordinator keeps
+        # their runs waiting for them (``corral.store.reconcile``: the grace of a lost last
+        # attempt, our threshold counted again from when it found us lost).
+        self._reports_wanted_until: float | None = None
         self.gaps = 0  # commands that skipped an index: only a coordinator bug causes one
         self.rtt: float | None = None
 
@@ -255,7 +259,7 @@ class RunnerConnection:
         if spent and self._runner_id is not None:
             # Announced, so that the new identity claims nothing before they are applied:
             # it could otherwise claim again a run whose late report says it is done.
-            finals = sum(e.body.get("type") == "finished" for e in self._events.pending)
+            finals = self._final_reports()
             if finals:
                 metadata = {**metadata, wire.LATE_REPORTS_TO_SEND: finals}
         init = wire.ToServerInit(
@@ -458,6 +462,9 @@ class RunnerConnection:
             # The lease ran out: the coordinator may be giving our runs to others by now.
             out += [StopAllWork(), *self._fail_kv()]
             self._tunnel.clear()
+            # The coordinator found us lost a threshold after it last heard us (no sooner
+            # than ``_lease_at``), and waits as long again for the final reports.
+            self._reports_wanted_until = (self._lease_at or now) + 2 * self.lost_threshold_s
             self._lost_at = None
             self._work_stopped = True
             # The quick attempts that fitted in the lease are not a backoff's rounds: with
@@ -518,7 +525,7 @@ class RunnerConnection:
         self._holding_on = False
         self._lease_at = self._connect_at  # it registered us after our Init was sent
         self._init_answered_at = now
-        self._lost_at = self._reconnect_at = None
+        self._lost_at = self._reconnect_at = self._reports_wanted_until = None
         self._work_stopped = False
         self._ping_at = now + self._ping_every_s()
         self._ack_at, self._acked_command_idx = now, None  # ack at once after a (re)connect
@@ -569,9 +576,20 @@ class RunnerConnection:
         )
         if self._lost_at is not None:
             delay = min(delay, max(RETRY_ELSEWHERE_S, (self._lost_at - now) / 4))
+        elif self._reports_wanted_until is not None and self._final_reports():
+            # The work stopped, but a report of how a run ended waits to be sent: its run
+            # waits for it until the coordinator's grace ends. The attempts fit in that too
+            # (else a backoff of 16 s and then 30 s could miss it: done work failed).
+            left = self._reports_wanted_until - now
+            if left > 0:
+                delay = min(delay, max(RETRY_ELSEWHERE_S, left / 4))
         if self._holding_on:  # a coordinator said it would be back: be there when it is
             delay = min(delay, HOLD_ON_RETRY_S)
         return delay
+
+    def _final_reports(self) -> int:
+        """How many reports of a run's end wait to be acknowledged."""
+        return sum(e.body.get("type") == "finished" for e in self._events.pending)
 
     def _fail_kv(self) -> list[RunnerOutput]:
         failed: list[RunnerOutput] = [
@@ -586,5 +604,6 @@ class RunnerConnection:
     def _close(self, reason: str) -> list[RunnerOutput]:
         self._move(ConnectionState.CLOSED)
         self._ping_at = self._ack_at = self._reconnect_at = self._lost_at = None
+        self._reports_wanted_until = None
         self._tunnel.clear()
         return [*self._fail_kv(), Closed(reason, reconnect=False)]

@@ -717,6 +717,41 @@ def test_once_the_lease_ran_out_the_backoff_starts_over() -> None:
     assert waits[1:] == pytest.approx([1, 2])
 
 
+def test_with_a_final_report_unsent_attempts_fit_inside_the_coordinators_grace_for_it() -> None:
+    # The work stopped at the lease's end, but a run's final report waits to be sent: the
+    # coordinator keeps that run waiting lost for it until its grace ends, a threshold
+    # after it found the runner lost (T0 + 30 at the soonest): T0 + 60. A backoff from
+    # the stop (+25) would try at +26, +28, +32, +40 and +56, then +86: a coordinator back
+    # at +57 would be found too late, and the done run failed.
+    runner = connected(T0, meta={"runner_lost_threshold": 30}, stop_margin_s=5.0)
+    finished = {"type": "finished", "run_id": "run_a", "attempt": 1, "status": "completed"}
+    runner.socket_closed(T0)
+    runner.send_events([finished], T0 + 0.5)  # ended just as the link went
+    now, stopped = T0, False
+    while not stopped:
+        now = runner.next_deadline() or now
+        out = runner.tick(now)
+        stopped = StopAllWork() in out
+        if Reconnect() in out:
+            runner.connect(now)
+            runner.connect_failed(now)
+    grace_end = T0 + 60
+    attempts = []
+    while now < grace_end - 1:
+        now += reconnect_delay(runner, now)
+        attempts.append(now - T0)
+        runner.connect(now)
+        runner.connect_failed(now)
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert gaps[:2] == pytest.approx([1, 2])  # the backoff starts over, as without
+    assert 59 <= attempts[-1] < 60  # still trying in the grace's last second
+    assert all(gap <= (60 - at) / 4 + 1e-9 for gap, at in zip(gaps, attempts, strict=False))
+    # Once the grace is over the report cannot count: the plain backoff again.
+    runner.connect(now := grace_end + 1)
+    runner.connect_failed(now)
+    assert reconnect_delay(runner, now) > 1
+
+
 # ---- a coordinator that stops (a deploy) ----------------------------------------------------
 
 
