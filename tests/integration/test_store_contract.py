@@ -144,6 +144,51 @@ def test_a_batch_past_one_statements_parameters_is_stored_whole(store: Store) ->
     assert {store.runs.get(r.id).id for r in runs[::97]} == {r.id for r in runs[::97]}
 
 
+def test_a_batch_stores_each_run_as_given_whatever_the_others_set(store: Store) -> None:
+    """On SQLite a batch's statement names only the columns some run of it sets (the
+    others are left to be NULL): runs that set different ones read back as created."""
+    batch = [
+        command(),
+        agent_run(session_name="s1", timeout_s=60.0, required_runner="box-7"),
+        command(idle_timeout_s=5.0, labels=("gpu",)),
+    ]
+    runs = store.runs.create_many(batch, NOW)
+    assert [store.runs.get(r.id) for r in runs] == runs
+    assert (runs[0].timeout_s, runs[0].session_name, runs[0].required_runner) == (None,) * 3
+    assert (runs[1].timeout_s, runs[1].session_name) == (60.0, "s1")
+    assert (runs[2].idle_timeout_s, runs[2].labels) == (5.0, ("gpu",))
+    only = store.runs.create_many([command(), command()], NOW + 1)
+    assert [store.runs.get(r.id) for r in only] == only
+
+
+def test_no_column_of_runs_that_may_be_null_has_a_default(store: Store) -> None:
+    """What a batch's statement leaves out of a run (its None values) must read as NULL."""
+    with store.db.transaction(write=False) as tx:
+        if store.db.dialect == "sqlite":
+            rows = tx.execute("SELECT name, dflt_value AS fallback FROM pragma_table_info('runs')")
+            nullable = {
+                r["name"]
+                for r in tx.execute(
+                    "SELECT name FROM pragma_table_info('runs') WHERE \"notnull\" = 0"
+                )
+            }
+        else:
+            rows = tx.execute(
+                "SELECT column_name AS name, column_default AS fallback "
+                "FROM information_schema.columns WHERE table_name = 'runs'"
+            )
+            nullable = {
+                r["name"]
+                for r in tx.execute(
+                    "SELECT column_name AS name FROM information_schema.columns "
+                    "WHERE table_name = 'runs' AND is_nullable = 'YES'"
+                )
+            }
+    defaults = {r["name"]: r["fallback"] for r in rows}
+    assert {"timeout_s", "runner_id", "lost_runner_id"} <= nullable
+    assert {name for name in nullable if defaults[name] is not None} == set()
+
+
 def test_get_unknown_run_is_not_found(store: Store) -> None:
     with pytest.raises(NotFound) as err:
         store.runs.get("run_missing")
