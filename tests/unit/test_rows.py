@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from corral.runs import AgentSpec, NewRun, Run, RunType
-from corral.store.rows import new_run_row, run_from_row
+from corral.store.rows import new_run_row, run_from_row, runs_from_tuples
 
 NOW = 1_700_000_000.0
 
@@ -27,3 +27,32 @@ def test_runs_read_from_rows_have_their_own_commands() -> None:
         for c in commands
     ]
     assert [run_from_row(row).command for row in rows] == commands
+
+
+def test_runs_read_from_tuples_are_the_runs_read_from_their_rows() -> None:
+    """``runs_from_tuples`` (no dict a row) makes the run ``run_from_row`` makes, whatever
+    order the columns come in; a read that joins what a callback became (or lacks a
+    column) is made from its dicts."""
+    agent = AgentSpec(name="coder", executor="claude", model="sonnet")
+    rows = [
+        {**new_run_row(NewRun(RunType.COMMAND, command=("true",)), NOW), "exit_code": None},
+        {
+            **new_run_row(NewRun(RunType.START_SESSION, prompt="hi", agent=agent), NOW),
+            "exit_code": 3,
+            "usage": '{"input_tokens":5}',
+            "cancel_requested": 1,
+            "runner_id": "rnr_1",
+        },
+    ]
+    for names in (tuple(rows[0]), tuple(reversed(list(rows[0])))):
+        tuples = [tuple(row[name] for name in names) for row in rows]
+        made = runs_from_tuples(names, tuples)
+        assert made == [run_from_row(row) for row in rows]
+        assert [set(vars(run)) for run in made] == [{f.name for f in dataclasses.fields(Run)}] * 2
+    joined = [{**row, "callback_recorded": 1, "callback_run_id": "run_2"} for row in rows]
+    names = tuple(joined[0])
+    made = runs_from_tuples(names, [tuple(row.values()) for row in joined])
+    assert [(r.callback_state, r.callback_run_id) for r in made] == [("delivered", "run_2")] * 2
+    lacking = {k: v for k, v in rows[0].items() if k != "depth"}
+    assert runs_from_tuples(tuple(lacking), [tuple(lacking.values())]) == [run_from_row(lacking)]
+    assert runs_from_tuples(names, []) == []

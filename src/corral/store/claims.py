@@ -17,7 +17,7 @@ from corral.ids import RunId
 from corral.runners import ALIVE, Runner, RunnerState
 from corral.runs import Run, RunStatus, may_become
 from corral.store.db import Database, Row, Tx
-from corral.store.rows import HELD, row_by_id, run_from_row, sql_in
+from corral.store.rows import HELD, row_by_id, run_from_row, runs_from_tuples, sql_in
 from corral.store.schema import LABEL_CLASS, LAST_CHANGE, PINNED_TO
 from corral.store.tasks import task_context
 
@@ -147,13 +147,13 @@ def _take(
     free = None
     if db.dialect == "postgres":
         rows, free = _take_postgres(tx, db, runner, max_runs, now, finishing)
+        taken = [run_from_row(row) for row in rows]
     else:
-        rows = _take_sqlite(tx, db, runner, max_runs, now)
+        taken = _take_sqlite(tx, db, runner, max_runs, now)
     # A task run goes out with its task, project and the steps already done: read here, in
     # the claim's transaction, for every transport.
     runs = [
-        replace(run, task=task_context(tx, run.task_id)) if run.task_id else run
-        for run in map(run_from_row, rows)
+        replace(run, task=task_context(tx, run.task_id)) if run.task_id else run for run in taken
     ]
     runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
     return runs, free
@@ -195,7 +195,7 @@ def _pins(runner: Row) -> list[str]:
     return ["", runner["name"]] if runner["name"] else [""]
 
 
-def _take_sqlite(tx: Tx, db: Database, runner: Row, limit: int, now: float) -> list[Row]:
+def _take_sqlite(tx: Tx, db: Database, runner: Row, limit: int, now: float) -> list[Run]:
     """Claim the first ``limit`` runs ``runner`` may take, in claim order: the classes it
     fits, then each class's first runs (for each runner a run may require), merged. The
     immediate transaction holds SQLite's one write lock: nothing is locked row by row."""
@@ -343,14 +343,16 @@ def _claim_values(runner_id: str, now: float) -> tuple[object, ...]:
     return (str(RunStatus.CLAIMED), runner_id, now, now)
 
 
-def _set_claimed(tx: Tx, ids: list[str], runner_id: str, now: float) -> list[Row]:
-    """Claim those of the runs ``ids`` that are claimable for the runner; their rows as
+def _set_claimed(tx: Tx, ids: list[str], runner_id: str, now: float) -> list[Run]:
+    """Claim those of the runs ``ids`` that are claimable for the runner; the runs as
     written."""
     if not ids:
         return []
-    return tx.execute(
-        f"{_CLAIM_SET} WHERE id IN ({', '.join('?' for _ in ids)}) AND {CLAIMABLE} RETURNING *",
-        (*_claim_values(runner_id, now), *ids),
+    return runs_from_tuples(
+        *tx.named_tuples(
+            f"{_CLAIM_SET} WHERE id IN ({', '.join('?' for _ in ids)}) AND {CLAIMABLE} RETURNING *",
+            (*_claim_values(runner_id, now), *ids),
+        )
     )
 
 

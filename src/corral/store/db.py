@@ -62,6 +62,13 @@ class Tx(Protocol):
         return thousands, as the event pump's)."""
         ...
 
+    def named_tuples(
+        self, sql: str, params: Params = ()
+    ) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+        """The columns' names, and the rows as tuples: for rows made into records at once
+        (``rows.runs_from_tuples``), whose dicts would be thrown away."""
+        ...
+
 
 class Database(Protocol):
     dialect: str
@@ -104,12 +111,23 @@ def _dicts(
 ) -> list[Row]:
     """Rows (tuples) as dicts, the statement's column names kept by its text in ``kept``:
     a cursor's ``description`` builds them anew at every statement."""
+    names = _names(kept, sql, rows, description)
+    return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+def _names(
+    kept: dict[str, tuple[str, ...]],
+    sql: str,
+    rows: list[Any],
+    description: Sequence[Sequence[Any]] | None,
+) -> tuple[str, ...]:
+    """The names of the columns of ``rows`` (not empty), kept by the statement's text."""
     names = kept.get(sql)
     if names is None or len(names) != len(rows[0]):  # a column added since (a migration)
         if len(kept) >= _NAMES_KEPT:
             kept.clear()
         names = kept[sql] = tuple(column[0] for column in description or ())
-    return [dict(zip(names, row, strict=True)) for row in rows]
+    return names
 
 
 class _SqliteTx:
@@ -125,6 +143,13 @@ class _SqliteTx:
 
     def tuples(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
         return self._run(sql, params).fetchall()
+
+    def named_tuples(
+        self, sql: str, params: Params = ()
+    ) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+        cur = self._run(sql, params)
+        rows = cur.fetchall()
+        return (_names(_NAMES, sql, rows, cur.description) if rows else ()), rows
 
     def _run(self, sql: str, params: Params) -> sqlite3.Cursor:
         try:
@@ -298,6 +323,16 @@ class _PostgresTx:
 
     def tuples(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
         return self._run(sql, params).fetchall()
+
+    def named_tuples(
+        self, sql: str, params: Params = ()
+    ) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+        cur = self._run(sql, params)
+        result = cur.pgresult
+        if result is None or result.status != pq.ExecStatus.TUPLES_OK:
+            return (), []
+        rows = cur.fetchall()
+        return (_names(_PG_NAMES, sql, rows, cur.description) if rows else ()), rows
 
     def _run(self, sql: str, params: Params) -> psycopg.Cursor[tuple[Any, ...]]:
         text = _PG_TEXTS.get(sql)

@@ -34,6 +34,7 @@ from corral.store.rows import (
     new_run_row,
     row_by_id,
     run_from_row,
+    runs_from_tuples,
     sql_list,
     update_row,
 )
@@ -372,7 +373,7 @@ def _end_as_reported(
     report = ends[0][2]
     fields = {**_ended_fields(report), "finished_at": now, "updated_at": now}
     not_cancelled = " AND cancel_requested = 0" if report.status is RunStatus.FAILED else ""
-    rows = tx.execute(
+    names, rows = tx.named_tuples(
         f"UPDATE runs SET {', '.join(f'{name} = ?' for name in fields)} "
         f"WHERE id IN ({', '.join('?' for _ in ends)}) "
         f"AND status IN ({_LEAVE_FOR[report.status]}){not_cancelled} "
@@ -387,12 +388,11 @@ def _end_as_reported(
             *(x for run_id, attempt, _ in ends for x in (run_id, attempt, runner_id)),
         ),
     )
-    written = {row["id"]: row for row in rows}
+    written: dict[str, Run] = {run.id: run for run in runs_from_tuples(names, rows)}
     ended: dict[tuple[str, int], Run] = {}
     for run_id, attempt, each in ends:  # in the reports' order
-        if (row := written.pop(run_id, None)) is None:  # once: a repeat is the checked path's
+        if (run := written.pop(run_id, None)) is None:  # once: a repeat is the checked path's
             continue
-        run = run_from_row(row)
         # What ``transition`` does after its update, for a run ended by its runner's report.
         callbacks.record(tx, run, now)
         if run.task_id:
