@@ -23,7 +23,7 @@ import anyio.to_thread
 
 from corral.actors import lifecycle as lc
 from corral.actors.model import Actor, NewActor, Placement
-from corral.actors.wire import ActorEvent
+from corral.actors.wire import ActorEventBase
 from corral.clock import Clock
 from corral.coordinator.notifier import Notifier, actor_topic, runner_topic
 from corral.protocol.messages import ToServerInit
@@ -145,7 +145,7 @@ def actor_wakeups(events: Sequence[object], changed: Changes) -> list[str]:
     placed an actor — a queued one in the slot it freed, or itself again, maybe on
     another runner, whose push loop nothing else wakes). A report that an actor runs
     makes no command: it wakes no push loop."""
-    named = [e.actor_id for e in events if isinstance(e, ActorEvent)]
+    named = [e.actor_id for e in events if isinstance(e, ActorEventBase)]
     actors = dict.fromkeys([*named, *sorted(changed.actors)])
     return [
         *(actor_topic(a) for a in actors),

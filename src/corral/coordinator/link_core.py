@@ -44,7 +44,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from corral.actors.wire import ActorEvent, lifecycle_event
+from corral.actors.wire import ActorEventBase, lifecycle_event
 from corral.coordinator.actors import actor_wakeups, host_and_serve
 from corral.coordinator.notifier import (
     CALLBACKS_DUE,
@@ -395,7 +395,9 @@ class RunnerChannel:
                 self._late_applying.append(late)
                 self._late_in_flight += late
                 # They come first, in order: a frame with none means none is to come.
-                carried = any(not isinstance(e, ActorEvent) and e.former_runner_id for e in events)
+                carried = any(
+                    not isinstance(e, ActorEventBase) and e.former_runner_id for e in events
+                )
                 self._late_awaited = max(0, self._late_awaited - late) if carried else 0
                 lifted.append(ApplyEvents(out.events[-1].idx, tuple(events)))
                 if ended:
@@ -493,11 +495,15 @@ class LinkCore:
             for e, (error, _) in zip(parsed, outcomes, strict=True)
             if error is not None
             and error.code == "lease_lost"
-            and not isinstance(e, ActorEvent)
+            and not isinstance(e, ActorEventBase)
             and e.former_runner_id is None  # late: that attempt stopped long ago
         }
         for event, (error, _) in zip(parsed, outcomes, strict=True):
-            if error is not None and not isinstance(event, ActorEvent) and event.former_runner_id:
+            if (
+                error is not None
+                and not isinstance(event, ActorEventBase)
+                and event.former_runner_id
+            ):
                 # Acknowledged all the same: the run went on without it (cancelled, claimed
                 # again, ended), and sending it again would change nothing.
                 log.warning(
@@ -691,7 +697,7 @@ def start_together(
     seen: set[str] = set()
     first_starts: list[tuple[int, tuple[str, int]]] = []
     for n, event in enumerate(events):
-        if isinstance(event, ActorEvent):
+        if isinstance(event, ActorEventBase):
             continue
         if (
             isinstance(event, StartedEvent)
@@ -712,7 +718,7 @@ def finals_last_of_their_run(events: Sequence[RunnerEvent]) -> list[int]:
     others, so each run's reports still apply in their order."""
     last: dict[str, int] = {}
     for n, event in enumerate(events):
-        if not isinstance(event, ActorEvent):
+        if not isinstance(event, ActorEventBase):
             last[event.run_id] = n
     finals = [
         n
@@ -755,7 +761,7 @@ def _apply(
 ) -> Run | None:
     """One report's effect; the run it finished, if it was a final report. An actor
     report's changes are added to ``changed``."""
-    if isinstance(event, ActorEvent):
+    if isinstance(event, ActorEventBase):
         lifecycle = lifecycle_event(runner_id, event)
         changed.update(store.actors.runner_event(runner_id, event.actor_id, lifecycle, now))
         return None
