@@ -183,6 +183,10 @@ class SqliteDatabase:
         self._writer = threading.Lock()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        # Transactions under way in any thread, and ``close`` waiting for them to end.
+        self._open = 0
+        self._settled = threading.Condition(self._lock)
+        self._closing = False
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -230,6 +234,21 @@ class SqliteDatabase:
 
     @contextmanager
     def _transaction(self, *, write: bool, flat: bool) -> Iterator[Tx]:
+        with self._lock:
+            if self._closing:
+                raise Unavailable("the database is being closed")
+            self._open += 1
+        try:
+            with self._counted_transaction(write=write, flat=flat) as tx:
+                yield tx
+        finally:
+            with self._lock:
+                self._open -= 1
+                if not self._open:
+                    self._settled.notify_all()
+
+    @contextmanager
+    def _counted_transaction(self, *, write: bool, flat: bool) -> Iterator[Tx]:
         conn = self._conn()
         try:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
@@ -279,19 +298,21 @@ class SqliteDatabase:
         )
 
     def close(self) -> None:
-        # A worker thread may still be inside a write (a retention pass the app was told to
-        # stop while its thread ran on): closing its connection under it can crash the
-        # process in sqlite3, so wait for the writer to finish first (bounded, never hang).
-        waited = self._writer.acquire(timeout=self._busy_timeout_s)
-        try:
-            with self._lock:
+        # A worker thread may still be inside a transaction (a retention pass, or the event
+        # pump's read, that the app stopped waiting for while its thread ran on): closing
+        # its connection under a running statement crashes the process in sqlite3. So no
+        # transaction starts from now on, and those under way are waited for (bounded:
+        # never hang).
+        with self._lock:
+            self._closing = True
+            try:
+                self._settled.wait_for(lambda: not self._open, timeout=self._busy_timeout_s)
                 for conn in self._all:
                     conn.close()
                 self._all.clear()
-            self._local = threading.local()
-        finally:
-            if waited:
-                self._writer.release()
+                self._local = threading.local()
+            finally:
+                self._closing = False
 
 
 # Rows come from psycopg as tuples, made dicts here with the names of ``_PG_NAMES`` (as
