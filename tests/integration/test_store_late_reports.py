@@ -388,22 +388,7 @@ def test_a_last_attempt_of_a_stopped_runner_fails_at_once(store: Store) -> None:
 def test_a_late_report_of_a_task_run_settles_its_task(store: Store) -> None:
     """The attempt merged its task before its runner's lease ran out: the late report
     completes the task with its merge, and its dependent becomes ready, once."""
-    pid = store.projects.ensure("/repo", "main", NOW).id
-    store.tasks.add(
-        pid,
-        [
-            TaskSpec(key="a", title="a", prompt="do a"),
-            TaskSpec(key="b", title="b", prompt="do b", after=("a",)),
-        ],
-        {},
-        NOW,
-    )
-    store.tasks.start(pid, 1, NOW)
-    old = register(store, "old")
-    (run,) = store.runs.claim(old, 1, NOW)
-    store.runs.mark_started(run.id, old, 1, NOW)
-    store.runs.record_task_step(run.id, old, 1, "worktree", {"at": NOW}, NOW)
-    declare_lost(store, old)
+    pid, run, old = task_a_run_lost(store)
     store.runs.record_task_step(run.id, old, 1, "merging", {"at": LATER}, LATER)
     outcome = {"outcome": "merged", "commit": "c1", "merge_commit": "m1"}
     ended = report(store, run, old, task=outcome)
@@ -420,7 +405,14 @@ def test_a_late_report_of_a_task_run_settles_its_task(store: Store) -> None:
 def task_run_lost_for_good(store: Store, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Run]:
     """Tasks a, then b after a; a's run (its only attempt) lost by its runner "old"."""
     monkeypatch.setattr(task_runs, "TASK_RUN_ATTEMPTS", 1)
-    pid = store.projects.ensure("/repo", "main", NOW, retry_backoff_s=0.0).id
+    pid, run, _ = task_a_run_lost(store, retry_backoff_s=0.0)
+    assert store.runs.get(run.id).status is RunStatus.LOST
+    return pid, run
+
+
+def task_a_run_lost(store: Store, **project: float) -> tuple[str, Run, RunnerId]:
+    """Tasks a, then b after a; a's run started by runner "old", which is then lost."""
+    pid = store.projects.ensure("/repo", "main", NOW, **project).id
     store.tasks.add(
         pid,
         [
@@ -436,8 +428,7 @@ def task_run_lost_for_good(store: Store, monkeypatch: pytest.MonkeyPatch) -> tup
     store.runs.mark_started(run.id, old, 1, NOW)
     store.runs.record_task_step(run.id, old, 1, "worktree", {"at": NOW}, NOW)
     declare_lost(store, old)
-    assert store.runs.get(run.id).status is RunStatus.LOST
-    return pid, run
+    return pid, run, old
 
 
 def test_a_late_report_in_the_grace_settles_its_task_once(

@@ -692,13 +692,12 @@ def test_reconnect_attempts_fit_inside_the_lease_and_quicken_near_its_end() -> N
     assert StopAllWork() not in runner.tick(lease_end + 1)
 
 
-def test_once_the_lease_ran_out_the_backoff_starts_over() -> None:
-    # The quick attempts inside the lease (a dozen) are not a backoff's rounds: once the
-    # work has stopped, the next waits are 1 s, 2 s … again, not the 30 s cap, so a
-    # coordinator back a moment after the lease ended finds the runner at once.
-    runner = connected(T0, meta={"runner_lost_threshold": 30}, stop_margin_s=5.0)
-    runner.socket_closed(T0)
-    now, stopped, quick = T0, False, 0
+def failing_reconnects_until_the_work_stops(
+    runner: RunnerConnection, now: float
+) -> tuple[float, int]:
+    """Every reconnect fails until the lease runs out: when the work stopped, and how many
+    attempts were made meanwhile."""
+    stopped, attempts = False, 0
     while not stopped:
         now = runner.next_deadline() or now
         out = runner.tick(now)
@@ -706,7 +705,17 @@ def test_once_the_lease_ran_out_the_backoff_starts_over() -> None:
         if Reconnect() in out:
             runner.connect(now)
             runner.connect_failed(now)
-            quick += 1
+            attempts += 1
+    return now, attempts
+
+
+def test_once_the_lease_ran_out_the_backoff_starts_over() -> None:
+    # The quick attempts inside the lease (a dozen) are not a backoff's rounds: once the
+    # work has stopped, the next waits are 1 s, 2 s … again, not the 30 s cap, so a
+    # coordinator back a moment after the lease ended finds the runner at once.
+    runner = connected(T0, meta={"runner_lost_threshold": 30}, stop_margin_s=5.0)
+    runner.socket_closed(T0)
+    now, quick = failing_reconnects_until_the_work_stops(runner, T0)
     assert quick >= 8
     waits = []
     for _ in range(3):
@@ -727,14 +736,7 @@ def test_with_a_final_report_unsent_attempts_fit_inside_the_coordinators_grace_f
     finished = {"type": "finished", "run_id": "run_a", "attempt": 1, "status": "completed"}
     runner.socket_closed(T0)
     runner.send_events([finished], T0 + 0.5)  # ended just as the link went
-    now, stopped = T0, False
-    while not stopped:
-        now = runner.next_deadline() or now
-        out = runner.tick(now)
-        stopped = StopAllWork() in out
-        if Reconnect() in out:
-            runner.connect(now)
-            runner.connect_failed(now)
+    now, _ = failing_reconnects_until_the_work_stops(runner, T0)
     grace_end = T0 + 60
     attempts = []
     while now < grace_end - 1:
