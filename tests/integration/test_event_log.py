@@ -150,6 +150,35 @@ def test_whatever_the_text_and_time_an_event_is_one_message_saying_them(
     assert found[-1].data["text"] == text
 
 
+def test_a_statement_changing_many_rows_writes_each_rows_event_once(store: Store) -> None:
+    """A batch created, claimed, started and finished: one event a run at each step (on
+    PostgreSQL written once a statement, in the order of the runs' ids)."""
+    events = EventStore(store.db)
+    runner = register(store)
+    first = read_all(events)[-1].id
+    runs = store.runs.create_many([command() for _ in range(6)], NOW)
+    claimed = store.runs.claim(runner.id, 4, NOW + 1)
+    held = [(run.id, 1) for run in claimed]
+    store.runs.mark_started_many(runner.id, held, NOW + 2)
+    done = RunReport(RunStatus.COMPLETED, exit_code=0)
+    store.runs.finish_many(runner.id, [(i, 1, done) for i, _ in held], NOW + 3)
+    store.runners.heartbeat(runner.id, None, NOW + 4)  # no change that is an event
+
+    found = read_all(events, after=first)
+    steps = [("pending", runs), ("claimed", claimed), ("running", claimed)]
+    steps.append(("completed", claimed))
+    at = 0
+    for status, changed in steps:
+        step = found[at : at + len(changed)]
+        assert [e.data["status"] for e in step] == [status] * len(changed)
+        ids = [e.run_id for e in step]
+        assert sorted(ids) == sorted(run.id for run in changed)
+        if store.db.dialect == "postgres":
+            assert ids == sorted(ids)
+        at += len(changed)
+    assert at == len(found)
+
+
 def test_a_refused_change_writes_no_event(store: Store) -> None:
     events = EventStore(store.db)
     runner = register(store)

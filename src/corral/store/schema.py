@@ -24,7 +24,9 @@ PostgreSQL the events' ids in a table of their own, and the events as readers se
 (``corral.store.event_triggers.numbering_migration``); 19 runs by session and by task
 only for runs that have one; 20 no index of the events by time (retention deletes them
 in id order); 21 when a run was lost, and the runs waiting lost for a late report, for the
-reconciler that fails them once their grace is over (``corral.store.reconcile``).
+reconciler that fails them once their grace is over (``corral.store.reconcile``); 22 on
+PostgreSQL the event triggers once a statement, not once a row
+(``corral.store.event_triggers.statement_migration``).
 """
 
 from __future__ import annotations
@@ -447,6 +449,7 @@ ALTER TABLE runs ADD COLUMN lost_at {real};
 CREATE INDEX runs_lost ON runs (lost_at) WHERE status = 'lost';
 """,
     ),
+    (22, event_triggers.statement_migration),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]
