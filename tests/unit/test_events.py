@@ -21,7 +21,6 @@ from corral.coordinator.event_hub import (
     EventHub,
     Subscription,
     start_eagerly,
-    text_of,
 )
 from corral.errors import InvalidRequest
 from corral.events import (
@@ -68,8 +67,15 @@ def test_filters_parse_and_match() -> None:
         EventFilter.parse(kind="runs")
 
 
+def text_of(events: list[Event], where: EventFilter) -> EventText:
+    """The text of the ``events`` that ``where`` wants, as the store reads a round's."""
+    wanted = [e for e in events if where.matches(e)]
+    first, last = (wanted[0].id, wanted[-1].id) if wanted else (0, 0)
+    return EventText(len(wanted), first, last, "".join(e.sse for e in wanted))
+
+
 def offered(subscription: Subscription, events: list[Event]) -> None:
-    subscription.offer(Batch.of(events, subscription.where))
+    subscription.offer(Batch(text_of(events, subscription.where)))
 
 
 def taken(subscription: Subscription) -> list[int]:
@@ -82,7 +88,7 @@ def ids(text: bytes) -> list[int]:
 
 def fan_out(hub: EventHub, events: list[Event]) -> None:
     """A pump's round of ``events``, read as the store reads it: a text a filter."""
-    hub._fan_out({s.where: Batch.of(events, s.where) for s in hub.subscriptions})
+    hub._fan_out({s.where: Batch(text_of(events, s.where)) for s in hub.subscriptions})
 
 
 def test_a_subscription_past_its_capacity_is_dropped_and_keeps_nothing() -> None:

@@ -77,10 +77,6 @@ class Batch:
         self.encoded = text.sse.encode()
         self._deflated: Piece | None = None
 
-    @classmethod
-    def of(cls, events: list[Event], where: EventFilter) -> Batch:
-        return cls(text_of(events, where))
-
     def after(self, last: int) -> bytes:
         """The batch as sent by a stream whose last event was ``last``: the shared bytes
         unless the stream already sent some of it (its catch-up read overlapped): then the
@@ -99,14 +95,6 @@ class Batch:
         if self._deflated is None:
             self._deflated = compress(self.encoded)
         return self._deflated
-
-
-def text_of(events: list[Event], where: EventFilter) -> EventText:
-    """The text of the ``events`` that ``where`` wants, made here as the store makes the
-    pump's (``EventStore.read_texts``)."""
-    wanted = [e for e in events if where.matches(e)]
-    first, last = (wanted[0].id, wanted[-1].id) if wanted else (0, 0)
-    return EventText(len(wanted), first, last, "".join(e.sse for e in wanted))
 
 
 def _batches(texts: dict[EventFilter, EventText], deflate: bool) -> dict[EventFilter, Batch]:
@@ -216,7 +204,7 @@ class Subscription:
             self._send(self.encoding.keepalive())
 
     def offer(self, batch: Batch) -> None:
-        """Queue ``batch`` (already filtered by ``where``: see ``Batch.of``) and write
+        """Queue ``batch`` (already filtered by ``where``: ``EventStore.read_round``) and write
         what is queued if the stream is attached and no write of its is under way."""
         if self.dropped or not batch.size:
             return
