@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from dispatch import PG_URL
+from store_cost import bench_runners
 
 from corral.runs import NewRun, RunReport, RunStatus, RunType
 from corral.store import db as store_db
@@ -76,18 +77,7 @@ def measure(db: PostgresDatabase, cycles: int, statements: bool) -> dict[str, li
             return timed("  " + " ".join(sql.split())[:70], lambda: execute(tx, sql, params))
 
         store_db._PostgresTx.execute = each  # type: ignore[method-assign]
-    runners = [
-        store.runners.register(
-            name=f"bench-{n}",
-            hostname="h",
-            labels=[],
-            slots=RUNS_A_CYCLE,
-            version="0",
-            transport="websocket",
-            now=time.time(),
-        )[0].id
-        for n in range(4)
-    ]
+    runners = bench_runners(store, 4, RUNS_A_CYCLE)
 
     def start(run: Any) -> dict[str, Any]:
         return {"type": "start_run", "run": {"id": run.id}}

@@ -43,6 +43,25 @@ RUNNERS, SLOTS, BATCH, CALLS_A_COMMIT, ACK_EVERY = 4, 8, 500, 3, 10
 COMMAND = NewRun(type=RunType.COMMAND, command=("true",))
 
 
+def bench_runners(store: Store, count: int, slots: int) -> list[RunnerId]:
+    """``count`` runners of ``slots`` slots each, registered as a runner socket registers."""
+    now = time.time()
+    return [
+        store.runners.register(
+            name=f"bench-{n}",
+            hostname="h",
+            labels=[],
+            slots=slots,
+            version="0",
+            transport="websocket",
+            now=now,
+            held=None,
+            revive=False,
+        )[0].id
+        for n in range(count)
+    ]
+
+
 class Replay:
     def __init__(self, path: Path, runs: int, wal: bool) -> None:
         self.path, self.runs = path, runs
@@ -51,21 +70,7 @@ class Replay:
             self.store.db._conn().execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]
         self.core = LinkCore(self.store, CoordinatorSettings())
         self.cpu: dict[str, float] = collections.defaultdict(float)
-        now = time.time()
-        self.runners = [
-            self.store.runners.register(
-                name=f"bench-{n}",
-                hostname="h",
-                labels=[],
-                slots=SLOTS,
-                version="0",
-                transport="websocket",
-                now=now,
-                held=None,
-                revive=False,
-            )[0].id
-            for n in range(RUNNERS)
-        ]
+        self.runners = bench_runners(self.store, RUNNERS, SLOTS)
         self.event_idx = dict.fromkeys(self.runners, 0)
         self.sent = dict.fromkeys(self.runners, 0)
         self.held: dict[RunnerId, list[tuple[str, int]]] = {r: [] for r in self.runners}
