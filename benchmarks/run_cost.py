@@ -105,7 +105,9 @@ def main() -> None:
             print(
                 f"  {kind:8} {r.measured.runs_per_s:6.0f} runs/s  coordinator "
                 f"{r.ms(r.cpu_s):.3f} ms a run (event loop {r.ms(r.loop_cpu_s):.3f})  "
-                f"database {r.ms(r.database_cpu_s):.3f} ms a run  (load {load()})",
+                f"database {r.ms(r.database_cpu_s):.3f} ms a run  runners "
+                f"{r.measured.runners_cpu:.0f} % machine {r.measured.machine_cpu:.0f} % of a core "
+                f"(load {load()})",
                 flush=True,
             )
 
