@@ -270,6 +270,8 @@ class Run:
     # ``callback_run_id``) or why it was dropped (parent_gone, budget_exceeded).
     callback_state: str | None = None
     callback_run_id: str | None = None
+    # When its runner was last lost with it (the grace of a run waiting lost counts from it).
+    lost_at: float | None = None
 
     @property
     def agent_name(self) -> str | None:

@@ -126,7 +126,8 @@ def test_a_lost_run_shows_it_waits_for_its_runner_and_may_be_cancelled(
     runner.send(signal.SIGSTOP)
     try:
         page.wait_attr(".run-status", "data-status", {"lost"})
-        page.wait_text(".run-status", "waiting for its runner to report the attempt")
+        said = page.wait_text(".run-status", "for its runner to report the attempt").text
+        assert "waiting until " in said  # the grace's end (``lost_until``)
         page.shot("run-lost")
         page.click(f'button[aria-label="Cancel run {run_id}"]')
         page.wait_attr(".run-status", "data-status", {"cancelled"})

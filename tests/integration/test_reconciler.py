@@ -6,6 +6,7 @@ hand (``reconcile=False``), so nothing waits for real time to pass.
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -163,6 +164,11 @@ async def test_a_lost_run_without_attempts_left_fails_naming_the_runner(
         assert (done.waiting, done.failed, done.requeued) == ([run_id], [], [])
         run = await api.run(run_id)
         assert (run["status"], run["finished_at"]) == ("lost", None)  # its grace
+        # Which counts from the loss, by runner-a's threshold (the coordinator's here).
+        lost_at = datetime.fromisoformat(run["lost_at"]).timestamp()
+        assert lost_at == pytest.approx(clock.now(), abs=1e-3)
+        lost_until = datetime.fromisoformat(run["lost_until"]).timestamp()
+        assert lost_until == pytest.approx(lost_at + LOST_AFTER, abs=1e-3)
         assert await api.claim(runner_b) == []
 
         clock.advance(LOST_AFTER + 1)  # runner-a's threshold again: the grace is over
@@ -171,6 +177,7 @@ async def test_a_lost_run_without_attempts_left_fails_naming_the_runner(
         assert done.failed == [run_id]
         run = await api.run(run_id)
         assert run["status"] == "failed"
+        assert "lost_until" not in run
         assert run["attempts"] == 1
         assert run["finished_at"] is not None
         assert runner_a in run["error"]

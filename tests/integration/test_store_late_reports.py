@@ -219,6 +219,9 @@ def test_a_run_lost_with_no_attempt_left_waits_lost_for_its_runner(store: Store)
     waiting = store.runs.get(run.id)
     assert (waiting.status, waiting.runner_id, waiting.attempts) == (RunStatus.LOST, old, 1)
     assert (waiting.finished_at, waiting.error) == (None, f"runner {old} was lost")
+    # Its grace counts from the loss, by the coordinator's threshold (the runner has none).
+    assert waiting.lost_at == LOST_AT
+    assert store.runs.grace_ends_at(run.id, LOST_AFTER) == LOST_AT + LOST_AFTER
     # Nobody may claim it (it is not pending), and within its grace nothing fails it.
     assert store.runs.claim(register(store, "other", LOST_AT), 1, LATER) == []
     assert reconcile(store, GRACE_OVER - 2) == []
@@ -346,8 +349,12 @@ def test_the_grace_is_the_lost_runners_own_threshold(store: Store) -> None:
         lost_after_s=10.0,
     )
     run = lost_last_attempt(store, runner.id)
+    assert store.runs.grace_ends_at(run.id, LOST_AFTER) == LOST_AT + 10
     assert reconcile(store, LOST_AT + 10) == []
     assert reconcile(store, LOST_AT + 11) == [run.id]
+    # Ended, it waits no more; when it was lost stays told.
+    assert store.runs.grace_ends_at(run.id, LOST_AFTER) is None
+    assert store.runs.get(run.id).lost_at == LOST_AT
 
 
 def test_a_last_attempt_its_runner_no_longer_reports_waits_lost_too(store: Store) -> None:

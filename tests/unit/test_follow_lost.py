@@ -31,12 +31,15 @@ def run(status: str, **fields: Any) -> Run:
 
 def test_a_lost_run_is_said_to_wait_for_its_runner_and_followed_to_its_end() -> None:
     said: list[str] = []
-    lost = run("lost", error="runner rnr_1 was lost", attempts=1)
+    lost = run(
+        "lost", error="runner rnr_1 was lost", attempts=1, lost_until="2026-11-27T10:12:03+00:00"
+    )
     completed = run("completed", exit_code=0, attempts=1)
     follower = Follower(FakeClient([lost, completed]), "run_1", stream=False, say=said.append)  # type: ignore[arg-type]
 
     assert follower.run() == completed
     assert said == [
-        "run_1 lost (runner rnr_1 was lost): waiting for its runner to report the attempt, "
+        "run_1 lost (runner rnr_1 was lost): waiting until 10:12:03 UTC for its runner to "
+        "report the attempt, "
         "else it fails"
     ]

@@ -206,7 +206,10 @@ class Follower:
         """Its runner went with the run's last attempt: the run waits for that runner's
         report of it (a grace), then fails."""
         why = first_line(run.error)
-        self._tell(f"lost ({why}): waiting for its runner to report the attempt, else it fails")
+        until = f" until {run.lost_until:%H:%M:%S} UTC" if run.lost_until else ""
+        self._tell(
+            f"lost ({why}): waiting{until} for its runner to report the attempt, else it fails"
+        )
 
     def _tell(self, reason: str) -> None:
         """Say why the run waits, unless that was just said."""

@@ -86,6 +86,10 @@ class Run(Model):
     claimed_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    lost_at: datetime | None = None
+    # A run waiting lost (``GET /runs/{id}`` alone): when it fails unless its runner's
+    # late report of the attempt comes first.
+    lost_until: datetime | None = None
 
     @property
     def finished(self) -> bool:

@@ -17,6 +17,7 @@ from corral.coordinator.auth import Access, check, principal_of, require
 from corral.coordinator.schemas import (
     CreateRun,
     CreateRuns,
+    iso,
     log_json,
     refusal,
     run_json,
@@ -143,7 +144,14 @@ def _parse_statuses(text: str | None) -> list[RunStatus]:
 @router.get("/runs/{run_id}", tags=["runs"], dependencies=[READ])
 async def get_run(run_id: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
-    return run_json(await coordinator.in_thread(coordinator.store.runs.get, run_id))
+    run = await coordinator.in_thread(coordinator.store.runs.get, run_id)
+    body = run_json(run)
+    if run.status is RunStatus.LOST:
+        ends_at = await coordinator.in_thread(
+            coordinator.store.runs.grace_ends_at, run_id, coordinator.settings.lost_after_s
+        )
+        body["lost_until"] = iso(ends_at)
+    return body
 
 
 @router.post("/runs/{run_id}/cancel", tags=["runs"], dependencies=[RUNS])

@@ -304,6 +304,7 @@ def run_json(run: Run) -> dict[str, Any]:
         "claimed_at": iso(run.claimed_at),
         "started_at": iso(run.started_at),
         "finished_at": iso(run.finished_at),
+        "lost_at": iso(run.lost_at),
     }
 
 

@@ -16,7 +16,7 @@ from corral.runners import ALIVE, Held, RunnerState, RunnerSync, check_runner_tr
 from corral.runs import RunStatus, after_lost, lost_for_good
 from corral.store.db import Database, Row, Tx
 from corral.store.rows import HELD, sql_in, sql_list
-from corral.store.runs import transition
+from corral.store.runs import GRACE_S, transition
 
 # A run the runner did not mention this long after it was claimed was lost on the way
 # (the claim committed but its answer never reached the runner).
@@ -37,10 +37,7 @@ UNREPORTED_CLAIM_GRACE_S = 15.0
 _LOST = sql_in("status", {RunStatus.LOST})
 # The runs waiting lost whose grace is over at ``?`` (now), the coordinator's threshold the
 # second ``?``: read through runs_lost, a partial index of the (few) runs waiting lost.
-LOST_PAST_GRACE = (
-    f"SELECT id FROM runs WHERE {_LOST} AND lost_at < ? - COALESCE("
-    "(SELECT lost_after_s FROM runners WHERE runners.id = runs.lost_runner_id), ?)"
-)
+LOST_PAST_GRACE = f"SELECT id FROM runs WHERE {_LOST} AND lost_at < ? - {GRACE_S}"
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,7 @@ _PARSED = (
     "usage",
     "cancel_requested",
 )
-_ADDED = ("task_id", "parent_session_id", "callback", "depth")
+_ADDED = ("task_id", "parent_session_id", "callback", "depth", "lost_at")
 _IN_EVERY_ROW = (*_AS_STORED, *_PARSED)
 _in_every_row = operator.itemgetter(*_IN_EVERY_ROW)
 _COLUMNS = (*_IN_EVERY_ROW, *_ADDED)

@@ -35,6 +35,7 @@ from corral.store.rows import (
     row_by_id,
     run_from_row,
     runs_from_tuples,
+    sql_in,
     sql_list,
     update_row,
 )
@@ -49,6 +50,10 @@ _WITH_CALLBACK = (
     "c.child_run_id IS NOT NULL AS callback_recorded "
     "FROM runs LEFT JOIN run_callbacks c ON c.child_run_id = runs.id"
 )
+
+
+# A lost run's grace: its lost runner's own threshold, else the coordinator's (``?``).
+GRACE_S = "COALESCE((SELECT lost_after_s FROM runners WHERE runners.id = runs.lost_runner_id), ?)"
 
 
 class RunStore:
@@ -76,6 +81,18 @@ class RunStore:
         if row is None:
             raise NotFound.of("run", run_id)
         return run_from_row(row)
+
+    def grace_ends_at(self, run_id: str, lost_after_s: float) -> float | None:
+        """When a run waiting lost fails unless its runner's late report comes first (the
+        reconciler's ``fail_lost``); None for a run not waiting lost. ``lost_after_s``: the
+        coordinator's threshold, for a runner with none of its own."""
+        with self.db.transaction(write=False) as tx:
+            row = tx.one(
+                f"SELECT lost_at + {GRACE_S} AS ends_at FROM runs "
+                f"WHERE id = ? AND {sql_in('status', {RunStatus.LOST})}",
+                (lost_after_s, run_id),
+            )
+        return None if row is None else float(row["ends_at"])
 
     def count_by_status(self) -> dict[str, int]:
         """How many runs are in each status."""

@@ -21,7 +21,9 @@ export function render(main, { id }) {
       badge(run.status),
       run.cancel_requested && !TERMINAL.has(run.status) ? " cancel requested" : "",
       // Its last attempt's runner is gone: the run waits for that runner's late report.
-      run.status === "lost" ? " waiting for its runner to report the attempt, else it fails" : "",
+      run.status === "lost"
+        ? ` waiting${run.lost_until ? ` until ${new Date(run.lost_until).toLocaleTimeString()}` : ""} for its runner to report the attempt, else it fails`
+        : "",
     );
     status.dataset.status = run.status;
     replace(
