@@ -11,6 +11,7 @@ and the runner's core running real processes, its reports caught by an in-memory
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -174,3 +175,28 @@ async def test_a_fast_printer_s_output_is_whole_and_in_order() -> None:
     assert numbers == list(range(100_000))
     assert all(len(r["lines"]) <= MAX_LOG_LINES for r in reports.reports if r["type"] == "logs")
     assert reports.final()["status"] == "completed"
+
+
+@pytest.mark.anyio
+async def test_each_run_sees_the_allowed_host_environment_and_its_own_env_alone() -> None:
+    """The runner matches its environment against the allow-list once (``RunnerCore``
+    keeps the result): a run's own ``env`` and identity must not reach the next run, and a
+    secret of the runner's reaches none."""
+    transport = MemoryTransport()
+    host = {"PATH": os.environ["PATH"], "CORRAL_TOKEN": "runner-secret", "LANG": "C.UTF-8"}
+    runner = RunnerCore(SETTINGS, transport, host_env=host)  # type: ignore[arg-type]
+    seen = []
+    for n, env in enumerate([{"ONLY_FIRST": "1", "LANG": "fr_FR.UTF-8"}, {}]):
+        transport.reports = Sink()
+        runner.start({**_assignment("env"), "run_id": f"run_00000000000{n}", "env": env})
+        await asyncio.wait_for(transport.reports.finished.wait(), STEP_S)
+        seen.append(dict(line.split("=", 1) for line in transport.reports.texts()))
+    first, second = seen
+    assert (first["ONLY_FIRST"], first["LANG"], first["CORRAL_RUN_ID"]) == (
+        "1",
+        "fr_FR.UTF-8",
+        "run_000000000000",
+    )
+    assert "ONLY_FIRST" not in second
+    assert (second["LANG"], second["CORRAL_RUN_ID"]) == ("C.UTF-8", "run_000000000001")
+    assert not any("CORRAL_TOKEN" in run or "runner-secret" in run.values() for run in seen)
