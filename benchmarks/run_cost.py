@@ -1,6 +1,7 @@
 """The coordinator's CPU per run on SQLite and PostgreSQL: the dispatch benchmark's control
-plane (4 runners x 8 slots whose runs start no process: noop_runner.py), --rounds times on
-each database, each round on a coordinator and database of its own.
+plane (4 runners x 8 slots whose runs start no process: noop_runner.py; --slots 32 for more
+runs in flight), --rounds times on each database, each round on a coordinator and database
+of its own.
 
 CPU time per run holds up on a loaded machine where runs/s does not: this is the figure of
 issue 16 §3 (goal ≤ 0.2 ms a run on SQLite). Also the share of it on the event loop's thread
@@ -10,7 +11,7 @@ the server processes serving the coordinator. --profile records each round with 
 install py-spy).
 
     python benchmarks/run_cost.py [--runs 10000] [--rounds 3] [--db sqlite|postgres|both]
-                                  [--profile DIR] [--all-threads]
+                                  [--slots 8] [--profile DIR] [--all-threads]
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ class Round:
         return seconds * 1000 / self.runs
 
 
-def one_round(kind: str, runs: int, profile: Path | None, spy_options: list[str]) -> Round:
+def one_round(
+    kind: str, runs: int, slots: int, profile: Path | None, spy_options: list[str]
+) -> Round:
     with tempfile.TemporaryDirectory() as tmp, database(kind, Path(tmp)) as url:
         # Its connections named, their server processes' CPU is measured too.
         db = f"{url}&application_name={url.rsplit('%3D', 1)[1]}" if kind == "postgres" else url
-        with cluster(db, 4, 8, Path(tmp), "websocket", NOOP_RUNNER) as target:
+        with cluster(db, 4, slots, Path(tmp), "websocket", NOOP_RUNNER) as target:
             pid = target.coordinator_pid
             spy = None
             if profile is not None:
@@ -83,6 +86,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=8,
+        help="slots of each of the 4 runners: at 8 runs/s is bound by each slot's round trip "
+        "(the machine is not all busy), at 32 by the machine",
+    )
     parser.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
     parser.add_argument("--profile", type=Path, help="py-spy's collapsed stacks, a file a round")
     parser.add_argument(
@@ -100,7 +110,7 @@ def main() -> None:
         rounds: list[Round] = []
         for n in range(args.rounds):
             profile = args.profile / f"{kind}-{n}.txt" if args.profile else None
-            r = one_round(kind, args.runs, profile, spy)
+            r = one_round(kind, args.runs, args.slots, profile, spy)
             rounds.append(r)
             print(
                 f"  {kind:8} {r.measured.runs_per_s:6.0f} runs/s  coordinator "
@@ -115,7 +125,7 @@ def main() -> None:
             return statistics.median(seconds) * 1000 / args.runs
 
         print(
-            f"{kind:8} {args.runs} runs x {args.rounds}, medians: "
+            f"{kind:8} {args.runs} runs x {args.rounds}, 4 x {args.slots} slots, medians: "
             f"{statistics.median(r.measured.runs_per_s for r in rounds):6.0f} runs/s, "
             f"coordinator {median([r.cpu_s for r in rounds]):.3f} ms a run (event loop "
             f"{median([r.loop_cpu_s for r in rounds]):.3f}), database "
