@@ -145,13 +145,12 @@ def _parse_statuses(text: str | None) -> list[RunStatus]:
 async def get_run(run_id: str, request: Request) -> dict[str, Any]:
     coordinator = _coordinator(request)
     run = await coordinator.in_thread(coordinator.store.runs.get, run_id)
-    body = run_json(run)
-    if run.status is RunStatus.LOST:
+    ends_at = None
+    if run.status is RunStatus.LOST:  # waits for its runner's late report, until:
         ends_at = await coordinator.in_thread(
             coordinator.store.runs.grace_ends_at, run_id, coordinator.settings.lost_after_s
         )
-        body["lost_until"] = iso(ends_at)
-    return body
+    return {**run_json(run), "lost_until": iso(ends_at)}
 
 
 @router.post("/runs/{run_id}/cancel", tags=["runs"], dependencies=[RUNS])
