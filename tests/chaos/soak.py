@@ -103,7 +103,7 @@ class Figures:
     # Each round's calm: (seconds until every process was up again, then until every
     # run was final).
     calm_s: list[tuple[float, float]] = field(default_factory=list)
-    last_open: list[str] = field(default_factory=list)  # the runs that ended last
+    last_open: list[str] = field(default_factory=list)  # the runs and tasks that ended last
     backoff_wait_s: float = 0.0  # the calms' waits for actors' restart backoffs
     verdict: Verdict = field(default_factory=Verdict)
     actors: ActorVerdict = field(default_factory=ActorVerdict)
@@ -325,8 +325,9 @@ class Soak:
         self._all_up()
         up = time.monotonic()
         self._settle()
-        self._wake_every_actor()
-        self.figures.calm_s.append((up - calm, time.monotonic() - up))
+        settled = time.monotonic()
+        self._wake_every_actor()  # its backoff waits are counted apart (``backoff_wait_s``)
+        self.figures.calm_s.append((up - calm, settled - up))
         verdict = self.check(settled=True)
         self.figures.verdict = verdict
         self.figures.actors = self.check_actors()
@@ -569,12 +570,12 @@ class Soak:
             runs = self._all_runs()
             self._send_cancels(runs)
             still = [r for r in runs.values() if r["status"] not in TERMINAL]
-            if still:
+            open_tasks = [k for k, t in self._tasks().items() if t["status"] not in TASK_FINAL]
+            if still or open_tasks:
                 self.figures.last_open = [
                     f"{r['run_id']} {r['status']} attempt {r['attempts']} on {r['runner_id']}"
                     for r in still
-                ]
-            open_tasks = [k for k, t in self._tasks().items() if t["status"] not in TASK_FINAL]
+                ] + [f"task {key} not final" for key in open_tasks]
             if not still and not open_tasks:  # a cancel not sent yet finds its run final
                 return
             time.sleep(0.5)
