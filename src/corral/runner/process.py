@@ -3,7 +3,9 @@
 The child is also tied to the runner's life: if the runner dies (even by SIGKILL) the
 kernel kills the child (PR_SET_PDEATHSIG), so a run reclaimed by another runner never
 goes on here too. ``setpriv --pdeathsig`` sets that up without a Python ``preexec_fn``,
-which would force the slow fork path and nearly triple the cost of each spawn.
+which would force the slow fork path and nearly triple the cost of each spawn. What the
+child starts in its group is SIGKILLed by the group keeper when the runner dies
+(``corral.runner.keeper``).
 
 On Linux with pidfds (5.3+) a child is started by ``subprocess.Popen``, which vforks, and
 watched by the event loop through a pidfd and two pipes (``WatchedProcess``): uvloop's own
@@ -18,6 +20,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
+import logging
 import os
 import shutil
 import signal
@@ -27,8 +30,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from corral.agents.base import ProcessSpec
+from corral.runner.keeper import Keeper
 
 T = TypeVar("T")
+log = logging.getLogger("corral.runner")
 
 _SETPRIV = shutil.which("setpriv") if sys.platform == "linux" else None
 PIPE_LIMIT = 2**16  # a line of output longer than this is an error (asyncio's default)
@@ -222,6 +227,7 @@ class WatchedProcess:
             preexec_fn=preexec,
         )
         assert popen.stdout is not None and popen.stderr is not None
+        _keep(popen.pid)
         try:
             pidfd = os.pidfd_open(popen.pid)
             stdout = await _read_pipe(popen.stdout)
@@ -229,6 +235,7 @@ class WatchedProcess:
         except BaseException:
             popen.kill()
             popen.wait()
+            Keeper.leader_exited(popen.pid)
             raise
         return cls(popen, pidfd, stdout, stderr)
 
@@ -246,8 +253,17 @@ class WatchedProcess:
             return
         self._loop.remove_reader(self._pidfd)
         os.close(self._pidfd)
+        Keeper.leader_exited(self.pid)
         if not self._exited.done():
             self._exited.set_result(returncode)
+
+
+def _keep(pgid: int) -> None:
+    """The keeper SIGKILLs this new group if the runner dies (``corral.runner.keeper``)."""
+    try:
+        Keeper.of_this_process().add(pgid)
+    except OSError as exc:  # it did not start: the leaders still die by PR_SET_PDEATHSIG
+        log.warning("no group keeper (%s): what group %d starts may outlive the runner", exc, pgid)
 
 
 class _PipeProtocol(asyncio.StreamReaderProtocol):

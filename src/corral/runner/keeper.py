@@ -1,0 +1,108 @@
+"""The group keeper: a small helper process that SIGKILLs the runs' process groups when the
+runner dies.
+
+A run's process dies with the runner by itself (PR_SET_PDEATHSIG, set by ``setpriv
+--pdeathsig``: see ``corral.runner.process``), but what it started does not: a shell's
+``sleep`` in the run's group would outlive a SIGKILLed runner. No code of the runner runs
+after a SIGKILL, so another process does it: the keeper (``keeper_program.py``, a bare
+``python -I -S``, in its own session) learns each run's group from the runner through a
+pipe (4 bytes when the run's process starts), keeps it until it is empty, and SIGKILLs
+those left once the pipe reaches its end (the runner is gone) or PR_SET_PDEATHSIG tells it
+so.
+
+It is off the spawn's path: one write to a pipe a start. Should it die, the next start
+starts another and registers the groups whose leaders still run (what an exited leader
+left behind in its group is the old keeper's only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from corral.runner import keeper_program
+
+log = logging.getLogger("corral.runner")
+PROGRAM = Path(keeper_program.__file__)
+
+
+class Keeper:
+    """The runner's side of its keeper (one a process: ``Keeper.of_this_process()``)."""
+
+    _current: Keeper | None = None
+
+    @classmethod
+    def of_this_process(cls) -> Keeper:
+        keeper = cls._current
+        if keeper is None or keeper.runner != os.getpid():  # a forked copy needs its own
+            keeper = cls._current = cls()
+        return keeper
+
+    def __init__(self) -> None:
+        self.runner = os.getpid()
+        self.groups: set[int] = set()
+        self.pid = 0
+        self._pipe = -1
+        self._behind = False
+        self._start()
+
+    def add(self, pgid: int) -> None:
+        self.groups.add(pgid)
+        # After a pipe full, every group whose leader runs again (the keeper's is a set).
+        self._send(self.groups if self._behind else (pgid,))
+
+    @classmethod
+    def leader_exited(cls, pgid: int) -> None:
+        """Not sent: the keeper keeps the group until it is empty. It is only no longer
+        resent to a new keeper."""
+        if cls._current is not None:
+            cls._current.groups.discard(pgid)
+
+    def _start(self) -> None:
+        read, write = os.pipe()
+        try:
+            self.pid = os.posix_spawn(
+                sys.executable,
+                [sys.executable, "-I", "-S", str(PROGRAM), str(self.runner)],
+                os.environ,
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, read, 0),
+                    (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                ],
+                setsid=True,  # signals to the runner's group (a terminal's ^C) skip it
+            )
+        except BaseException:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+        os.set_blocking(write, False)
+        self._pipe = write
+        if self.groups:
+            self._send(self.groups)  # every group whose leader still runs
+
+    def _send(self, groups: Iterable[int]) -> None:
+        data = b"".join(pgid.to_bytes(4, sys.byteorder) for pgid in groups)
+        try:
+            for offset in range(0, len(data), select.PIPE_BUF):
+                os.write(self._pipe, data[offset : offset + select.PIPE_BUF])  # all or nothing
+        except BlockingIOError:
+            # 16,384 records behind: it is stuck. The groups' leaders still die by their
+            # PR_SET_PDEATHSIG; the next send tries the whole set again.
+            if not self._behind:
+                log.warning("the group keeper (pid %d) is not reading", self.pid)
+            self._behind = True
+            return
+        except BrokenPipeError:
+            log.warning("the group keeper (pid %d) died: starting another", self.pid)
+            os.close(self._pipe)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+            self._start()
+            return
+        self._behind = False
