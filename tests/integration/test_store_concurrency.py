@@ -438,3 +438,60 @@ def test_closing_a_sqlite_store_waits_for_a_write_in_another_thread(tmp_path: Pa
         t.join(30)
     assert failures == []
     assert order == ["committed", "closed"]
+
+
+def waits_for_a_lock(store: Store, statement: str) -> bool:
+    """Is a backend running ``statement`` (a part of its text) waiting for a lock?"""
+    with store.db.transaction(write=False) as tx:
+        row = tx.one(
+            "SELECT 1 AS x FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE ? AND pid <> pg_backend_pid()",
+            (f"%{statement}%",),
+        )
+    return row is not None
+
+
+@postgres_only
+def test_postgres_a_fill_that_waited_for_its_runner_counts_the_claim_it_waited_for(
+    store: Store, store_url: str
+) -> None:
+    """A fill (the claim into a socket runner's free slots) counts the runs its runner holds
+    in the statement that locks the runner's row. A claim for the same runner that commits
+    while the fill waits for that lock took slots after the fill's snapshot: the fill must
+    count them all the same, and not give the runner more runs than it has slots."""
+    runner, _ = store.runners.register(
+        name="r", hostname="h", labels=(), slots=2, version="0", transport="websocket", now=NOW
+    )
+    store.runs.create_many([command() for _ in range(4)], NOW)
+    claimed, may_commit = threading.Event(), threading.Event()
+    with stores(store_url, 2) as (holder, filler):
+
+        def hold_a_claim() -> list[Run]:
+            with holder.db.transaction():
+                runs = holder.runs.claim(runner.id, 2, NOW + 1)
+                claimed.set()
+                assert may_commit.wait(30)
+            return runs
+
+        def fill() -> int:
+            commands, free = filler.commands.claim_into_commands(
+                runner.id, NOW + 2, lambda run: {"type": "start_run", "run_id": run.id}
+            )
+            assert commands == []
+            return free
+
+        held: list[list[Run]] = []
+        holding = threading.Thread(target=lambda: held.append(hold_a_claim()))
+        holding.start()
+        assert claimed.wait(30)
+        free: list[int] = []
+        filling = threading.Thread(target=lambda: free.append(fill()))
+        filling.start()
+        while not waits_for_a_lock(store, "last_heartbeat_at"):
+            assert filling.is_alive()
+        may_commit.set()
+        for thread in (holding, filling):
+            thread.join(30)
+    assert len(held[0]) == 2
+    assert free == [0]
+    assert len(store.runs.list(statuses=[RunStatus.CLAIMED], limit=10)) == 2

@@ -17,7 +17,7 @@ from corral.ids import RunId
 from corral.runners import ALIVE, Runner, RunnerState
 from corral.runs import Run, RunStatus, may_become
 from corral.store.db import Database, Row, Tx
-from corral.store.rows import HELD, row_by_id, run_from_row, runs_from_tuples, sql_in
+from corral.store.rows import HELD, row_by_id, runs_from_tuples, sql_in
 from corral.store.schema import LABEL_CLASS, LAST_CHANGE, PINNED_TO
 from corral.store.tasks import task_context
 
@@ -77,10 +77,12 @@ def claim(tx: Tx, db: Database, runner_id: str, max_runs: int, now: float) -> li
     there under concurrency. On SQLite the immediate transaction holds the
     one write lock, so the same select-then-update is safe.
     """
+    if db.dialect == "postgres":
+        return _with_tasks(tx, _take_postgres(tx, db, runner_id, max_runs, now, None)[0])
     runner = _heard(tx, runner_id, now)
     if runner["state"] != RunnerState.ACTIVE:
         return []  # draining: it finishes what it has and takes nothing new
-    return _take(tx, db, runner, max_runs, now)[0]
+    return _with_tasks(tx, _take_sqlite(tx, db, runner, max_runs, now))
 
 
 @dataclass(frozen=True)
@@ -96,25 +98,26 @@ def fill(
     under the claim's lock of the runner's row, as the claim counts them. ``finishing``:
     (run, attempt) the runner has reported ended, in reports not yet applied — their slots
     are free on the runner though the store still counts them."""
-    runner = _heard(tx, runner_id, now)
-    if db.dialect == "postgres" and runner["state"] == RunnerState.ACTIVE:
-        # The claim's statement counts them itself (one round trip fewer), after this
-        # statement locked the runner's row: it sees every claim committed before.
-        runs, free = _take(tx, db, runner, runner["slots"], now, finishing)
+    if db.dialect == "postgres":
+        # The claim's statement hears the runner and counts its slots itself: one round
+        # trip (``_take_postgres``).
+        taken, free = _take_postgres(tx, db, runner_id, None, now, finishing)
         assert free is not None
-        return Filled(runs, free)
+        return Filled(_with_tasks(tx, taken), free)
+    runner = _heard(tx, runner_id, now)
     held = tx.execute(
         f"SELECT id, attempts FROM runs WHERE runner_id = ? AND status IN ({HELD})", (runner_id,)
     )
     free = runner["slots"] - sum((r["id"], r["attempts"]) not in finishing for r in held)
     if runner["state"] != RunnerState.ACTIVE or free <= 0:
         return Filled([], max(0, free))  # draining: it takes nothing new
-    runs, _ = _take(tx, db, runner, free, now)
+    runs = _with_tasks(tx, _take_sqlite(tx, db, runner, free, now))
     return Filled(runs, free - len(runs))
 
 
 def _heard(tx: Tx, runner_id: str, now: float) -> Row:
-    """The runner's row, as it asks for runs: it is heard, as by a heartbeat."""
+    """The runner's row, as it asks for runs: it is heard, as by a heartbeat (SQLite; the
+    claim's statement does the same on PostgreSQL)."""
     # Its lease, which it counts from when it asked, holds here too (a heartbeat stuck
     # behind an outage no longer ends it while its claims are answered). That write locks
     # its row, so a reconciler cannot declare it lost (and take back what it holds) between
@@ -132,36 +135,21 @@ def _heard(tx: Tx, runner_id: str, now: float) -> Row:
     return runner
 
 
-def _take(
-    tx: Tx,
-    db: Database,
-    runner: Row,
-    max_runs: int,
-    now: float,
-    finishing: Collection[tuple[str, int]] | None = None,
-) -> tuple[list[Run], int | None]:
-    """Claim up to ``max_runs``; with ``finishing`` (PostgreSQL only), no more than the
-    runner's free slots, which the claim counts (``fill``), and how many are free after."""
-    # Only the runs of label classes this runner fits are read: a backlog of runs it cannot
-    # take never hides (nor slows the claim of) one it can.
-    free = None
-    if db.dialect == "postgres":
-        rows, free = _take_postgres(tx, db, runner, max_runs, now, finishing)
-        taken = [run_from_row(row) for row in rows]
-    else:
-        taken = _take_sqlite(tx, db, runner, max_runs, now)
-    # A task run goes out with its task, project and the steps already done: read here, in
-    # the claim's transaction, for every transport.
+def _with_tasks(tx: Tx, taken: list[Run]) -> list[Run]:
+    """The runs claimed, in claim order. A task run goes out with its task, project and the
+    steps already done: read here, in the claim's transaction, for every transport."""
     runs = [
         replace(run, task=task_context(tx, run.task_id)) if run.task_id else run for run in taken
     ]
     runs.sort(key=lambda r: (-r.priority, r.created_at, r.id))
-    return runs, free
+    return runs
 
 
 # The label classes of pending runs, a row each (``labels``: what the class's runs require),
 # found by skipping through the index runs_pending_by_class: one step a class, however many
-# runs it holds. Then the classes the runner's labels (the one ``?``) fit.
+# runs it holds. Then the classes the runner's labels (``{labels}``) fit. Only the runs of
+# those are read: a backlog of runs it cannot take never hides (nor slows the claim of) one
+# it can.
 _CLASSES = """WITH RECURSIVE classes (labels) AS (
     SELECT (SELECT labels FROM runs WHERE {claimable} ORDER BY {cls} LIMIT 1)
     UNION ALL
@@ -169,24 +157,25 @@ _CLASSES = """WITH RECURSIVE classes (labels) AS (
     FROM classes WHERE classes.labels IS NOT NULL
 ), fit AS (SELECT labels FROM classes WHERE labels IS NOT NULL AND {fits})"""
 
-# The first runs of one class, in claim order, that require no runner or this one (``?``):
-# read along runs_pending_by_class, so only runs this runner may take are visited.
+# The first runs of one class, in claim order, that require no runner or this one
+# (``{pin}``): read along runs_pending_by_class, so only runs this runner may take are
+# visited.
 _IN_CLASS = (
     "SELECT {columns}id, priority, created_at FROM runs WHERE {claimable} AND {cls} = {this_cls} "
-    f"AND {PINNED_TO} = ? AND available_at <= ?{{after}} "
+    f"AND {PINNED_TO} = {{pin}} AND available_at <= ?{{after}} "
     "ORDER BY priority DESC, created_at, id LIMIT {limit}"
 )
 # Past the run (priority, created_at, id) in claim order: a later read of the same claim.
 _AFTER = " AND (priority < ? OR (priority = ? AND (created_at > ? OR (created_at = ? AND id > ?))))"
 
 
-def _classes(db: Database) -> str:
+def _classes(db: Database, labels: str) -> str:
     cls = LABEL_CLASS[db.dialect]
     return _CLASSES.format(
         claimable=CLAIMABLE,
         cls=cls,
         next_cls=cls.replace("labels", "classes.labels"),
-        fits=db.json_subset("labels"),
+        fits=db.json_subset("labels").replace("?", labels),
     )
 
 
@@ -201,10 +190,10 @@ def _take_sqlite(tx: Tx, db: Database, runner: Row, limit: int, now: float) -> l
     immediate transaction holds SQLite's one write lock: nothing is locked row by row."""
     fit = [
         r["labels"]
-        for r in tx.execute(f"{_classes(db)} SELECT labels FROM fit", (runner["labels"],))
+        for r in tx.execute(f"{_classes(db, '?')} SELECT labels FROM fit", (runner["labels"],))
     ]
     arm = _IN_CLASS.format(
-        columns="", claimable=CLAIMABLE, cls="labels", this_cls="?", after="", limit="?"
+        columns="", claimable=CLAIMABLE, cls="labels", this_cls="?", pin="?", after="", limit="?"
     )
     arms: list[str] = []
     params: list[object] = []
@@ -221,100 +210,144 @@ def _take_sqlite(tx: Tx, db: Database, runner: Row, limit: int, now: float) -> l
     return _set_claimed(tx, [c["id"] for c in chosen], runner["id"], now)
 
 
+# Runs a claim on PostgreSQL reads beyond those it wants, and locks the first it can of
+# them: runs another claim holds (two store writers claim side by side, from the head of
+# the same queue) are passed over in the same statement, not by another read after it.
+_READ_PAST = 16
+
+
 def _take_postgres(
     tx: Tx,
     db: Database,
-    runner: Row,
-    limit: int,
+    runner_id: str,
+    limit: int | None,
     now: float,
     finishing: Collection[tuple[str, int]] | None,
-) -> tuple[list[Row], int | None]:
-    """As ``_take_sqlite``, in one statement that also locks the runs it chose, passing over
-    those another claim holds (``SKIP LOCKED``), and claims them. While those leave it
-    short, it reads on past the last run read. With ``finishing`` (``fill``), it takes no
-    more than the runner's free slots, counted in the same statement: the runs it holds,
-    but those it has reported ended; and then says how many are still free."""
-    pins = _pins(runner)
-    taken: list[Row] = []
+) -> tuple[list[Run], int | None]:
+    """Hear the runner (as ``_heard``) and claim the first runs it may take, in one
+    statement (``_claim_statement``) that also locks the runs it chose, passing over
+    those another claim holds (``SKIP LOCKED``). While those leave it short, it reads on
+    past the last run read. ``limit``: the most runs to take; None (``fill``): the runner's
+    free slots, counted in the same statement (the runs it holds, but those of
+    ``finishing``, which it has reported ended); then also how many are still free."""
+    taken: list[Run] = []
     after: tuple[object, ...] = ()
     ended = list(finishing or ())
     while True:
-        rows = tx.execute(
-            _claim_statement(db, len(pins), reading_on=bool(after)),
+        wanted = None if limit is None else limit - len(taken)
+        names, rows = tx.named_tuples(
+            _claim_statement(db, reading_on=bool(after)),
             (
-                runner["labels"],
-                runner["slots"] if finishing is not None else None,
-                runner["id"],
+                runner_id,
+                runner_id,
+                now,
+                limit is None,
+                runner_id,
                 [run_id for run_id, _ in ended],
                 [attempt for _, attempt in ended],
-                limit - len(taken),
-                *(x for pin in pins for x in (pin, now, *after)),
-                *_claim_values(runner["id"], now),
+                wanted,
+                *(x for _ in range(2) for x in (now, *after)),
+                *_claim_values(runner_id, now),
                 now,
             ),
         )
-        claimed = [r for r in rows if r["id"] is not None]
+        summary = dict(zip(names, rows[0], strict=True))
+        if summary["read_state"] is None:
+            raise NotFound.of("runner", runner_id)
+        check_not_lost({"id": runner_id, "state": summary["read_state"]})
+        if summary["read_moved"]:
+            # Its row changed after this statement's snapshot and before its lock: a claim
+            # committed meanwhile may hold slots the count missed. It claimed nothing; now
+            # the runner's row is locked, the next statement's snapshot sees them all.
+            continue
+        claimed = runs_from_tuples(names, [r for r in rows if r[names.index("id")] is not None])
         taken += claimed
-        summary = rows[0]
         free = summary["read_free"]
         if free is not None:
             free = max(0, free - len(claimed))
-        wanted, read = summary["read_wanted"], summary["read_n"] or 0
-        if len(claimed) >= wanted or read < wanted:
+        if len(claimed) >= summary["read_wanted"] or summary["read_n"] < summary["read_limit"]:
             return taken, free
         p, c = summary["read_last_priority"], summary["read_last_created_at"]
         after = (p, p, c, c, summary["read_last_id"])
 
 
-# The claim's statement on PostgreSQL, by dialect, number of pins and whether it reads on
-# past a run: made once (a 3 kB text, several formats and joins).
-_CLAIM_STATEMENTS: dict[tuple[str, int, bool], str] = {}
+# The claim's statement on PostgreSQL, by dialect and whether it reads on past a run: made
+# once (a 4 kB text, several formats and joins).
+_CLAIM_STATEMENTS: dict[tuple[str, bool], str] = {}
 
 
-def _claim_statement(db: Database, pins: int, *, reading_on: bool) -> str:
-    """The statement of ``_take_postgres``: its parameters are the runner's labels, its
-    slots (None: not counted), its id, the runs it has reported ended (ids, attempts), the
-    most runs to take, each pin's (pin, now, the last run read if ``reading_on``), the
-    claim's values (``_claim_values``) and now."""
-    key = (db.dialect, pins, reading_on)
+def _claim_statement(db: Database, *, reading_on: bool) -> str:
+    """The statement of ``_take_postgres``: its parameters are the runner's id (twice), now
+    (its heartbeat), whether its slots are counted, its id, the runs it has reported ended
+    (ids, attempts), the most runs to take (None: its free slots), for each of its two
+    pins now (and the last run read if ``reading_on``), the claim's values
+    (``_claim_values``) and now."""
+    key = (db.dialect, reading_on)
     statement = _CLAIM_STATEMENTS.get(key)
     if statement is not None:
         return statement
     cls = LABEL_CLASS[db.dialect]
-    arm = _IN_CLASS.format(
-        columns="ctid AS version, ",
-        claimable=CLAIMABLE,
-        cls=cls,
-        this_cls=cls.replace("labels", "fit.labels"),
-        after=_AFTER if reading_on else "",
-        limit="(SELECT n FROM wanted)",
-    )
+    arms = [
+        _IN_CLASS.format(
+            columns="ctid AS version, ",
+            claimable=CLAIMABLE,
+            cls=cls,
+            this_cls=cls.replace("labels", "fit.labels"),
+            pin=pin,
+            after=_AFTER if reading_on else "",
+            limit="(SELECT read FROM wanted)",
+        )
+        # No runner required, or this one (none if it has no name: NULL matches no run).
+        for pin in ("''", "NULLIF((SELECT name FROM runner), '')")
+    ]
+    # The runner is heard first: its row locked and its heartbeat written, as ``_heard``
+    # does. Its row as the statement's snapshot saw it (``seen``) and as locked (the
+    # newest version, once any transaction that held it has ended) must be the same: every
+    # claim writes its runner's row, so then every claim for it committed before the lock
+    # is in the snapshot, and the free slots are counted right. Otherwise (``moved``) it
+    # claims nothing, and is run again.
+    #
     # The runs chosen are locked, then claimed, by their row versions' addresses
     # (``ctid``): a TID scan whatever the table's statistics. By primary key, a plan
-    # PostgreSQL made and kept while the table was tiny (a fresh one: prepared
-    # statements keep a generic plan until the next ANALYZE) scans the whole table for
-    # them, and a claim costs it more the more runs there are. A run claimed (or
-    # otherwise changed) since this statement's snapshot has a new version: the lock
-    # passes over it, as over one another claim holds (``SKIP LOCKED``). One statement
-    # counts the free slots (LEAST ignores a NULL: ``claim`` counts none), reads, locks
-    # and claims (one round trip, one plan); beside the claimed rows it returns the
+    # PostgreSQL made and kept while the table was tiny (a fresh one: prepared statements
+    # keep a generic plan until the next ANALYZE) scans the whole table for them, and a
+    # claim costs it more the more runs there are. A run claimed (or otherwise changed)
+    # since this statement's snapshot has a new version: the lock passes over it, as over
+    # one another claim holds (``SKIP LOCKED``); it reads ``_READ_PAST`` runs more than it
+    # wants, and locks the first it can, in claim order, up to the number it wants (a lock
+    # under a LIMIT: the runs after them are not locked). One statement counts the free
+    # slots (LEAST ignores a NULL: ``claim`` counts none), reads, locks and claims (one
+    # round trip, one plan); beside the claimed rows it returns the runner's state, the
     # free slots it counted, how many runs it read and the last of them (alone if it
     # claimed none). The slots count the runs this one claimed before: they are held.
     statement = _CLAIM_STATEMENTS[key] = (
-        f"{_classes(db)}, room AS ("
-        "SELECT ? - COUNT(*) AS free FROM runs "
+        "WITH RECURSIVE seen AS (SELECT ctid AS version FROM runners WHERE id = ?), "
+        "runner AS (SELECT ctid AS version, id, name, labels, slots, state FROM runners "
+        f"WHERE id = ? {db.lock_rows()}), "
+        "heard AS (UPDATE runners SET last_heartbeat_at = ? "
+        "WHERE id = (SELECT id FROM runner) RETURNING 1), "
+        "moved AS (SELECT (SELECT version FROM seen) IS DISTINCT FROM "
+        "(SELECT version FROM runner) AS moved), "
+        f"{_classes(db, '(SELECT labels FROM runner)').removeprefix('WITH RECURSIVE ')}, "
+        "room AS ("
+        "SELECT (SELECT CASE WHEN ? THEN slots END FROM runner) - COUNT(*) AS free FROM runs "
         f"WHERE runner_id = ? AND status IN ({HELD}) AND NOT EXISTS ("
         "SELECT 1 FROM unnest(?::text[], ?::integer[]) AS ended (id, attempts) "
         "WHERE ended.id = runs.id AND ended.attempts = runs.attempts)"
+        "), wanting AS ("
+        "SELECT CASE WHEN NOT (SELECT moved FROM moved) AND (SELECT state FROM runner) = "
+        f"'{RunnerState.ACTIVE}' THEN GREATEST(0, LEAST(?::integer, (SELECT free FROM room))) "
+        "ELSE 0 END AS n"
         "), wanted AS ("
-        "SELECT GREATEST(0, LEAST(?, (SELECT free FROM room))) AS n"
+        f"SELECT n, CASE WHEN n > 0 THEN n + {_READ_PAST} ELSE 0 END AS read FROM wanting"
         "), candidates AS ("
         "SELECT c.version, c.id, c.priority, c.created_at FROM fit CROSS JOIN LATERAL "
-        f"({' UNION ALL '.join(f'({arm})' for _ in range(pins))}) AS c "
-        "ORDER BY c.priority DESC, c.created_at, c.id LIMIT (SELECT n FROM wanted)"
+        f"({' UNION ALL '.join(f'({arm})' for arm in arms)}) AS c "
+        "ORDER BY c.priority DESC, c.created_at, c.id LIMIT (SELECT read FROM wanted)"
         "), locked AS ("
         "SELECT ctid AS version, status, available_at FROM runs "
         "WHERE ctid = ANY (ARRAY (SELECT version FROM candidates)) "
+        "ORDER BY priority DESC, created_at, id LIMIT (SELECT n FROM wanted) "
         f"{db.lock_rows(skip_locked=True)}"
         "), claimed AS ("
         f"{_CLAIM_SET} WHERE ctid = ANY (ARRAY (SELECT version FROM locked "
@@ -322,11 +355,12 @@ def _claim_statement(db: Database, pins: int, *, reading_on: bool) -> str:
         "), last_read AS ("
         "SELECT id, priority, created_at, COUNT(*) OVER () AS n FROM candidates "
         "ORDER BY priority, created_at DESC, id DESC LIMIT 1"
-        ") SELECT room.free AS read_free, wanted.n AS read_wanted, "
-        "last_read.n AS read_n, last_read.id AS read_last_id, "
+        ") SELECT (SELECT state FROM runner) AS read_state, moved.moved AS read_moved, "
+        "room.free AS read_free, wanted.n AS read_wanted, wanted.read AS read_limit, "
+        "COALESCE(last_read.n, 0) AS read_n, last_read.id AS read_last_id, "
         "last_read.priority AS read_last_priority, "
         "last_read.created_at AS read_last_created_at, claimed.* "
-        "FROM room CROSS JOIN wanted LEFT JOIN last_read ON TRUE "
+        "FROM moved CROSS JOIN room CROSS JOIN wanted LEFT JOIN last_read ON TRUE "
         "LEFT JOIN claimed ON TRUE"
     )
     return statement
