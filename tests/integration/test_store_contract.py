@@ -161,6 +161,25 @@ def test_a_batch_stores_each_run_as_given_whatever_the_others_set(store: Store) 
     assert [store.runs.get(r.id) for r in only] == only
 
 
+def test_a_batchs_values_read_back_exactly(store: Store) -> None:
+    """On PostgreSQL a batch goes to the server as one JSON array read into rows: floats
+    keep every bit, text every character (quotes, backslashes, beyond ASCII)."""
+    batch = [
+        agent_run(
+            prompt='say "hé" \\ ✓ 𝄞\n',
+            timeout_s=0.1,
+            idle_timeout_s=1 / 3,
+            env={"K": "ü\t"},
+            labels=("ø", "a b"),
+        ),
+        command(priority=-(2**31), max_attempts=2**31 - 1),
+    ]
+    runs = store.runs.create_many(batch, NOW + 0.123456789)
+    assert [store.runs.get(r.id) for r in runs] == runs
+    assert runs[0].prompt == 'say "hé" \\ ✓ 𝄞\n' and runs[0].idle_timeout_s == 1 / 3
+    assert store.runs.get(runs[1].id).created_at == NOW + 0.123456789
+
+
 def test_no_column_of_runs_that_may_be_null_has_a_default(store: Store) -> None:
     """What a batch's statement leaves out of a run (its None values) must read as NULL."""
     with store.db.transaction(write=False) as tx:

@@ -35,4 +35,29 @@ def test_an_integer_beyond_its_column_is_refused(store: Store) -> None:
 def test_nul_is_refused_on_postgresql(store: Store) -> None:
     refuses(store, NewRun(type=RunType.COMMAND, command=("echo",), session_name="a\x00b"))
     refuses(store, NewRun(type=RunType.COMMAND, command=("echo",), max_attempts=2**40))
+    refuses_batch(store, NewRun(type=RunType.COMMAND, command=("echo",), session_name="a\x00b"))
+    refuses_batch(store, NewRun(type=RunType.COMMAND, command=("echo",), max_attempts=2**40))
+    assert store.runs.list() == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"prompt": "\ud800"},
+        {"priority": 2**64},
+    ],
+)
+def test_a_batch_with_a_value_that_cannot_be_stored_is_refused_whole(
+    store: Store, bad: dict[str, object]
+) -> None:
+    """A batch (one statement on PostgreSQL, its rows one JSON parameter) is refused as
+    one run alone is, and none of its runs is written."""
+    refuses_batch(store, NewRun(type=RunType.COMMAND, command=("echo",), **bad))  # type: ignore[arg-type]
+
+
+def refuses_batch(store: Store, bad: NewRun) -> None:
+    ok = NewRun(type=RunType.COMMAND, command=("echo",))
+    with pytest.raises(InvalidRequest) as caught:
+        store.runs.create_many([ok, bad, ok], NOW)
+    assert caught.value.code == "unstorable_value"
     assert store.runs.list() == []
