@@ -495,3 +495,51 @@ def test_postgres_a_fill_that_waited_for_its_runner_counts_the_claim_it_waited_f
     assert len(held[0]) == 2
     assert free == [0]
     assert len(store.runs.list(statuses=[RunStatus.CLAIMED], limit=10)) == 2
+
+
+@postgres_only
+def test_postgres_starts_recording_the_events_applied_lock_the_runner_before_any_run(
+    store: Store, store_url: str
+) -> None:
+    """A batch's start reports on PostgreSQL record the runner's events applied in the same
+    statement: the runner's row is still locked before any run's, the order a cancel and
+    the reconciler take them (the other way round they could deadlock). So a start held up
+    by a run another transaction has locked already holds its runner's row."""
+    runner, _ = store.runners.register(
+        name="r", hostname="h", labels=(), slots=2, version="0", transport="websocket", now=NOW
+    )
+    store.runs.create_many([command(), command()], NOW)
+    a, b = store.runs.claim(runner.id, 2, NOW + 1)
+    locked, may_commit = threading.Event(), threading.Event()
+    with stores(store_url, 2) as (locker, starter):
+
+        def lock_a_run() -> None:
+            with locker.db.transaction() as tx:
+                tx.execute("SELECT id FROM runs WHERE id = ? FOR NO KEY UPDATE", (b.id,))
+                locked.set()
+                assert may_commit.wait(30)
+
+        started: list[set[tuple[str, int]]] = []
+        locking = threading.Thread(target=lock_a_run)
+        locking.start()
+        assert locked.wait(30)
+        starting = threading.Thread(
+            target=lambda: started.append(
+                starter.runs.mark_started_many(
+                    runner.id, [(a.id, 1), (b.id, 1)], NOW + 2, applied=5
+                )
+            )
+        )
+        starting.start()
+        while not waits_for_a_lock(store, "applied"):
+            assert starting.is_alive()
+        with store.db.transaction() as tx:
+            runner_locked = tx.one(
+                "SELECT id FROM runners WHERE id = ? FOR NO KEY UPDATE SKIP LOCKED", (runner.id,)
+            )
+        may_commit.set()
+        for thread in (locking, starting):
+            thread.join(30)
+    assert runner_locked is None
+    assert started == [{(a.id, 1), (b.id, 1)}]
+    assert store.commands.state(runner.id).last_event_idx == 5

@@ -475,7 +475,7 @@ class LinkCore:
             runner_id,
             events,
             now,
-            first=lambda: self.store.commands.events_applied(runner_id, last),
+            applied=last,
             then=lambda outcomes, changed: self._after_apply(
                 runner_id, events, outcomes, changed, last, now
             ),
@@ -648,12 +648,19 @@ def apply_reports(
     events: Sequence[RunnerEvent],
     now: float,
     then: Callable[[list[Outcome], Changes], T],
-    first: Callable[[], None] = lambda: None,
+    applied: int | None = None,
 ) -> Reports[T]:
-    """``first``, the effect of a runner's reports, in order, and ``then`` — one
-    transaction. ``then`` is given each report's outcome and what the actor reports
+    """The runner's events recorded as applied up to ``applied`` (if given:
+    ``CommandStore.events_applied``), the effect of its reports, in order, and ``then`` —
+    one transaction. ``then`` is given each report's outcome and what the actor reports
     changed (the actors, and the runners their commands were stored for: whoever applies
     the reports wakes those runners' push loops, ``wakeups``).
+
+    Recorded first: that write locks the runner's row before any run's, the order
+    ``RunStore.request_cancel`` and the reconciler take them on PostgreSQL (taken the other
+    way, a final report racing a cancel of its run could deadlock). When the batch's start
+    reports go together, on PostgreSQL it is a part of their statement, run before it
+    starts any run (one round trip fewer, ``RunStore.mark_started_many``).
 
     Nearly every batch is accepted whole: it is tried flat first (no savepoint per report:
     on PostgreSQL each costs round trips), its start reports together in one statement
@@ -663,9 +670,8 @@ def apply_reports(
     its own writes."""
     try:
         with store.db.transaction(flat=True):
-            first()
             changed = Changes()
-            started = start_together(store, runner_id, events, now)
+            started = start_together(store, runner_id, events, now, applied)
             last = finals_last_of_their_run(events)
             outcomes: list[Outcome] = [
                 (None, None)
@@ -681,19 +687,25 @@ def apply_reports(
     except CorralError:
         pass
     with store.db.transaction():
-        first()
+        if applied is not None:
+            store.commands.events_applied(runner_id, applied)
         changed = Changes()  # the flat try's changes were undone with it
         outcomes = [apply_event(store, runner_id, event, now, changed) for event in events]
         return Reports(outcomes, changed, then(outcomes, changed))
 
 
 def start_together(
-    store: Store, runner_id: str, events: Sequence[RunnerEvent], now: float
+    store: Store,
+    runner_id: str,
+    events: Sequence[RunnerEvent],
+    now: float,
+    applied: int | None = None,
 ) -> set[int]:
     """The batch's start reports that come before any other report of their run, applied
     first, in one statement (``RunStore.mark_started_many``): the positions of those it
     started. Each run's reports still apply in their order; a runner's batch alternates
-    start and final reports of different runs, each a statement of its own otherwise."""
+    start and final reports of different runs, each a statement of its own otherwise.
+    Before them, the runner's events are recorded as applied up to ``applied`` (if given)."""
     seen: set[str] = set()
     first_starts: list[tuple[int, tuple[str, int]]] = []
     for n, event in enumerate(events):
@@ -707,8 +719,12 @@ def start_together(
             first_starts.append((n, (event.run_id, event.attempt)))
         seen.add(event.run_id)
     if len(first_starts) < 2:
+        if applied is not None:
+            store.commands.events_applied(runner_id, applied)
         return set()
-    started = store.runs.mark_started_many(runner_id, [a for _, a in first_starts], now)
+    started = store.runs.mark_started_many(
+        runner_id, [a for _, a in first_starts], now, applied=applied
+    )
     return {n for n, attempt in first_starts if attempt in started}
 
 

@@ -41,6 +41,14 @@ class Numbering:
     acked_command_idx: int
 
 
+# The runner's events up to an index are applied (its row locked, as any write of it does).
+EVENTS_APPLIED = "UPDATE runners SET last_event_idx = ? WHERE id = ? AND last_event_idx < ?"
+
+
+def events_applied_values(runner_id: str, idx: int) -> tuple[object, ...]:
+    return (idx, runner_id, idx)
+
+
 class CommandStore:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -120,10 +128,7 @@ class CommandStore:
 
     def events_applied(self, runner_id: str, idx: int) -> None:
         with self.db.transaction() as tx:
-            tx.execute(
-                "UPDATE runners SET last_event_idx = ? WHERE id = ? AND last_event_idx < ?",
-                (idx, runner_id, idx),
-            )
+            tx.execute(EVENTS_APPLIED, events_applied_values(runner_id, idx))
 
     def forget(self, runner_id: str) -> None:
         """A runner process that is gone for good: its numbering starts over if it returns."""

@@ -154,15 +154,43 @@ class RunStore:
             transition(tx, row, RunStatus.RUNNING, now, started_at=now)
 
     def mark_started_many(
-        self, runner_id: str, attempts: Sequence[tuple[str, int]], now: float
+        self,
+        runner_id: str,
+        attempts: Sequence[tuple[str, int]],
+        now: float,
+        *,
+        applied: int | None = None,
     ) -> set[tuple[str, int]]:
         """``mark_started``'s usual case for several (run, attempt) of one runner in one
         statement: those it started. Any other (a repeat, a lost lease) is the caller's to
-        pass to ``mark_started``."""
-        if not attempts:
+        pass to ``mark_started``. ``applied``: first record the runner's events as applied
+        up to it (``CommandStore.events_applied``)."""
+        if not attempts and applied is None:
             return set()
         with self.db.transaction() as tx:
-            return _start_as_reported(tx, runner_id, attempts, now)
+            if applied is not None and (not attempts or self.db.dialect != "postgres"):
+                tx.execute(
+                    commands.EVENTS_APPLIED, commands.events_applied_values(runner_id, applied)
+                )
+                applied = None
+            if not attempts:
+                return set()
+            if applied is None:
+                return _start_as_reported(tx, runner_id, attempts, now)
+            # One statement. The runner's row is written (locked) before any run's: the
+            # condition on ``applied`` names no run, so it is checked once, before the runs
+            # are read (a gating condition), and that runs its CTE first.
+            return _start_as_reported(
+                tx,
+                runner_id,
+                attempts,
+                now,
+                before=(
+                    f"WITH applied AS ({commands.EVENTS_APPLIED} RETURNING 1) ",
+                    "(SELECT COUNT(*) FROM applied) >= 0 AND ",
+                    commands.events_applied_values(runner_id, applied),
+                ),
+            )
 
     def record_session(
         self, run_id: str, runner_id: str, attempt: int, session_id: str, now: float
@@ -340,17 +368,25 @@ def _cancel(tx: Tx, db: Database, run_id: str, now: float) -> Run | None:
 
 
 def _start_as_reported(
-    tx: Tx, runner_id: str, attempts: Sequence[tuple[str, int]], now: float
+    tx: Tx,
+    runner_id: str,
+    attempts: Sequence[tuple[str, int]],
+    now: float,
+    before: tuple[str, str, Sequence[object]] = ("", "", ()),
 ) -> set[tuple[str, int]]:
     """Start the runs (run, attempt) this runner holds and has not started yet, in one
-    statement guarded by the lease and the old status: those it started."""
+    statement guarded by the lease and the old status: those it started. ``before``: a
+    WITH clause, a first condition and their parameters (``RunStore.mark_started_many``)."""
+    with_clause, condition, params = before
     started = tx.execute(
-        "UPDATE runs SET status = ?, started_at = ?, updated_at = ? "
-        f"WHERE id IN ({', '.join('?' for _ in attempts)}) AND status IN ({_STARTABLE}) "
+        f"{with_clause}UPDATE runs SET status = ?, started_at = ?, updated_at = ? "
+        f"WHERE {condition}id IN ({', '.join('?' for _ in attempts)}) "
+        f"AND status IN ({_STARTABLE}) "
         # As in ``_end_as_reported``: the runner matched with each id, found by primary key.
         f"AND (id, attempts, runner_id) IN (VALUES {', '.join('(?, ?, ?)' for _ in attempts)}) "
         "RETURNING id, attempts",
         (
+            *params,
             str(RunStatus.RUNNING),
             now,
             now,
