@@ -543,3 +543,44 @@ def test_postgres_starts_recording_the_events_applied_lock_the_runner_before_any
     assert runner_locked is None
     assert started == [{(a.id, 1), (b.id, 1)}]
     assert store.commands.state(runner.id).last_event_idx == 5
+
+
+@postgres_only
+def test_postgres_heartbeats_lock_runners_in_the_order_of_their_ids(
+    store: Store, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pings' heartbeats (``touch``) lock the runners' rows in the order of their ids,
+    as a store writer's group does, whatever order the table holds them in: a group that
+    holds the first and waits for the second never waits on them (a deadlock, found only
+    after PostgreSQL's deadlock_timeout). So while they wait for the first, the second is
+    not locked yet."""
+    ids = iter([RunnerId("rnr_bbbbbbbbbbbb"), RunnerId("rnr_aaaaaaaaaaaa")])
+    monkeypatch.setattr("corral.store.runners.new_runner_id", lambda: next(ids))
+    later, first = register(store, "b"), register(store, "a")  # in the table: b, then a
+    assert first < later
+    locked, may_commit = threading.Event(), threading.Event()
+    with stores(store_url, 2) as (locker, toucher):
+
+        def lock_the_first() -> None:
+            with locker.db.transaction() as tx:
+                tx.execute("SELECT id FROM runners WHERE id = ? FOR NO KEY UPDATE", (first,))
+                locked.set()
+                assert may_commit.wait(30)
+
+        locking = threading.Thread(target=lock_the_first)
+        locking.start()
+        assert locked.wait(30)
+        touching = threading.Thread(target=lambda: toucher.runners.touch([later, first], NOW + 5))
+        touching.start()
+        while not waits_for_a_lock(store, "last_heartbeat_at"):
+            assert touching.is_alive()
+        with store.db.transaction() as tx:
+            free = tx.one(
+                "SELECT id FROM runners WHERE id = ? FOR NO KEY UPDATE SKIP LOCKED", (later,)
+            )
+        may_commit.set()
+        for thread in (locking, touching):
+            thread.join(30)
+    assert free is not None
+    assert store.runners.get(first).last_heartbeat_at == store.runners.get(later).last_heartbeat_at
+    assert store.runners.get(first).last_heartbeat_at == NOW + 5

@@ -167,15 +167,30 @@ class RunnerStore:
         return runner_id != former_id and len(found) == 2 and found[runner_id] == found[former_id]
 
     def touch(self, runner_ids: Sequence[str], now: float) -> None:
-        """Heartbeats of connected runners (their pings), written in one statement."""
-        if runner_ids:
-            with self.db.transaction() as tx:
+        """Heartbeats of connected runners (their pings), written in one statement.
+
+        On PostgreSQL their rows are locked in the order of their ids, byte by byte: the
+        order a store writer's group locks the runners it acts for (``coordinator.writer``,
+        Python's order of the ids). Locked as the table was read, one runner before another
+        that a group held while it waited for the first, they deadlocked: PostgreSQL found
+        it after a second (deadlock_timeout), and meanwhile those runners' work stood still
+        (a run_cost.py round in three lost a second so)."""
+        if not runner_ids:
+            return
+        alive = (
+            f"WHERE id IN ({', '.join('?' for _ in runner_ids)}) AND state IN ({sql_list(ALIVE)})"
+        )
+        with self.db.transaction() as tx:
+            if self.db.dialect == "postgres":
                 tx.execute(
-                    "UPDATE runners SET last_heartbeat_at = ? "
-                    f"WHERE id IN ({', '.join('?' for _ in runner_ids)}) "
-                    f"AND state IN ({sql_list(ALIVE)})",
-                    (now, *runner_ids),
+                    "WITH locked AS (SELECT id FROM runners "
+                    f'{alive} ORDER BY id COLLATE "C" {self.db.lock_rows()}) '
+                    "UPDATE runners SET last_heartbeat_at = ? FROM locked "
+                    "WHERE runners.id = locked.id",
+                    (*runner_ids, now),
                 )
+            else:
+                tx.execute(f"UPDATE runners SET last_heartbeat_at = ? {alive}", (now, *runner_ids))
 
     def set_state(
         self, runner_id: str, state: RunnerState, now: float, grace_s: float | None = None
