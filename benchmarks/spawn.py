@@ -4,8 +4,8 @@ Measures, in one runner-like process (its event loop, the runner's modules impor
   started  Child.spawn called → the process is running its program (it prints its own
            start time: `date +%s.%N`): p50, p99
   cycle    Child.spawn of `true` → its pipes closed and its exit code known: p50, p99
-  CPU      of the whole start and exit, a spawn: this process, its helpers (a fork server)
-           and every process they ran
+  CPU      of the whole start and exit, a spawn: this process, its helper (the group
+           keeper, corral.runner.keeper) and every process they ran
 
     python benchmarks/spawn.py [--samples 500] [--concurrency 1]
 
@@ -33,7 +33,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds() -> float:
     """This process's CPU, its reaped children's, and its live children's with theirs
-    (a fork server reaps the runs it starts: their CPU is in its children's figures)."""
+    (the group keeper, alive while this process is, is counted as a live child)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
@@ -68,7 +68,7 @@ async def cycle(env: dict[str, str]) -> float:
 
 async def measure(samples: int, concurrency: int) -> None:
     env = dict(os.environ)
-    for _ in range(20):  # warm up (a fork server starts at the first spawn)
+    for _ in range(20):  # warm up (the group keeper starts at the first spawn)
         await cycle(env)
     starts, cycles = [], []
     for _ in range(samples):
