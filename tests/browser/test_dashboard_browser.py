@@ -146,7 +146,9 @@ def test_the_cancel_button_stops_a_running_run_and_retry_starts_it_again(
     page.click(f'button[aria-label="Cancel run {run_id}"]')
     page.wait_attr(".run-status", "data-status", {"cancelled"})
     assert cluster.client.get_run(run_id)["status"] == "cancelled"
-    assert not page.find(f'button[aria-label="Cancel run {run_id}"]').is_enabled()
+    # The page redraws its buttons as the run changes: read the one on the page now.
+    cancel = f'button[aria-label="Cancel run {run_id}"]'
+    page.wait(lambda _: not page.find(cancel).is_enabled(), "the Cancel button disabled")
     page.shot("run-cancelled")
 
     page.click(f'button[aria-label="Retry run {run_id} as a new run"]')
@@ -175,7 +177,8 @@ def test_the_drain_and_stop_buttons_take_runners_out(cluster: Cluster, page: Pag
     page.click('button[aria-label="Stop runner runner-b"]')
     page.wait_attr(row(ids["runner-b"]), "data-state", {"stopped"})
     assert cluster.runner_by_id(ids["runner-b"])["state"] == "stopped"
-    assert not page.find('button[aria-label="Stop runner runner-b"]').is_enabled()
+    stop = 'button[aria-label="Stop runner runner-b"]'  # redrawn as the list refreshes
+    page.wait(lambda _: not page.find(stop).is_enabled(), "runner-b's Stop button disabled")
     page.shot("runners-stopped")
     assert page.console_errors() == []
 
