@@ -16,13 +16,14 @@ import signal
 import sys
 import time
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 import psycopg
 import pytest
 import websockets
 from e2e_support import TOKEN, Cluster, Coordinator, JsonClient, Proc, wait_until
+from faultproxy import FaultProxy
 from websockets.typing import Subprotocol
 
 from corral.coordinator.peers import FORWARDED_HEADER as FORWARDED
@@ -386,3 +387,29 @@ def test_a_runner_killed_before_a_coordinator_restart_is_lost_a_threshold_after_
             assert (finished["status"], finished["attempts"]) == ("completed", 2), finished
     finally:
         via_b.close()
+
+
+def test_a_coordinator_started_while_postgresql_is_unreachable_waits_for_it_and_serves(
+    cluster: Cluster, pg_url: str, pg_schema: str
+) -> None:
+    """A coordinator started in an outage (here: a proxy to PostgreSQL that refuses every
+    connection) says why it waits and tries again, rather than exit; once PostgreSQL can be
+    reached it serves, and a runner started meanwhile runs a run through it."""
+    parts = urlsplit(pg_url)
+    with FaultProxy(parts.port or 5432, target_host=parts.hostname or "127.0.0.1") as proxy:
+        proxy.refusing = True
+        via_proxy = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}"))
+        coordinator = cluster.start_coordinator(db=schema_url(via_proxy, pg_schema), wait=False)
+        wait_until(
+            lambda: coordinator.log().count("trying again in") >= 2,
+            30,
+            what="two tries, each saying why",
+        )
+        assert coordinator.alive() and not coordinator.healthy()
+        # The reason libpq gave (the proxy takes the connection, then closes it at once).
+        assert "server closed the connection unexpectedly; trying again" in coordinator.log()
+        proxy.refusing = False
+        coordinator.wait_ready()
+        cluster.start_runner("r1", extra=WS)
+        run = cluster.client.create_run("command", command=["echo", "served"])
+        assert cluster.wait_run(run["run_id"])["status"] == "completed"

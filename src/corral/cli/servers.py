@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import errno
 import inspect
+import itertools
 import logging
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +22,7 @@ import click
 import uvicorn
 
 from corral.agents.profiles import load_profiles
+from corral.backoff import backoff_delay
 from corral.cli.gc import DURATION, retention_from, retention_options
 from corral.cli.log_format import configure_logging, log_format_option
 from corral.cli.options import comma_list, option
@@ -31,7 +34,7 @@ from corral.dashboard.site import address as dashboard_address
 from corral.errors import Conflict, CorralError, InvalidRequest, Unavailable
 from corral.runner.core import RunnerCore
 from corral.runner.process import collect_less, run_loop
-from corral.store.db import redact_url
+from corral.store.db import open_database, redact_url, sqlite_path
 
 DEFAULT_DB = ".corral/corral.db"
 log = logging.getLogger("corral.coordinator")
@@ -226,6 +229,10 @@ def serve(log_format: str, **kwargs: object) -> None:
     configure_logging(log_format)
     settings = _coordinator_settings(**kwargs)  # type: ignore[arg-type]
     _check_port_free(settings.host, settings.port)
+    try:
+        _wait_for_database(settings.db_url)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
     config = server_config(settings, host=settings.host, port=settings.port, own_logging=False)
     server = _StoppingServer(config, settings)
     collect_less()
@@ -233,6 +240,24 @@ def serve(log_format: str, **kwargs: object) -> None:
     click.echo("corral serve stopped", err=True)
     if server.stopped_by == signal.SIGINT:
         raise SystemExit(130)  # Ctrl-C, as every command that it stops
+
+
+def _wait_for_database(url: str) -> None:
+    """Wait for a PostgreSQL that cannot be reached yet (starting with the machine, or
+    restarting), saying why at each try, rather than exit: a coordinator started during
+    an outage serves once it ends, as its runners reconnect. SQLite is a file: nothing to
+    wait for. Ctrl-C or SIGTERM stop the wait (nothing is open yet)."""
+    if sqlite_path(url) is not None:
+        return
+    for attempt in itertools.count():
+        try:
+            open_database(url).close()  # and migrate, once the server answers
+        except Unavailable as exc:
+            delay = backoff_delay(attempt, cap=10.0)
+            log.warning("%s; trying again in %.1f s", exc.message, delay)
+            time.sleep(delay)
+        else:
+            return
 
 
 def reload_agents(app: Any, config: Path | None) -> None:

@@ -405,6 +405,7 @@ class PostgresDatabase:
             reset=self._returned,
             open=False,
         )
+        _probe(url)
         try:
             self._pool.open(wait=True, timeout=10)
         except psycopg_pool.PoolTimeout as exc:
@@ -496,6 +497,18 @@ def _unstorable(exc: Exception) -> InvalidRequest:
     # that slips through (NUL or a huge integer on PostgreSQL, a lone surrogate) is the
     # caller's bad input, not an outage.
     return InvalidRequest(f"a value cannot be stored: {exc}", code="unstorable_value")
+
+
+def _probe(url: str) -> None:
+    """One connection before the pool's, for the reason when there is none (the pool would
+    retry in the background and only time out): ``Unavailable`` with what libpq said —
+    the server is down, or it refused this role or database. ``corral serve`` waits and
+    tries again, showing that reason: a server may come up, a database be created."""
+    try:
+        psycopg.connect(url, connect_timeout=10).close()
+    except psycopg.OperationalError as exc:
+        reason = str(exc).strip().split("\n", 1)[0] or type(exc).__name__
+        raise Unavailable(f"cannot connect to PostgreSQL at {_redact(url)}: {reason}") from exc
 
 
 def _redact(url: str) -> str:
