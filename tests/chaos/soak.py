@@ -611,9 +611,8 @@ class Soak:
             time.sleep(0.05)
 
     def _restart_the_fallen(self) -> None:
-        """A process that exited without the chaos killing it is counted and restarted."""
-        if "postgres" in self.down:
-            return  # a coordinator would not start without its database
+        """A process that exited without the chaos killing it is counted and restarted
+        (PostgreSQL down is no reason to exit: a coordinator started then waits for it)."""
         for proc in [*self.coordinators, *self.runners]:
             if proc.name not in self.down and not proc.alive():
                 self.figures.unplanned_exits[proc.name] += 1
