@@ -176,12 +176,16 @@ def test_start_threshold_and_backoff_run_on_tick(store: Store) -> None:
     again = store.actors.get(actor.id)
     assert again.state is ActorState.STARTING and again.generation == 2
     assert again.runner_id == again_on
-    store.actors.runner_event(again_on, actor.id, lc.Stopped(again_on, 2, 1), T0 + 31)  # crash
+    # The loss was its runner's doing: the first crash of its own restarts it at once,
+    store.actors.runner_event(again_on, actor.id, lc.Stopped(again_on, 2, 1), T0 + 31)
+    assert store.actors.get(actor.id).generation == 3
+    # and the second, in a row, after the backoff.
+    store.actors.runner_event(again_on, actor.id, lc.Stopped(again_on, 3, 1), T0 + 32)
     backing_off = store.actors.get(actor.id)
     assert backing_off.state is ActorState.STOPPED
-    assert backing_off.life.reschedule_at == T0 + 31 + lc.RESTART_BASE_S
-    store.actors.tick(T0 + 33)
-    assert store.actors.get(actor.id).generation == 3
+    assert backing_off.life.reschedule_at == T0 + 32 + lc.RESTART_BASE_S
+    store.actors.tick(T0 + 34)
+    assert store.actors.get(actor.id).generation == 4
 
 
 def test_a_threshold_on_a_runner_still_alive_never_places_a_second_generation(

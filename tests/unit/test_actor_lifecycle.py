@@ -148,6 +148,18 @@ def test_lost_tells_the_old_runner_to_stop_and_restarts() -> None:
     assert out.life.state is ActorState.PENDING and not out.life.placed
 
 
+def test_lost_after_crashes_is_placed_again_at_once_and_keeps_its_crash_count() -> None:
+    """Its runner gone is not a crash of its own: no backoff (a request may be waiting),
+    and the crashes before still set the next crash's backoff."""
+    crashed = replace(running(), restarts=5, last_restart_at=T0)
+    out = lc.step(crashed, lc.Lost(R, 1), T0 + 3)
+    assert out.life.state is ActorState.PENDING and out.effects == (lc.SendStop(R, 1), lc.Place())
+    assert (out.life.restarts, out.life.last_restart_at) == (5, T0)
+    again = lc.step(lc.placed(out.life, R, T0 + 4), lc.Stopped(R, 2, code=1), T0 + 5)
+    assert again.life.state is ActorState.STOPPED
+    assert again.life.reschedule_at == T0 + 5 + lc.RESTART_BASE_S * 2**5
+
+
 def test_crash_with_policy_sleep_sleeps() -> None:
     out = lc.step(running(CrashPolicy.SLEEP), lc.Stopped(R, 1, code=3), T0 + 5)
     assert out.life.state is ActorState.SLEEPING and out.life.sleep_at == T0 + 5

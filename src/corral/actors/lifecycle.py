@@ -209,7 +209,7 @@ class After(enum.StrEnum):
     WAKE = "wake"  # place it again now
     SLEEP = "sleep"
     DESTROY = "destroy"
-    RESTART = "restart"  # place it again after the restart backoff
+    RESTART = "restart"  # place it again, after the restart backoff if it crashed
 
 
 def _destroying(life: Life, ending: Ending) -> bool:
@@ -392,6 +392,13 @@ def _ended(life: Life, ending: Ending, now: float) -> Step:
     if life.going_away:
         # Its runner drained: not a crash of its own. Placed again at once, count reset.
         return _to_pending(replace(released, restarts=0, last_restart_at=now), now, effects)
+    if ending is Ending.LOST:
+        # Its runner is gone (a generation is lost only once its runner is not alive: see
+        # ``due``): not a crash of its own, and a request may be waiting for it — seed 002's
+        # lost actor is deallocated and allocated again on the gateway's retry wake, with no
+        # backoff. Placed again at once; the crashes counted before stay counted. An actor
+        # that takes its runner down is lost again only a runner-lost threshold later.
+        return _to_pending(released, now, effects)
     delay, restarts = restart_delay(life, now)
     released = replace(released, restarts=restarts, last_restart_at=now)
     if delay == 0:
