@@ -119,8 +119,9 @@ class ProtocolError(CorralError):
 @dataclass(frozen=True, slots=True)
 class Indexed:
     """A numbered command or event; ``body`` is ``{"type": str, ...}``. ``encoded``: the
-    body as JSON already, where the sender has it (a command as the store keeps it): a
-    frame of such commands is written around it, not encoded again (``encode``)."""
+    body as compact JSON already, where the sender has it (a command as the store keeps it,
+    an event as the runner's replay buffer sized it): a frame of such items is written
+    around it, not encoded again (``encode``)."""
 
     idx: int
     body: dict[str, Any]
@@ -378,11 +379,10 @@ def encode(message: Message) -> str:
         # Commands as the store keeps them (a start_run's is ~360 bytes: 35 µs a frame of 8
         # encoded again, 2 so). Byte for byte what json.dumps writes: the store's JSON is
         # compact too, and its values were checked storable (finite) as they came in.
-        return (
-            f'{{"v":{PROTOCOL_VERSION},"type":"ToClientCommands","commands":['
-            + ",".join(f'{{"idx":{c.idx},"body":{c.encoded}}}' for c in message.commands)
-            + "]}"
-        )
+        return _numbered("ToClientCommands", "commands", message.commands)
+    if type(message) is ToServerEvents and all(e.encoded is not None for e in message.events):
+        # Events as the runner's replay buffer encoded them once, to know their sizes.
+        return _numbered("ToServerEvents", "events", message.events)
     # Tuples (headers, labels, acknowledgements) are JSON arrays as they are: only bytes
     # (base64) and numbered items need turning into JSON (this is in every frame's path).
     frame: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": type(message).__name__}
@@ -394,6 +394,16 @@ def encode(message: Message) -> str:
             value = [{"idx": item.idx, "body": item.body} for item in value]
         frame[name] = value
     return json.dumps(frame, separators=(",", ":"), allow_nan=False)
+
+
+def _numbered(message_type: str, name: str, items: tuple[Indexed, ...]) -> str:
+    """A frame of one field of numbered items whose bodies are JSON already (compact, as
+    ``json.dumps`` with ``separators=(",", ":")`` writes it), as ``encode`` would write it."""
+    return (
+        f'{{"v":{PROTOCOL_VERSION},"type":"{message_type}","{name}":['
+        + ",".join(f'{{"idx":{item.idx},"body":{item.encoded}}}' for item in items)
+        + "]}"
+    )
 
 
 # ---- decoding: one small reader per field type, each failing with malformed_frame ------------

@@ -6,11 +6,12 @@ acknowledges them, and replayed on every reconnect (seed 000, "resendUnacknowled
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from corral.protocol.limits import MAX_BATCH_BYTES, MAX_BATCH_EVENTS, json_size
+from corral.protocol.limits import MAX_BATCH_BYTES, MAX_BATCH_EVENTS
 from corral.protocol.messages import Indexed, ToServerEvents
 
 _INDEXED_OVERHEAD = 32  # {"idx":…,"body":…}, around each body
@@ -39,11 +40,17 @@ class ReplayBuffer:
             # Checked here, not at the coordinator: a bad event would be replayed forever.
             if not isinstance(body, dict) or not isinstance(body.get("type"), str):
                 raise ValueError(f"an event body needs a string 'type': {body!r}")
-        events = [Indexed(self._next_idx + i, body) for i, body in enumerate(bodies)]
+        # Encoded once, here: for its size, and as its frame will carry it (``encode``). A
+        # body that is not JSON (NaN, an object) raises here too, before anything changed.
+        encoded = [json.dumps(body, separators=(",", ":"), allow_nan=False) for body in bodies]
+        events = [
+            Indexed(self._next_idx + i, body, text)
+            for i, (body, text) in enumerate(zip(bodies, encoded, strict=True))
+        ]
         self._next_idx += len(events)
         self._pending.extend(events)
-        for event in events:
-            self._sizes[event.idx] = json_size(event.body) + _INDEXED_OVERHEAD
+        for event, text in zip(events, encoded, strict=True):
+            self._sizes[event.idx] = len(text) + _INDEXED_OVERHEAD
         return events
 
     def acknowledge(self, last_idx: int) -> None:

@@ -33,6 +33,7 @@ from corral.protocol.messages import (
     encode,
     protocol_error_reason,
 )
+from corral.protocol.replay import ReplayBuffer
 
 START = Indexed(1, {"type": "start_run", "run": {"id": "run_0123456789ab", "prompt": "hi"}})
 CANCEL = Indexed(2, {"type": "cancel_run", "run_id": "run_0123456789ab"})
@@ -131,6 +132,24 @@ def test_commands_as_stored_are_sent_as_json_would_write_them() -> None:
     # Unless every command has its JSON, the frame is encoded as any other.
     mixed = ToClientCommands((stored.commands[0], plain.commands[1]))
     assert encode(mixed) == encode(ToClientCommands(plain.commands[:2]))
+
+
+def test_events_the_replay_buffer_encoded_are_sent_as_json_would_write_them() -> None:
+    """The runner encodes an event once (its size, then its frame): the same bytes as an
+    event encoded with its frame, and the coordinator reads the same events."""
+    buffer = ReplayBuffer()
+    bodies = [STARTED.body, {"type": "logs", "lines": [{"text": 'é " \n \ud800'}]}]
+    appended = buffer.append(bodies)
+    assert all(event.encoded is not None for event in appended)
+    plain = ToServerEvents(tuple(Indexed(e.idx, e.body) for e in appended))
+    (frame,) = buffer.frames()
+    assert encode(frame) == encode(plain)
+    assert decode(encode(frame), side="server") == plain
+    sent = encode(ToServerEvents((Indexed(1, {"type": "a"}, '{"type":"b"}'),)))
+    assert decode(sent, side="server") == ToServerEvents((Indexed(1, {"type": "b"}),))
+    with pytest.raises(ValueError):  # not JSON: refused before it is numbered
+        buffer.append([{"type": "x", "value": float("nan")}])
+    assert [e.idx for e in buffer.append([{"type": "next"}])] == [3]
 
 
 @pytest.mark.parametrize(("side", "message"), SAMPLES, ids=lambda x: type(x).__name__)
