@@ -28,7 +28,9 @@ def backend_pid(db: PostgresDatabase) -> int:
 def terminate(pid: int) -> None:
     """As a restart of PostgreSQL does to the pool's connection (the pool keeps one)."""
     with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        # The timeout (ms): wait until it has exited; without it the call returns at once,
+        # and a loaded machine ran the next query on the connection before it was cut.
+        conn.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
 
 
 def test_a_connection_idle_past_the_threshold_is_checked_and_replaced(store: Store) -> None:
