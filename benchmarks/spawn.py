@@ -1,5 +1,8 @@
 """Process start benchmark: what a runner pays to start a run's process (Child.spawn).
 
+A start is one vfork and one exec, of the run's program itself; the group keeper
+(corral.runner.keeper), started before the first, learns each group through a pipe after.
+
 Measures, in one runner-like process (its event loop, the runner's modules imported):
   started  Child.spawn called → the process is running its program (it prints its own
            start time: `date +%s.%N`): p50, p99

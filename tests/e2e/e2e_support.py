@@ -439,7 +439,7 @@ class Cluster:
 
     def close(self) -> None:
         self.reset_client()
-        # Runners first: their children die with them (PDEATHSIG), then the coordinators.
+        # Runners first: their children die with them (their keepers), then the coordinators.
         for proc in sorted(self.procs, key=lambda p: isinstance(p, Coordinator)):
             proc.kill()
 
@@ -527,7 +527,7 @@ def kill_runner_mid_run(
     killed_at = time.monotonic()
     runners[holder].send(signal.SIGKILL)
     assert runners[holder].wait(10) == -signal.SIGKILL
-    # The kernel kills the runner's child with it (PDEATHSIG): no orphan keeps running it.
+    # The runner's keeper kills its child with it: no orphan keeps running it.
     wait_until(lambda: not pid_alive(first_shell), 5, what="the orphaned shell to die")
 
     run = cluster.wait_run(run_id, timeout=30)

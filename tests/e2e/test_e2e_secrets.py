@@ -16,6 +16,7 @@ SECRETS = {
     "DATABASE_PASSWORD": "db-e2e-secret",
     "LET_ME_THROUGH": "passed",
 }
+IDENTITY = {"CORRAL_RUN_ID", "CORRAL_RUN_ATTEMPT", "CORRAL_RUNNER_INSTANCE"}
 
 
 def _environment(cluster: Cluster, run_id: str) -> dict[str, str]:
@@ -26,7 +27,8 @@ def _environment(cluster: Cluster, run_id: str) -> dict[str, str]:
 
 
 def _corral_variables(seen: dict[str, str]) -> set[str]:
-    """The CORRAL_* names a run sees: its own identity, never the runner's token or URL."""
+    """The CORRAL_* names a run sees: its own identity and its runner's instance (what its
+    keeper kills it by), never the runner's token or URL."""
     return {name for name in seen if name.startswith("CORRAL_")}
 
 
@@ -48,7 +50,7 @@ def test_runs_see_only_the_allowed_environment(cluster: Cluster, tmp_path: Path)
     assert "PATH" in seen and "HOME" in seen
     for name in ("ANTHROPIC_API_KEY", "AWS_SECRET_ACCESS_KEY", "DATABASE_PASSWORD"):
         assert name not in seen, f"{name} leaked into a command run"
-    assert _corral_variables(seen) == {"CORRAL_RUN_ID", "CORRAL_RUN_ATTEMPT"}, seen
+    assert _corral_variables(seen) == IDENTITY, seen
 
     started = cluster.client.create_run(type="start_session", prompt="hi", env={"RUN_VAR": "a"})
     seen = _environment(cluster, started["run_id"])
@@ -56,4 +58,4 @@ def test_runs_see_only_the_allowed_environment(cluster: Cluster, tmp_path: Path)
     assert seen["AWS_SECRET_ACCESS_KEY"] == "aws-e2e-secret"  # and its provider's (Bedrock)
     assert seen["RUN_VAR"] == "a" and seen["LET_ME_THROUGH"] == "passed"
     assert "DATABASE_PASSWORD" not in seen
-    assert _corral_variables(seen) == {"CORRAL_RUN_ID", "CORRAL_RUN_ATTEMPT"}, seen
+    assert _corral_variables(seen) == IDENTITY, seen

@@ -1,13 +1,14 @@
 """A run's process (``corral.runner.process``): in its own process group, dead with its
-runner even when the runner is SIGKILLed, and so is what it started in its group (the
-group keeper, ``corral.runner.keeper``); its exit code and pipes as asyncio's subprocess
-gives them, a missing program said plainly."""
+runner even when the runner is SIGKILLed, and so is what it started, in its group or
+carrying the runner's instance (the group keeper, ``corral.runner.keeper``); its exit code
+and pipes as asyncio's subprocess gives them, a missing program said plainly."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,10 @@ import pytest
 
 from corral.agents.base import ProcessSpec
 from corral.runner import keeper_program
+from corral.runner.keeper import INSTANCE
 from corral.runner.process import Child
+
+SLEEP = shutil.which("sleep") or "/bin/sleep"
 
 
 def alive(pid: int) -> bool:
@@ -64,18 +68,22 @@ RUNNER = textwrap.dedent(
     from corral.runner.keeper import Keeper
     from corral.runner.process import Child
 
+    if sys.argv[1:] == ["unregistered"]:
+        # As if it were SIGKILLed between each start and its write to the keeper.
+        Keeper.add = lambda keeper, pgid: None
+
     async def main():
         loop = asyncio.get_running_loop()
-        # For each line read: a shell that starts a sleep in its group and prints both
-        # pids; then the runner prints them and its keeper's, once the shell has exited
-        # if the line says so.
+        # Each line read: "exits" or "waits", then a shell script to run as a run's
+        # process; the runner prints the first line it printed and the keeper's pid, once
+        # the shell has exited if it is to.
         while line := await loop.run_in_executor(None, sys.stdin.readline):
-            script = "sleep 300 & echo $$ $!" + ("" if line.strip() == "exits" else "; wait")
+            how, script = line.strip().split(" ", 1)
             child = await Child.spawn(ProcessSpec(("sh", "-c", script), None, dict(os.environ)))
-            pids = (await child.proc.stdout.readline()).decode().strip()
-            if line.strip() == "exits":
+            printed = (await child.proc.stdout.readline()).decode().strip()
+            if how == "exits":
                 assert await child.proc.wait() == 0
-            print(pids, Keeper.of_this_process().pid, flush=True)
+            print(printed, Keeper.of_this_process().pid, flush=True)
 
     asyncio.run(main())
     """
@@ -85,22 +93,29 @@ RUNNER = textwrap.dedent(
 class Runner:
     """A process that starts runs' processes as a runner does, to be SIGKILLed."""
 
-    def __init__(self) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", RUNNER],
+            [sys.executable, "-c", RUNNER, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            env=env,
         )
         self.pids: list[int] = []  # every process it started, and their children
 
-    def start_one(self, shell_exits: bool = False) -> tuple[int, int, int]:
-        """Another run: its process's pid, its child's, the keeper's."""
+    def run(self, script: str, shell_exits: bool = False) -> list[str]:
+        """What a run's shell printed first, then the keeper's pid."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write("exits\n" if shell_exits else "waits\n")
+        self.proc.stdin.write(f"{'exits' if shell_exits else 'waits'} {script}\n")
         self.proc.stdin.flush()
-        shell, sleeper, keeper = (int(pid) for pid in self.proc.stdout.readline().split())
+        return self.proc.stdout.readline().split()
+
+    def start_one(self, shell_exits: bool = False) -> tuple[int, int, int]:
+        """Another run that starts a sleep in its group: its process's pid, the sleep's,
+        the keeper's."""
+        script = "sleep 300 & echo $$ $!" + ("" if shell_exits else "; wait")
+        shell, sleeper, keeper = (int(pid) for pid in self.run(script, shell_exits))
         self.pids += [shell, sleeper]
         return shell, sleeper, keeper
 
@@ -125,7 +140,7 @@ def runner() -> Iterator[Runner]:
 
 
 def test_a_runs_processes_die_when_its_runner_is_sigkilled(runner: Runner) -> None:
-    """The run's process by PR_SET_PDEATHSIG, what it started (its group) by the keeper."""
+    """The run's process and what it started in its group, by the keeper."""
     shell, sleeper, _ = runner.start_one()
     assert alive(shell) and alive(sleeper)
     assert os.getpgid(shell) == shell and os.getsid(shell) == shell  # its own group
@@ -143,6 +158,61 @@ def test_what_an_exited_run_left_in_its_group_dies_with_the_runner(runner: Runne
     assert not alive(shell) and alive(sleeper)
     runner.proc.kill()
     wait_until(lambda: not alive(sleeper), "the shell's sleep to die with the runner")
+
+
+def test_what_left_its_runs_group_dies_with_the_runner(runner: Runner) -> None:
+    """A daemon's setsid: it keeps the runner's instance in its environment."""
+    shell, daemon, _ = (int(pid) for pid in runner.run("setsid sleep 300 & echo $$ $!; wait"))
+    runner.pids += [shell, daemon]
+    wait_until(lambda: os.getsid(daemon) == daemon, "the sleep to be in a session of its own")
+    runner.proc.kill()
+    wait_until(lambda: not alive(shell) and not alive(daemon), "both to die with the runner")
+
+
+def test_a_run_started_as_its_runner_died_dies_with_it() -> None:
+    """The runner SIGKILLed between a start and its write of the group to the keeper (here
+    it never writes): the keeper finds the run's processes by the runner's instance in
+    their environment, and kills their groups, so what exec'd with another environment in
+    the run's group too. A process with another instance is not the runner's."""
+    runner = Runner("unregistered")
+    bystanders: list[subprocess.Popen[bytes]] = []
+    try:
+        script = f"env -i {SLEEP} 300 & c=$!; setsid sleep 300 & echo $$ $c $! ${INSTANCE}; wait"
+        printed = runner.run(script)
+        shell, cleared, daemon = (int(pid) for pid in printed[:3])
+        instance, keeper = printed[3], int(printed[4])
+        runner.pids += [shell, cleared, daemon]
+        for other in (f"{os.getpid()}.0123456789abcdef", f"{instance}0"):
+            environment = {**os.environ, INSTANCE: other}
+            bystanders.append(subprocess.Popen([SLEEP, "300"], env=environment))
+        wait_until(lambda: Path(f"/proc/{cleared}/environ").read_bytes() == b"", "env -i")
+        wait_until(lambda: os.getsid(daemon) == daemon, "the setsid")
+        assert os.getpgid(cleared) == shell
+        runner.proc.kill()
+        pids = (shell, cleared, daemon)
+        wait_until(lambda: not any(alive(pid) for pid in pids), "the three to die with it")
+        wait_until(lambda: not alive(keeper), "the keeper to be done")
+        assert [bystander.poll() for bystander in bystanders] == [None, None]
+    finally:
+        for bystander in bystanders:
+            bystander.kill()
+            bystander.wait()
+        runner.close()
+
+
+def test_a_runners_keeper_does_not_carry_an_instance_it_inherited() -> None:
+    """A runner started by a run of another runner: that runner's keeper would kill this
+    one's before it killed this runner's runs. Its runs carry its own instance."""
+    runner = Runner(env={**os.environ, INSTANCE: "1.outer"})
+    try:
+        printed = runner.run(f"echo $$ ${INSTANCE}; wait")
+        shell, instance, keeper = int(printed[0]), printed[1], int(printed[2])
+        runner.pids.append(shell)
+        assert instance == f"{runner.proc.pid}.{instance.split('.')[1]}"
+        variables = Path(f"/proc/{keeper}/environ").read_bytes().split(b"\0")
+        assert not any(variable.startswith(f"{INSTANCE}=".encode()) for variable in variables)
+    finally:
+        runner.close()
 
 
 def test_a_keeper_that_died_is_replaced_with_the_groups_still_running(runner: Runner) -> None:
@@ -207,7 +277,8 @@ def test_the_program_gets_its_argv_env_and_cwd_as_given(tmp_path: Path) -> None:
     assert lines[0] == str(tmp_path.resolve())
     assert lines[1:5] == ["sh", "-c", script, "arg 1"]  # argv[0] as given, not its path
     assert lines[5] == ""
-    assert sorted(lines[6:]) == sorted(f"{k}={v}" for k, v in env.items())
+    instance = next(line for line in lines[6:] if line.startswith(f"{INSTANCE}="))
+    assert sorted(lines[6:]) == sorted([*(f"{k}={v}" for k, v in env.items()), instance])
 
 
 def test_the_keeper_keeps_a_group_while_anything_is_left_in_it() -> None:

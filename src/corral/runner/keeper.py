@@ -1,18 +1,25 @@
-"""The group keeper: a small helper process that SIGKILLs the runs' process groups when the
+"""The group keeper: a small helper process that SIGKILLs the runs' processes when the
 runner dies.
 
-A run's process dies with the runner by itself (PR_SET_PDEATHSIG, set by ``setpriv
---pdeathsig``: see ``corral.runner.process``), but what it started does not: a shell's
-``sleep`` in the run's group would outlive a SIGKILLed runner. No code of the runner runs
-after a SIGKILL, so another process does it: the keeper (``keeper_program.py``, a bare
-``python -I -S``, in its own session) learns each run's group from the runner through a
-pipe (4 bytes when the run's process starts), keeps it until it is empty, and SIGKILLs
-those left once the pipe reaches its end (the runner is gone) or PR_SET_PDEATHSIG tells it
-so.
+No code of the runner runs after a SIGKILL, so another process does it: the keeper
+(``keeper_program.py``, a bare ``python -I -S``, in its own session), started before the
+runner's first run. It learns each run's process group from the runner through a pipe (4
+bytes when the run's process starts), keeps it until it is empty, and once the pipe
+reaches its end (the runner is gone) or PR_SET_PDEATHSIG tells it so, SIGKILLs the groups
+left, then every process whose environment carries the runner's instance, and their
+groups.
+
+The instance (``CORRAL_RUNNER_INSTANCE=<runner pid>.<random>``, one a runner process's
+life: a forked copy has its own) is set in every run's environment from its first
+instruction, so it covers what the groups cannot: a run started just before the runner
+died, its group not written yet, and what left its run's group (a daemon's setsid) but
+kept its environment. What exec'd with another environment and left its run's group too
+escapes; the kernel's PR_SET_PDEATHSIG, which this replaces, held a run's first process
+only (set by ``setpriv``: a second exec, half the cost of each start).
 
 It is off the spawn's path: one write to a pipe a start. Should it die, the next start
-starts another and registers the groups whose leaders still run (what an exited leader
-left behind in its group is the old keeper's only).
+starts another, with the same instance, and registers the groups whose leaders still run
+(what an exited leader left behind in its group is then the instance's only).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import select
 import sys
 from collections.abc import Iterable
@@ -29,6 +37,7 @@ from corral.runner import keeper_program
 
 log = logging.getLogger("corral.runner")
 PROGRAM = Path(keeper_program.__file__)
+INSTANCE = keeper_program.INSTANCE
 
 
 class Keeper:
@@ -45,6 +54,7 @@ class Keeper:
 
     def __init__(self) -> None:
         self.runner = os.getpid()
+        self.instance = f"{self.runner}.{secrets.token_hex(8)}"
         self.groups: set[int] = set()
         self.pid = 0
         self._pipe = -1
@@ -68,8 +78,10 @@ class Keeper:
         try:
             self.pid = os.posix_spawn(
                 sys.executable,
-                [sys.executable, "-I", "-S", str(PROGRAM), str(self.runner)],
-                os.environ,
+                [sys.executable, "-I", "-S", str(PROGRAM), str(self.runner), self.instance],
+                # Not an instance this runner inherited, as a run's descendant: that run's
+                # keeper would kill this one before it did its work.
+                {name: value for name, value in os.environ.items() if name != INSTANCE},
                 file_actions=[
                     (os.POSIX_SPAWN_DUP2, read, 0),
                     (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
@@ -92,8 +104,8 @@ class Keeper:
             for offset in range(0, len(data), select.PIPE_BUF):
                 os.write(self._pipe, data[offset : offset + select.PIPE_BUF])  # all or nothing
         except BlockingIOError:
-            # 16,384 records behind: it is stuck. The groups' leaders still die by their
-            # PR_SET_PDEATHSIG; the next send tries the whole set again.
+            # 16,384 records behind: it is stuck. The runs still carry the instance it
+            # sweeps for; the next send tries the whole set again.
             if not self._behind:
                 log.warning("the group keeper (pid %d) is not reading", self.pid)
             self._behind = True

@@ -1,30 +1,34 @@
-"""The group keeper's own program: when the runner dies, SIGKILL its runs' process groups.
+"""The group keeper's own program: when the runner dies, SIGKILL its runs' processes.
 
-Run as ``python -I -S keeper_program.py RUNNER_PID`` by ``corral.runner.keeper`` (read that
-module first), its stdin the read end of a pipe only the runner writes to: 4-byte native
-ints, the id of each run's process group when its process started (again after the pipe
-was full, or to a new keeper: a set). A group is kept until it is empty, not just until
-its leader exits: what the run started may still be running, and holding the run's pipes
-it keeps the run from finishing. Stdlib only (``-I -S``: nothing of the runner's
-environment).
+Run as ``python -I -S keeper_program.py RUNNER_PID INSTANCE`` by ``corral.runner.keeper``
+(read that module first), its stdin the read end of a pipe only the runner writes to:
+4-byte native ints, the id of each run's process group when its process started (again
+after the pipe was full, or to a new keeper: a set). A group is kept until it is empty, not
+just until its leader exits: what the run started may still be running, and holding the
+run's pipes it keeps the run from finishing. Stdlib only (``-I -S``: nothing of the
+runner's environment).
 
 The runner's death shows as the pipe's end of file, and as SIGUSR1 (PR_SET_PDEATHSIG, for
 a runner whose pipe a forked copy still holds open); either way it reads what is left in
-the pipe, SIGKILLs every group still registered, and exits. It ignores SIGTERM, SIGINT and
-SIGHUP: a service manager's stop reaches the runner too, whose runs have their grace
-period; the keeper acts only once the runner is gone.
+the pipe, SIGKILLs every group still registered, then every process whose environment
+carries ``CORRAL_RUNNER_INSTANCE=INSTANCE`` and its group (``sweep``), and exits. It
+ignores SIGTERM, SIGINT and SIGHUP: a service manager's stop reaches the runner too, whose
+runs have their grace period; the keeper acts only once the runner is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import select
 import signal
 import sys
 import time
+from collections.abc import Iterator
 
+INSTANCE = "CORRAL_RUNNER_INSTANCE"  # corral.runner.keeper.INSTANCE
 PR_SET_PDEATHSIG = 1
 RECORD = 4
 PRUNE_MS = 1000
@@ -39,7 +43,7 @@ def _runner_gone(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    runner = int(sys.argv[1])
+    runner, instance = int(sys.argv[1]), sys.argv[2]
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, _runner_gone)
@@ -57,6 +61,9 @@ def main() -> None:
             if poller.poll(PRUNE_MS if groups else None):
                 chunk = os.read(0, 65536)
                 if not chunk:
+                    # The runner's exit closed it; its PR_SET_PDEATHSIG comes just after,
+                    # and must not break off the killing.
+                    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
                     break
                 pending = register(groups, pending + chunk)
             groups = {pgid for pgid in groups if _running(pgid)}
@@ -74,6 +81,54 @@ def main() -> None:
     for pgid in groups:
         with contextlib.suppress(OSError):  # the group is gone
             os.killpg(pgid, signal.SIGKILL)
+    sweep(f"{INSTANCE}={instance}".encode())
+
+
+def sweep(entry: bytes) -> None:
+    """SIGKILL every process whose environment holds ``entry``, and its group.
+
+    They are the runs' processes and their descendants: those of a group not registered
+    yet (the runner died between a start and its write), and those that left their run's
+    group (a daemon's setsid) but kept its environment. What left both, exec'd with
+    another environment in a group of its own, escapes. The instance is unique to one
+    runner's life, so a pid reused since holds it only if a run's process gave it.
+
+    Looks again until a look finds none it has not killed, and twice at least: a process
+    forked while a look went by, or being started as the runner died (it holds ``entry``
+    once its exec is done), is found by the next one."""
+    killed: set[int] = set()
+    for look in itertools.count():
+        found = set(carriers(entry)) - killed
+        if not found and look > 0:
+            return
+        for pid in found:
+            with contextlib.suppress(OSError):  # it is gone
+                pgid = os.getpgid(pid)
+                os.kill(pid, signal.SIGKILL)  # first: it can no longer leave its group
+                os.killpg(pgid, signal.SIGKILL)
+        killed |= found
+
+
+def carriers(entry: bytes) -> Iterator[int]:
+    """The processes whose environment holds ``entry`` (a ``NAME=value`` line), among those
+    this user may read (the others are not ours to kill either)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return  # no /proc (macOS): the registered groups only
+    for name in names:
+        if name.isdigit() and entry in _environment(name).split(b"\0"):
+            yield int(name)
+
+
+def _environment(pid: str) -> bytes:
+    """The environment a process was exec'd with; nothing if it is gone or another
+    user's."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb", buffering=0) as file:
+            return file.read()
+    except OSError:
+        return b""
 
 
 def _running(pgid: int) -> bool:

@@ -1,11 +1,12 @@
 """A child process in its own process group, so a stop reaches everything it started.
 
 The child is also tied to the runner's life: if the runner dies (even by SIGKILL) the
-kernel kills the child (PR_SET_PDEATHSIG), so a run reclaimed by another runner never
-goes on here too. ``setpriv --pdeathsig`` sets that up without a Python ``preexec_fn``,
-which would force the slow fork path and nearly triple the cost of each spawn. What the
-child starts in its group is SIGKILLed by the group keeper when the runner dies
-(``corral.runner.keeper``).
+group keeper (``corral.runner.keeper``) kills the child and what it started, so a run
+reclaimed by another runner never goes on here too. The keeper is running before the child
+starts, learns its group right after, and finds it by the runner's instance in its
+environment meanwhile. Nothing runs in the child between the fork and the exec: a Python
+``preexec_fn`` would force the slow fork path, and ``setpriv --pdeathsig`` a second exec,
+each of them at least doubling the cost of a start.
 
 On Linux with pidfds (5.3+) a child is started by ``subprocess.Popen``, which vforks, and
 watched by the event loop through a pidfd and two pipes (``WatchedProcess``): uvloop's own
@@ -17,47 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import gc
-import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, Protocol, TypeVar
 
 from corral.agents.base import ProcessSpec
-from corral.runner.keeper import Keeper
+from corral.runner.keeper import INSTANCE, Keeper
 
 T = TypeVar("T")
-log = logging.getLogger("corral.runner")
-
-_SETPRIV = shutil.which("setpriv") if sys.platform == "linux" else None
 PIPE_LIMIT = 2**16  # a line of output longer than this is an error (asyncio's default)
-
-
-def _die_with_parent() -> None:
-    """In the child, when setpriv is missing: be killed when the runner dies."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _launch(argv: tuple[str, ...]) -> tuple[tuple[str, ...], Callable[[], None] | None]:
-    if _SETPRIV:
-        return (_SETPRIV, "--pdeathsig", "KILL", "--", *argv), None
-    if sys.platform == "linux":
-        return argv, _die_with_parent
-    return argv, None
-
-
-def _exists(spec: ProcessSpec) -> bool:
-    program = spec.argv[0]
-    if "/" in program:
-        return os.access(os.path.join(spec.cwd or ".", program), os.X_OK)
-    return shutil.which(program, path=spec.env.get("PATH", os.defpath)) is not None
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:
@@ -139,22 +112,21 @@ class Child:
     async def spawn(cls, spec: ProcessSpec) -> Child:
         if not spec.argv:
             raise ValueError("empty argv")
-        argv, preexec = _launch(spec.argv)
-        if _SETPRIV and not _exists(spec):
-            # setpriv would report a missing program as its own failure: say it plainly.
-            raise FileNotFoundError(f"no such program: {spec.argv[0]!r}")
+        # No keeper, no start: nothing would kill the run should the runner die.
+        keeper = Keeper.of_this_process()
+        env = {**spec.env, INSTANCE: keeper.instance}
         if _PIDFDS:
-            return cls(await WatchedProcess.start(argv, spec.cwd, spec.env, preexec))
+            return cls(await WatchedProcess.start(spec.argv, spec.cwd, env, keeper))
         proc = await asyncio.create_subprocess_exec(
-            *argv,
+            *spec.argv,
             cwd=spec.cwd,
-            env=spec.env,
+            env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group: signals reach its children
-            preexec_fn=preexec,
         )
+        _keep(keeper, proc.pid)
         return cls(proc)
 
     def signal_group(self, sig: signal.Signals) -> None:
@@ -209,11 +181,7 @@ class WatchedProcess:
 
     @classmethod
     async def start(
-        cls,
-        argv: tuple[str, ...],
-        cwd: str | None,
-        env: dict[str, str],
-        preexec: Callable[[], None] | None,
+        cls, argv: tuple[str, ...], cwd: str | None, env: dict[str, str], keeper: Keeper
     ) -> WatchedProcess:
         # Blocking, as asyncio's own subprocess is: a vfork returns once the child exec'd.
         popen = subprocess.Popen(  # noqa: ASYNC220
@@ -224,11 +192,10 @@ class WatchedProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group: signals reach its children
-            preexec_fn=preexec,
         )
         assert popen.stdout is not None and popen.stderr is not None
-        _keep(popen.pid)
         try:
+            _keep(keeper, popen.pid)
             pidfd = os.pidfd_open(popen.pid)
             stdout = await _read_pipe(popen.stdout)
             stderr = await _read_pipe(popen.stderr)
@@ -258,12 +225,15 @@ class WatchedProcess:
             self._exited.set_result(returncode)
 
 
-def _keep(pgid: int) -> None:
-    """The keeper SIGKILLs this new group if the runner dies (``corral.runner.keeper``)."""
+def _keep(keeper: Keeper, pgid: int) -> None:
+    """The keeper SIGKILLs this new group if the runner dies."""
     try:
-        Keeper.of_this_process().add(pgid)
-    except OSError as exc:  # it did not start: the leaders still die by PR_SET_PDEATHSIG
-        log.warning("no group keeper (%s): what group %d starts may outlive the runner", exc, pgid)
+        keeper.add(pgid)
+    except OSError:
+        # Its keeper died and another could not start: the group must not run unkept.
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
+        raise
 
 
 class _PipeProtocol(asyncio.StreamReaderProtocol):
