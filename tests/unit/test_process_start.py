@@ -227,6 +227,32 @@ def test_a_keeper_that_died_is_replaced_with_the_groups_still_running(runner: Ru
     wait_until(lambda: not any(alive(pid) for pid in pids), "all four to die with the runner")
 
 
+def test_a_keeper_that_died_is_replaced_at_once(runner: Runner) -> None:
+    """Not at the next start: until then, the runner's death would kill nothing."""
+    shell, sleeper, keeper = runner.start_one()
+    os.kill(keeper, signal.SIGKILL)
+    wait_until(lambda: bool(keepers(runner.proc.pid) - {keeper}), "another keeper")
+    runner.proc.kill()
+    wait_until(lambda: not alive(shell) and not alive(sleeper), "both to die with the runner")
+
+
+def keepers(runner: int) -> set[int]:
+    """The live processes ``runner`` started that run the keeper's program."""
+    children: set[int] = set()
+    for task in Path(f"/proc/{runner}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended
+            children.update(int(pid) for pid in (task / "children").read_text().split())
+    program = keeper_program.__file__.encode()
+    return {pid for pid in children if alive(pid) and program in cmdline(pid)}
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""  # it is gone
+
+
 def test_a_missing_program_is_said_plainly(tmp_path: Path) -> None:
     """As the attempt tells it from a missing cwd: no file name, or the program's."""
     for program in ("corral-no-such-program", str(tmp_path / "missing")):

@@ -17,13 +17,16 @@ kept its environment. What exec'd with another environment and left its run's gr
 escapes; the kernel's PR_SET_PDEATHSIG, which this replaces, held a run's first process
 only (set by ``setpriv``: a second exec, half the cost of each start).
 
-It is off the spawn's path: one write to a pipe a start. Should it die, the next start
-starts another, with the same instance, and registers the groups whose leaders still run
-(what an exited leader left behind in its group is then the instance's only).
+It is off the spawn's path: one write to a pipe a start. Should it die (a SIGKILL, the OOM
+killer), the runner starts another as soon as the event loop sees it through a pidfd (else
+at the next start), with the same instance, and registers the groups whose leaders still
+run (what an exited leader left behind in its group is then the instance's only). Until
+then nothing would kill the runs should the runner die too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -95,10 +98,41 @@ class Keeper:
             os.close(read)
         os.set_blocking(write, False)
         self._pipe = write
+        self._watch()
         if self.groups:
             self._send(self.groups)  # every group whose leader still runs
 
+    def _watch(self) -> None:
+        """Replace the keeper as soon as it dies, from the event loop it was started in."""
+        try:
+            loop = asyncio.get_running_loop()
+            pidfd = os.pidfd_open(self.pid)
+        except (RuntimeError, AttributeError, OSError):
+            return  # no loop, or no pidfds (macOS, Linux < 5.3): the next send finds it
+        loop.add_reader(pidfd, self._exited, loop, pidfd, self.pid)
+
+    def _exited(self, loop: asyncio.AbstractEventLoop, pidfd: int, pid: int) -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        if pid != self.pid:
+            return  # a send found it dead first, and replaced it
+        try:
+            self._replace()
+        except OSError as exc:
+            log.error("no group keeper (%s): the next start tries again", exc)
+
+    def _replace(self) -> None:
+        log.warning("the group keeper (pid %d) died: starting another", self.pid)
+        os.close(self._pipe)
+        self._pipe = -1  # should the start fail, the next send tries again
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        self._start()
+
     def _send(self, groups: Iterable[int]) -> None:
+        if self._pipe < 0:
+            self._start()  # it sends every group
+            return
         data = b"".join(pgid.to_bytes(4, sys.byteorder) for pgid in groups)
         try:
             for offset in range(0, len(data), select.PIPE_BUF):
@@ -111,10 +145,6 @@ class Keeper:
             self._behind = True
             return
         except BrokenPipeError:
-            log.warning("the group keeper (pid %d) died: starting another", self.pid)
-            os.close(self._pipe)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(self.pid, 0)
-            self._start()
+            self._replace()
             return
         self._behind = False
