@@ -21,7 +21,7 @@ It is off the spawn's path: one write to a pipe a start. Should it die (a SIGKIL
 killer), the runner starts another as soon as the event loop sees it through a pidfd (else
 at the next start), with the same instance, and registers the groups whose leaders still
 run (what an exited leader left behind in its group is then the instance's only). Until
-then nothing would kill the runs should the runner die too.
+then, and if both die at once (a ``pkill -9 -f corral``), nothing kills the runs.
 """
 
 from __future__ import annotations

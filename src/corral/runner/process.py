@@ -4,7 +4,7 @@ The child is also tied to the runner's life: if the runner dies (even by SIGKILL
 group keeper (``corral.runner.keeper``) kills the child and what it started, so a run
 reclaimed by another runner never goes on here too. The keeper is running before the child
 starts, learns its group right after, and finds it by the runner's instance in its
-environment meanwhile. Nothing runs in the child between the fork and the exec: a Python
+environment meanwhile. No code of corral's runs in the child before its exec: a Python
 ``preexec_fn`` would force the slow fork path, and ``setpriv --pdeathsig`` a second exec,
 each of them at least doubling the cost of a start.
 
