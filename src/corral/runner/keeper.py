@@ -114,8 +114,10 @@ class Keeper:
     def _exited(self, loop: asyncio.AbstractEventLoop, pidfd: int, pid: int) -> None:
         loop.remove_reader(pidfd)
         os.close(pidfd)
-        if pid != self.pid:
-            return  # a send found it dead first, and replaced it
+        # A send found it dead first and replaced it; or this process is a forked copy of
+        # the runner, whose keeper died with it.
+        if pid != self.pid or self.runner != os.getpid():
+            return
         try:
             self._replace()
         except OSError as exc:
