@@ -8,7 +8,7 @@ Measures, for each store and each runner transport:
               completed: runs/s, with --runners (default 4 and 32) runners sharing
               --total-slots slots; and the coordinator's CPU meanwhile (100% = one core)
   control     the same with 4 runners whose runs start no process (noop_runner.py): the
-              control plane alone, without the ~1.7 ms of CPU a process start costs
+              control plane alone, without the ~1 ms of CPU a process start costs
 
     python benchmarks/dispatch.py [--runs 2000] [--control-runs 10000] [--runners 4,32]
                                   [--total-slots 32] [--samples 200] [--db sqlite|postgres|both]
