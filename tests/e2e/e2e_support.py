@@ -194,16 +194,17 @@ class Coordinator(Proc):
         *,
         port: int,
         db: str,
+        host: str = "127.0.0.1",
         lost_after_s: float = LOST_AFTER_S,
         extra: Iterable[str] = (),
     ) -> None:
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{host}:{port}"
         argv = [
             CORRAL,
             "serve",
             "--host",
-            "127.0.0.1",
+            host,
             "--port",
             str(port),
             "--db",
@@ -315,16 +316,20 @@ class Cluster:
         self,
         *,
         port: int | None = None,
+        host: str = "127.0.0.1",
         db: str | None = None,
         lost_after_s: float = LOST_AFTER_S,
         wait: bool = True,
         extra: Iterable[str] = (),
     ) -> Coordinator:
+        """``host``: any 127.x.y.z is this machine too (Linux), so that two coordinators
+        may listen on one port, as two hosts behind one name would."""
         coordinator = Coordinator(
             f"coordinator{len([p for p in self.procs if isinstance(p, Coordinator)]) or ''}",
             self.env,
             self.root,
             port=port or free_port(),
+            host=host,
             db=db or str(self.root / "corral.db"),
             lost_after_s=lost_after_s,
             extra=extra,

@@ -43,7 +43,7 @@ async def test_a_refused_report_is_dropped_and_the_outbox_goes_on(db_url: str) -
         runner_id = RunnerId(await api.register())
         run_id = await api.create_command("seq", "3")
         await api.claim_one(runner_id)
-        outbox = Outbox(HttpLink("http://corral.test", client=api.client), lambda: runner_id)
+        outbox = Outbox(HttpLink(str(api.client.base_url), client=api.client), lambda: runner_id)
         sending = asyncio.create_task(outbox.run())
         try:
             reports = [

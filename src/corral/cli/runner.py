@@ -143,7 +143,8 @@ def runner_settings(
     type=URLS,
     default="http://127.0.0.1:8765",
     help="The coordinator's URL (--coordinator: the same); several coordinators on one "
-    "PostgreSQL database: their URLs separated by commas, tried in turn.",
+    "PostgreSQL database: their URLs separated by commas, or a name with an address for "
+    "each, tried in turn.",
 )
 @option(
     "--token",

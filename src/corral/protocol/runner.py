@@ -184,7 +184,9 @@ class RunnerConnection:
         addresses: int = 1,
     ) -> None:
         self._hello = (name, version, total_slots, tuple(labels), dict(metadata))
-        self._addresses = addresses  # coordinators it may reach: tried in turn (the pump's)
+        # Coordinators it may reach, tried in turn (the pump's, which updates it: a name may
+        # resolve to more or fewer from one round to the next).
+        self.addresses = addresses
         self._hosting = (tuple(actor_names), pool, actor_slots)
         self._rng = rng
         self._max_backoff_s = max_backoff_s
@@ -568,7 +570,7 @@ class RunnerConnection:
         failed. While we hold work, attempts fit inside the lease: never more than a
         quarter of what is left of it, so they come faster as its end nears — a
         coordinator back (or another up) a second before the end still finds us trying."""
-        rounds, turn = divmod(self._attempt + 1, self._addresses)
+        rounds, turn = divmod(self._attempt + 1, self.addresses)
         delay = (
             RETRY_ELSEWHERE_S
             if turn

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import random
 import signal
 import sys
 import time
@@ -27,6 +28,7 @@ from corral.errors import CorralError
 from corral.ids import RunId, RunnerId
 from corral.runner.actors import ActorHost
 from corral.runner.attempt import Attempt
+from corral.runner.coordinators import Resolve, resolve_host
 from corral.runner.environment import attempt_identity, run_environment
 from corral.runner.link import HttpLink, LinkDown
 from corral.runner.poll import PollTransport
@@ -49,9 +51,15 @@ class RunnerCore:
         transport: Transport | None = None,
         *,
         host_env: Mapping[str, str] | None = None,
+        resolve: Resolve = resolve_host,
+        rng: random.Random | None = None,
     ) -> None:
+        """``resolve`` and ``rng``: how its coordinators' names resolve and where it starts
+        among their addresses (``corral.runner.coordinators``), the system's and at random
+        but in tests."""
         self.settings = settings
-        self.transport: Transport = transport or _transport_for(self, settings)
+        self._resolve, self._rng = resolve, rng
+        self.transport: Transport = transport or _transport_for(self, settings, resolve, rng)
         self.attempts: dict[RunId, Attempt] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
@@ -217,7 +225,12 @@ class RunnerCore:
         if mcp is None or mcp.token is not None:
             return
         if self._minting is None:
-            self._minting = HttpLink(self.settings.coordinator_url, token=self.settings.token)
+            self._minting = HttpLink(
+                self.settings.coordinator_url,
+                token=self.settings.token,
+                resolve=self._resolve,
+                rng=self._rng,
+            )
         try:
             token = await self._minting.agent_token(self.runner_id, attempt.run.id, attempt.attempt)
         except (CorralError, LinkDown) as exc:
@@ -258,10 +271,12 @@ class RunnerCore:
             self._slot_freed.set()
 
 
-def _transport_for(runner: RunnerCore, settings: RunnerSettings) -> Transport:
+def _transport_for(
+    runner: RunnerCore, settings: RunnerSettings, resolve: Resolve, rng: random.Random | None
+) -> Transport:
     if settings.transport == "websocket":
-        return WebSocketTransport(runner, settings)
-    return PollTransport(runner, settings)
+        return WebSocketTransport(runner, settings, resolve=resolve, rng=rng)
+    return PollTransport(runner, settings, resolve=resolve, rng=rng)
 
 
 class _Unrunnable:

@@ -7,6 +7,7 @@ backoff, forever. Answers the coordinator gives on purpose (4xx) raise the match
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from corral.credentials import auth_headers
 from corral.http_transport import SetupSafeTransport
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import Indexed
+from corral.runner.coordinators import Coordinators, Resolve, resolve_host
 from corral.runners import Held
 
 
@@ -47,13 +49,16 @@ class HttpLink:
         *,
         token: str | None = None,
         client: httpx.AsyncClient | None = None,
+        resolve: Resolve = resolve_host,
+        rng: random.Random | None = None,
     ) -> None:
-        """``base_url``: one coordinator, or several separated by commas: after a call that
-        failed on one (``LinkDown``), the next call goes to the next."""
-        self._urls = [url.strip() for url in base_url.split(",") if url.strip()]
-        self._turn = 0
+        """``base_url``: one coordinator, or several separated by commas, a name possibly
+        standing for several (``corral.runner.coordinators``): after a call that failed on
+        one (``LinkDown``), the next call goes to the next."""
+        self._coordinators = Coordinators(
+            [url.strip() for url in base_url.split(",") if url.strip()], resolve=resolve, rng=rng
+        )
         self._client = client or httpx.AsyncClient(
-            base_url=self._urls[0],
             headers=auth_headers(token),
             timeout=httpx.Timeout(30.0, connect=5.0),
             transport=SetupSafeTransport(
@@ -63,14 +68,7 @@ class HttpLink:
 
     @property
     def coordinators(self) -> int:
-        return len(self._urls)
-
-    def _next_coordinator(self, failed: httpx.URL) -> None:
-        """The next coordinator, unless another call that failed on ``failed`` moved on
-        already (a poll and a control call cut at once must not move twice, back to it)."""
-        if len(self._urls) > 1 and self._client.base_url == failed:
-            self._turn += 1
-            self._client.base_url = httpx.URL(self._urls[self._turn % len(self._urls)])
+        return len(self._coordinators)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -84,20 +82,31 @@ class HttpLink:
         params: Any = None,
         timeout: float | None = None,
     ) -> httpx.Response:
-        called = self._client.base_url
+        called = await self._coordinators.current()
+        url = httpx.URL(called.url.rstrip("/") + path)
+        headers: dict[str, str] = {}
+        extensions: dict[str, Any] = {}
+        if called.address is not None:
+            # To that address, the request still names the coordinator: its Host header,
+            # and for https the TLS server name, which the certificate is checked against.
+            headers["Host"] = url.netloc.decode("ascii")
+            extensions["sni_hostname"] = url.host
+            url = url.copy_with(host=called.address)
         try:
             response = await self._client.request(
                 method,
-                path,
+                url,
                 json=json,
                 params=params,
+                headers=headers,
+                extensions=extensions,
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
             )
         except httpx.TransportError as exc:
-            self._next_coordinator(called)
+            self._coordinators.move_on(called)
             raise LinkDown(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
         if response.status_code >= 500:
-            self._next_coordinator(called)
+            self._coordinators.move_on(called)
             if _error_code(response) == errors.CoordinatorLeaving.code:
                 raise Leaving(f"{method} {path}: coordinator {called} is stopping")
             raise LinkDown(f"{method} {path}: HTTP {response.status_code}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,7 @@ from corral.errors import CorralError, LeaseLost, NotFound
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import Indexed
 from corral.protocol.runner import HOLD_ON_RETRY_S as HOLD_ON_S
+from corral.runner.coordinators import Resolve, resolve_host
 from corral.runner.lease import Lease
 from corral.runner.link import HttpLink, Leaving, LinkDown
 from corral.runner.outbox import Outbox
@@ -47,10 +49,20 @@ LEASE_LOOK_S = 1.0  # the lease loop looks at least this often
 class PollTransport:
     kind = "poll"
 
-    def __init__(self, host: Host, settings: RunnerSettings, link: HttpLink | None = None) -> None:
+    def __init__(
+        self,
+        host: Host,
+        settings: RunnerSettings,
+        link: HttpLink | None = None,
+        *,
+        resolve: Resolve = resolve_host,
+        rng: random.Random | None = None,
+    ) -> None:
         self.host = host
         self.settings = settings
-        self.link = link or HttpLink(settings.coordinator_url, token=settings.token)
+        self.link = link or HttpLink(
+            settings.coordinator_url, token=settings.token, resolve=resolve, rng=rng
+        )
         self.runner_id: RunnerId | None = None
         self.heartbeat_interval_s = 60.0
         self.poll_timeout_s = 30.0

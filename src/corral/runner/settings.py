@@ -12,7 +12,8 @@ from corral.runner.output import MAX_LINE_BYTES
 @dataclass(frozen=True)
 class RunnerSettings:
     # One coordinator's URL, or several separated by commas (coordinators sharing one
-    # PostgreSQL database): the runner moves to the next when one fails.
+    # PostgreSQL database), a name possibly standing for one coordinator per address
+    # (``corral.runner.coordinators``): the runner moves to the next when one fails.
     coordinator_url: str = "http://127.0.0.1:8765"
     token: str | None = field(default=None, repr=False)  # sent as a bearer token, never shown
     name: str = field(default_factory=socket.gethostname)

@@ -44,6 +44,7 @@ from corral.protocol.outputs import (
     TunnelReceived,
 )
 from corral.protocol.runner import ConnectionState, RunnerConnection, TunnelReply
+from corral.runner.coordinators import Coordinator, Coordinators, Resolve, resolve_host
 from corral.runner.settings import RunnerSettings
 from corral.runner.transport import Host
 from corral.runner.tunnel import RunnerTunnel
@@ -63,13 +64,19 @@ class WebSocketTransport:
     kind = "websocket"
 
     def __init__(
-        self, host: Host, settings: RunnerSettings, *, rng: random.Random | None = None
+        self,
+        host: Host,
+        settings: RunnerSettings,
+        *,
+        rng: random.Random | None = None,
+        resolve: Resolve = resolve_host,
     ) -> None:
         self.host = host
         self.settings = settings
-        # Coordinators it may reach, tried in turn: after each failure, the next one.
-        self.urls = [socket_url(url) for url in settings.coordinator_urls]
-        self._turn = 0
+        rng = rng or random.Random()
+        # Coordinators it may reach, tried in turn: after each socket, the next one.
+        self.coordinators = Coordinators(settings.coordinator_urls, resolve=resolve, rng=rng)
+        self.coordinator: Coordinator | None = None  # the one it connects (or is connected) to
         self.conn = RunnerConnection(
             name=settings.name,
             version=__version__,
@@ -77,14 +84,14 @@ class WebSocketTransport:
             labels=settings.labels,
             # tunnel: the gateway may send requests for our actors through this link.
             metadata={"hostname": socket.gethostname(), "tunnel": wire.TUNNEL_STARTING},
-            rng=rng or random.Random(),
+            rng=rng,
             max_backoff_s=settings.max_backoff_s,
             # Our processes must be gone (SIGTERM, grace, SIGKILL) before the lease ends.
             stop_margin_s=settings.kill_grace_s + 1.0,
             actor_names=sorted(settings.actor_kinds),
             pool=settings.pool,
             actor_slots=settings.actor_slots if settings.actor_kinds else 0,
-            addresses=len(self.urls),
+            addresses=len(self.coordinators),
         )
         self._ws: ClientConnection | None = None
         self._futures: dict[int, asyncio.Future[None]] = {}
@@ -103,11 +110,6 @@ class WebSocketTransport:
     @property
     def runner_id(self) -> RunnerId | None:
         return self.conn.runner_id
-
-    @property
-    def url(self) -> str:
-        """The coordinator's socket it connects (or is connected) to."""
-        return self.urls[self._turn % len(self.urls)]
 
     @property
     def reports(self) -> WebSocketTransport:
@@ -223,16 +225,19 @@ class WebSocketTransport:
         while not self._over.is_set():
             if self.conn.state is ConnectionState.CLOSED:
                 return
+            coordinator = self.coordinator = await self.coordinators.current()
+            self.conn.addresses = len(self.coordinators)
             outputs = self.conn.connect(time.time())
             try:
                 async with websockets.connect(
-                    self.url,
+                    socket_url(coordinator.url),
                     additional_headers=auth_headers(self.settings.token),
                     open_timeout=10,
                     max_size=MAX_FRAME,
                     compression=None,  # small JSON frames: not worth the CPU
                     # The protocol's own pings find a dead socket (RunnerConnection.silence_s).
                     ping_interval=None,
+                    **_reaching(coordinator),
                 ) as ws:
                     self._ws = ws
                     await self._carry_out(outputs)
@@ -244,7 +249,7 @@ class WebSocketTransport:
             except (OSError, TimeoutError, websockets.WebSocketException) as exc:
                 if refusal := _refusal(exc):
                     raise refusal from exc  # asking again cannot change the answer
-                log.warning("coordinator socket %s: %s", self.url, exc)
+                log.warning("coordinator socket %s: %s", coordinator, exc)
                 lost = (
                     self.conn.socket_closed(time.time())
                     if self.conn.state is ConnectionState.ACTIVE
@@ -253,7 +258,8 @@ class WebSocketTransport:
             finally:
                 self._ws = None
                 self._connected.clear()
-            self._turn += 1  # whatever happened to that one, the next attempt goes elsewhere
+            # Whatever happened to that one, the next attempt goes elsewhere.
+            self.coordinators.move_on(coordinator)
             await self._carry_out(lost)
             await self._wait_to_reconnect()
 
@@ -386,7 +392,9 @@ class WebSocketTransport:
                 # without a closing handshake a half-open socket would never answer.
                 if self._ws is not None:
                     if out.reason == wire.REASON_COORDINATOR_LEAVING:
-                        log.info("coordinator %s is stopping: moving on, runs kept", self.url)
+                        log.info(
+                            "coordinator %s is stopping: moving on, runs kept", self.coordinator
+                        )
                     else:
                         log.warning("dropping the coordinator socket: %s", out.reason)
                     self._ws.transport.abort()
@@ -433,6 +441,15 @@ class WebSocketTransport:
             self.host.actors.stop(str(body["actor_id"]), int(body["generation"]))
         else:
             log.warning("unknown command %r ignored", kind)
+
+
+def _reaching(coordinator: Coordinator) -> dict[str, Any]:
+    """How ``websockets.connect`` reaches it: at its address, if it has one (the Host header
+    and TLS server name stay the URL's name), and then directly: a proxy would resolve the
+    name again."""
+    if coordinator.address is None:
+        return {}
+    return {"host": coordinator.address, "proxy": None}
 
 
 def _refusal(exc: Exception) -> CorralError | None:
