@@ -54,9 +54,9 @@ class RunnerCore:
         resolve: Resolve = resolve_host,
         rng: random.Random | None = None,
     ) -> None:
-        """``resolve`` and ``rng``: how its coordinators' names resolve and where it starts
-        among their addresses (``corral.runner.coordinators``), the system's and at random
-        but in tests."""
+        """``resolve`` and ``rng``: how the names of its coordinators resolve and where it
+        starts among their addresses (``corral.runner.coordinators``): the system's resolver
+        and a random start, unless a test gives its own."""
         self.settings = settings
         self._resolve, self._rng = resolve, rng
         self.transport: Transport = transport or _transport_for(self, settings, resolve, rng)

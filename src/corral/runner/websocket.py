@@ -74,7 +74,7 @@ class WebSocketTransport:
         self.host = host
         self.settings = settings
         rng = rng or random.Random()
-        # Coordinators it may reach, tried in turn: after each socket, the next one.
+        # Coordinators it may reach, tried in turn: once a socket ends or fails, the next.
         self.coordinators = Coordinators(settings.coordinator_urls, resolve=resolve, rng=rng)
         self.coordinator: Coordinator | None = None  # the one it connects (or is connected) to
         self.conn = RunnerConnection(
