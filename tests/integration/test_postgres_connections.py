@@ -66,3 +66,20 @@ def test_no_connection_compiles_statements_just_in_time(store: Store) -> None:
             row = tx.one("SELECT current_setting('jit') AS jit, pg_backend_pid() AS pid")
         assert row is not None and row["jit"] == "off"
         terminate(int(row["pid"]))
+
+
+def test_a_read_runs_its_statements_with_no_begin_nor_commit(store: Store) -> None:
+    """A read transaction's statements each commit as they end (``_reading``): in a block
+    begun before, a statement's transaction would have started before the statement."""
+    with store.db.transaction(write=False) as tx:
+        rows = [tx.one("SELECT now() = statement_timestamp() AS alone") for _ in range(2)]
+    assert rows == [{"alone": True}, {"alone": True}]
+    with store.db.transaction() as tx:
+        row = tx.one("SELECT now() = statement_timestamp() AS alone")
+    assert row == {"alone": False}  # a write is one block, begun first
+
+
+def test_a_write_inside_a_read_is_refused(store: Store) -> None:
+    with store.db.transaction(write=False), pytest.raises(RuntimeError):  # noqa: SIM117
+        with store.db.transaction():
+            pass

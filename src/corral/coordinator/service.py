@@ -228,20 +228,24 @@ class Coordinator:
 
     async def follow_logs(self, run_id: str, after_id: int) -> AsyncIterator[LogEntry | Run]:
         """Yield log lines as they arrive, then the finished run."""
+
+        def look(after_id: int) -> tuple[Run, list[LogEntry]]:
+            # The run first: a run's lines are all stored before it ends, so if it had ended,
+            # the read of its lines after it finds the last of them. One trip to a worker
+            # thread a look (they were two, and three at the end): a client follows its run
+            # while the runner starts its process, on the same cores.
+            run = self.store.runs.get(run_id)
+            return run, self.store.logs.read(run_id, after_id)
+
         while True:
             event = self.notifier.event(logs_topic(run_id))
-            entries = await self.in_thread(self.store.logs.read, run_id, after_id)
+            run, entries = await self.in_thread(look, after_id)
             for entry in entries:
                 yield entry
                 after_id = entry.id
             if entries:
                 continue
-            run = await self.in_thread(self.store.runs.get, run_id)
             if run.status.is_terminal:
-                # The last lines may have been stored after the read above (they always are
-                # before the run ends): read again, and send them before the end.
-                if await self.in_thread(self.store.logs.read, run_id, after_id, 1):
-                    continue
                 yield run
                 return
             await wait_for(event, self.settings.poll_timeout_s)

@@ -399,7 +399,9 @@ class PostgresDatabase:
             url,
             min_size=1,
             max_size=max_connections,
-            kwargs={"row_factory": tuple_row},
+            # Autocommit: a write transaction is a block psycopg begins and commits
+            # (``transaction``); a read runs its statements as they come (``_reading``).
+            kwargs={"row_factory": tuple_row, "autocommit": True},
             configure=self._name_node,
             check=self._check,
             reset=self._returned,
@@ -439,6 +441,11 @@ class PostgresDatabase:
     def transaction(self, *, write: bool = True, flat: bool = False) -> Iterator[Tx]:
         local = self._local
         current: _PgConnection | None = getattr(local, "conn", None)
+        if current is not None and not local.writing:
+            if write:
+                raise RuntimeError("a write transaction inside a read-only one")
+            yield _PostgresTx(current)  # a read in a read: its statements run as they come
+            return
         if current is not None and local.flat:
             with _joined(local):
                 yield _PostgresTx(current)
@@ -454,15 +461,35 @@ class PostgresDatabase:
                 local.flat, local.spoilt = outer_flat, outer_spoilt
             return
         try:
-            with self._pool.connection(timeout=30) as conn, conn.transaction():
-                local.conn, local.flat, local.spoilt = conn, flat, False
-                try:
-                    yield _PostgresTx(conn)
-                    _check_not_spoilt(local)
-                finally:
-                    local.conn = None
+            with self._pool.connection(timeout=30) as conn:
+                if not write:
+                    with self._reading(conn) as tx:
+                        yield tx
+                    return
+                with conn.transaction():
+                    local.conn, local.writing, local.flat, local.spoilt = conn, True, flat, False
+                    try:
+                        yield _PostgresTx(conn)
+                        _check_not_spoilt(local)
+                    finally:
+                        local.conn = None
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise Unavailable(f"PostgreSQL unavailable: {exc}") from exc
+
+    @contextmanager
+    def _reading(self, conn: _PgConnection) -> Iterator[Tx]:
+        """A read-only transaction: its statements run one by one, each committed as it
+        ends (autocommit), with no BEGIN before them nor COMMIT after, a round trip each
+        that a read of one statement (most are) paid twice. Under READ COMMITTED (the
+        default, which corral's transactions are written for) a transaction gives a read
+        nothing more: each statement takes its own snapshot anyway, and a read takes no
+        lock it would hold until the end."""
+        local = self._local
+        local.conn, local.writing = conn, False
+        try:
+            yield _PostgresTx(conn)
+        finally:
+            local.conn = None
 
     def lock_rows(self, *, skip_locked: bool = False) -> str:
         # NO KEY UPDATE: no primary key ever changes, and a plain FOR UPDATE would also
