@@ -10,11 +10,12 @@ Besides it: when POST /runs was answered, and the whole cycle (until the client'
 ended). The same tree against itself measures what the method leaves: p50 6.89 and 6.95 ms on
 PostgreSQL, 4.27 and 4.27 on SQLite (300 runs each, load ~3), where dispatch.py's rounds of
 one tree moved by ±50 %. Name the trees by path: a branch's base is ``git archive BASE src``
-unpacked somewhere, not /work/main while main moves on.
+unpacked somewhere, not another checkout while it moves on.
 
     python benchmarks/dispatch_paired.py A_SRC B_SRC [--samples 300] [--db sqlite|postgres]
 
-e.g. ``python benchmarks/dispatch_paired.py /work/main/src src --db postgres``.
+e.g. ``mkdir /tmp/base && git archive main | tar -x -C /tmp/base`` then
+``python benchmarks/dispatch_paired.py /tmp/base/src src --db postgres``.
 """
 
 from __future__ import annotations
