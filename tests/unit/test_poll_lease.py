@@ -68,6 +68,8 @@ def test_waits_fit_inside_the_lease() -> None:
 class SilentLink:
     """Registers the runner (lost after 0.3 s), then answers no heartbeat."""
 
+    coordinators = 1  # as HttpLink's: how many it moves between on failures
+
     def __init__(self, *, answering: bool) -> None:
         self.answering = answering
         self.heartbeats = 0
@@ -246,3 +248,42 @@ async def test_registered_again_the_runner_reports_before_it_claims() -> None:
     finally:
         sending.cancel()
         await asyncio.gather(sending, return_exceptions=True)
+
+
+class RoundOfCoordinators(SilentLink):
+    """Three coordinators, the first ``failures`` registrations unreachable (the link moves
+    to the next coordinator on each, as ``HttpLink`` does)."""
+
+    coordinators = 3
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(answering=True)
+        self.failures = failures
+        self.registrations = 0
+
+    async def register(self, **fields: Any) -> Registration:
+        self.registrations += 1
+        if self.registrations <= self.failures:
+            raise LinkDown("connection refused")
+        return await super().register(**fields)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("failures", "backoffs"), [(2, 0), (3, 1), (5, 1), (6, 2)])
+async def test_a_failed_call_tries_the_other_coordinators_before_it_backs_off(
+    failures: int, backoffs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next coordinator at once, as the WebSocket runner does: the backoff is for a
+    round in which every one failed."""
+    waits: list[int] = []
+
+    def backoff_delay(attempt: int, **_: Any) -> float:
+        waits.append(attempt)
+        return 0.01
+
+    monkeypatch.setattr("corral.runner.poll.backoff_delay", backoff_delay)
+    link = RoundOfCoordinators(failures)
+    transport = PollTransport(HoldingHost(), RunnerSettings(), link=link)  # type: ignore[arg-type]
+    await transport.open()
+    assert link.registrations == failures + 1
+    assert waits == list(range(backoffs))  # one backoff a round, growing

@@ -20,7 +20,7 @@ from corral.backoff import backoff_delay
 from corral.errors import CorralError, InvalidRequest
 from corral.ids import RunnerId
 from corral.protocol.limits import MAX_BATCH_BYTES, MAX_BATCH_EVENTS, json_size
-from corral.protocol.runner import HOLD_ON_RETRY_S
+from corral.protocol.runner import HOLD_ON_RETRY_S, RETRY_ELSEWHERE_S
 from corral.runner.link import HttpLink, Leaving, LinkDown
 
 log = logging.getLogger("corral.runner")
@@ -67,6 +67,7 @@ class Outbox:
         future fails — and the others go on. Nothing else ends this loop: any other failure
         is logged and retried with backoff."""
         failures = 0
+        elsewhere = 0  # the other coordinators tried at once since the last backoff
         most = MAX_BATCH_EVENTS
         while True:
             await self._wake.wait()
@@ -89,21 +90,35 @@ class Outbox:
                     # with one coordinator, it is the same one, still stopping).
                     await asyncio.sleep(HOLD_ON_RETRY_S)
                     continue
-                except Exception as exc:
-                    delay = backoff_delay(failures, cap=self._max_backoff_s)
-                    why = "unreachable" if isinstance(exc, LinkDown) else "failed"
-                    log.warning("reports: coordinator %s (%s); retry in %.1fs", why, exc, delay)
+                except LinkDown as exc:
+                    if elsewhere < self._link.coordinators - 1:
+                        # The link moved to the next coordinator: send there at once.
+                        elsewhere += 1
+                        log.warning("reports: coordinator unreachable (%s); trying the next", exc)
+                        await asyncio.sleep(RETRY_ELSEWHERE_S)
+                        continue
+                    elsewhere = 0
+                    await self._back_off(failures, exc)
                     failures += 1
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._retry_now.wait(), delay)
-                    self._retry_now.clear()
                     continue
-                failures = 0
+                except Exception as exc:
+                    await self._back_off(failures, exc)
+                    failures += 1
+                    continue
+                failures = elsewhere = 0
                 most = MAX_BATCH_EVENTS
                 for _ in batch:
                     self._queue.popleft()
                 for report, error in zip(batch, results, strict=True):
                     _settle(report.future, error)
+
+    async def _back_off(self, failures: int, exc: Exception) -> None:
+        delay = backoff_delay(failures, cap=self._max_backoff_s)
+        why = "unreachable" if isinstance(exc, LinkDown) else "failed"
+        log.warning("reports: coordinator %s (%s); retry in %.1fs", why, exc, delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._retry_now.wait(), delay)
+        self._retry_now.clear()
 
     def _batch(self, most: int) -> list[_Report]:
         """The oldest reports, at most ``most`` of them and ``MAX_BATCH_BYTES`` (one at

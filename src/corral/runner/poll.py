@@ -33,6 +33,7 @@ from corral.errors import CorralError, LeaseLost, NotFound
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import Indexed
 from corral.protocol.runner import HOLD_ON_RETRY_S as HOLD_ON_S
+from corral.protocol.runner import RETRY_ELSEWHERE_S
 from corral.runner.coordinators import Resolve, resolve_host
 from corral.runner.lease import Lease
 from corral.runner.link import HttpLink, Leaving, LinkDown
@@ -223,6 +224,7 @@ class PollTransport:
         but with ``refusal_is_final`` (a registration: trying again cannot change the
         answer) it is raised too, and ends the runner."""
         failures = 0
+        elsewhere = 0  # the other coordinators tried at once since the last backoff
         told = False  # this call was answered coordinator_leaving
         while True:
             try:
@@ -241,6 +243,14 @@ class PollTransport:
             except (LinkDown, CorralError) as exc:
                 if refusal_is_final and isinstance(exc, CorralError):
                     raise
+                if isinstance(exc, LinkDown) and elsewhere < self.link.coordinators - 1:
+                    # The link moved to the next coordinator: try it at once, as the
+                    # WebSocket does; the backoff is for a round where every one failed.
+                    elsewhere += 1
+                    log.warning("%s: coordinator unreachable (%s); trying the next", what, exc)
+                    await asyncio.sleep(RETRY_ELSEWHERE_S)
+                    continue
+                elsewhere = 0
                 backoff_s = backoff_delay(failures, cap=self.settings.max_backoff_s)
                 delay = self.lease.retry_in(time.monotonic(), backoff_s)
                 if self.holding_on:  # a coordinator said it stops: be there when it is back
