@@ -13,6 +13,7 @@ import pytest
 from corral.ids import RunId, RunnerId
 from corral.runner.lease import Lease
 from corral.runner.link import LinkDown, Registration
+from corral.runner.outbox import Outbox
 from corral.runner.poll import PollTransport
 from corral.runner.settings import RunnerSettings
 from corral.runners import Held
@@ -287,3 +288,45 @@ async def test_a_failed_call_tries_the_other_coordinators_before_it_backs_off(
     await transport.open()
     assert link.registrations == failures + 1
     assert waits == list(range(backoffs))  # one backoff a round, growing
+
+
+class ReportsToARound(SilentLink):
+    """Three coordinators; the first ``failures`` report requests unreachable."""
+
+    coordinators = 3
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(answering=True)
+        self.failures = failures
+        self.requests = 0
+
+    async def events(self, runner_id: RunnerId, events: list[dict[str, Any]]) -> list[None]:
+        self.requests += 1
+        if self.requests <= self.failures:
+            raise LinkDown("connection refused")
+        return [None] * len(events)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("failures", "backoffs"), [(2, 0), (3, 1), (6, 2)])
+async def test_reports_try_the_other_coordinators_before_they_back_off(
+    failures: int, backoffs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[int] = []
+
+    def backoff_delay(attempt: int, **_: Any) -> float:
+        waits.append(attempt)
+        return 0.01
+
+    monkeypatch.setattr("corral.runner.outbox.backoff_delay", backoff_delay)
+    link = ReportsToARound(failures)
+    outbox = Outbox(link, lambda: RunnerId("rnr_1"))  # type: ignore[arg-type]
+    sending = asyncio.create_task(outbox.run())
+    try:
+        report = outbox.send({"type": "finished", "run_id": "run_a", "attempt": 1})
+        await asyncio.wait_for(report, 5.0)
+        assert link.requests == failures + 1
+        assert waits == list(range(backoffs))
+    finally:
+        sending.cancel()
+        await asyncio.gather(sending, return_exceptions=True)
