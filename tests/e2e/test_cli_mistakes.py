@@ -102,3 +102,21 @@ def test_a_url_without_a_scheme_is_refused_with_the_one_meant(cluster: Cluster) 
         assert done.returncode == 2, (args, done.stderr)
         assert "did you mean http://127.0.0.1:8765?" in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_postgresql_url_libpq_cannot_parse_is_refused_at_once(cluster: Cluster) -> None:
+    """No wait for a database can mend it: one line, exit 2, not a retry loop."""
+    url = "postgresql://postgres@127.0.0.1:5432/test?no_such_option=1"
+    done = subprocess.run(
+        [CORRAL, "serve", "--port", str(free_port()), "--db", url],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    said = " ".join(done.stderr.split())  # the CLI folds a long message
+    assert "Traceback" not in said
+    assert "not a PostgreSQL URL libpq accepts" in said and "[invalid_db_url]" in said
+    assert 'invalid URI query parameter: "no_such_option"' in said

@@ -530,9 +530,14 @@ def _probe(url: str) -> None:
     """One connection before the pool's, for the reason when there is none (the pool would
     retry in the background and only time out): ``Unavailable`` with what libpq said —
     the server is down, or it refused this role or database. ``corral serve`` waits and
-    tries again, showing that reason: a server may come up, a database be created."""
+    tries again, showing that reason: a server may come up, a database be created. A URL
+    libpq cannot parse is ``invalid_db_url``: no wait can mend it."""
     try:
         psycopg.connect(url, connect_timeout=10).close()
+    except psycopg.ProgrammingError as exc:
+        raise InvalidRequest(
+            f"not a PostgreSQL URL libpq accepts: {_redact(url)}: {exc}", code="invalid_db_url"
+        ) from exc
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().split("\n", 1)[0] or type(exc).__name__
         raise Unavailable(f"cannot connect to PostgreSQL at {_redact(url)}: {reason}") from exc
