@@ -252,8 +252,8 @@ async def test_registered_again_the_runner_reports_before_it_claims() -> None:
 
 
 class RoundOfCoordinators(SilentLink):
-    """Three coordinators, the first ``failures`` registrations unreachable (the link moves
-    to the next coordinator on each, as ``HttpLink`` does)."""
+    """Three coordinators, the first ``failures`` registrations and report requests
+    unreachable (the link moves to the next coordinator on each, as ``HttpLink`` does)."""
 
     coordinators = 3
 
@@ -261,12 +261,31 @@ class RoundOfCoordinators(SilentLink):
         super().__init__(answering=True)
         self.failures = failures
         self.registrations = 0
+        self.requests = 0
 
     async def register(self, **fields: Any) -> Registration:
         self.registrations += 1
         if self.registrations <= self.failures:
             raise LinkDown("connection refused")
         return await super().register(**fields)
+
+    async def events(self, runner_id: RunnerId, events: list[dict[str, Any]]) -> list[None]:
+        self.requests += 1
+        if self.requests <= self.failures:
+            raise LinkDown("connection refused")
+        return [None] * len(events)
+
+
+def recorded_backoffs(monkeypatch: pytest.MonkeyPatch, module: str) -> list[int]:
+    """The attempt numbers ``module``'s backoffs are computed for (each a short wait)."""
+    waits: list[int] = []
+
+    def backoff_delay(attempt: int, **_: Any) -> float:
+        waits.append(attempt)
+        return 0.01
+
+    monkeypatch.setattr(f"{module}.backoff_delay", backoff_delay)
+    return waits
 
 
 @pytest.mark.anyio
@@ -276,13 +295,7 @@ async def test_a_failed_call_tries_the_other_coordinators_before_it_backs_off(
 ) -> None:
     """The next coordinator at once, as the WebSocket runner does: the backoff is for a
     round in which every one failed."""
-    waits: list[int] = []
-
-    def backoff_delay(attempt: int, **_: Any) -> float:
-        waits.append(attempt)
-        return 0.01
-
-    monkeypatch.setattr("corral.runner.poll.backoff_delay", backoff_delay)
+    waits = recorded_backoffs(monkeypatch, "corral.runner.poll")
     link = RoundOfCoordinators(failures)
     transport = PollTransport(HoldingHost(), RunnerSettings(), link=link)  # type: ignore[arg-type]
     await transport.open()
@@ -290,36 +303,13 @@ async def test_a_failed_call_tries_the_other_coordinators_before_it_backs_off(
     assert waits == list(range(backoffs))  # one backoff a round, growing
 
 
-class ReportsToARound(SilentLink):
-    """Three coordinators; the first ``failures`` report requests unreachable."""
-
-    coordinators = 3
-
-    def __init__(self, failures: int) -> None:
-        super().__init__(answering=True)
-        self.failures = failures
-        self.requests = 0
-
-    async def events(self, runner_id: RunnerId, events: list[dict[str, Any]]) -> list[None]:
-        self.requests += 1
-        if self.requests <= self.failures:
-            raise LinkDown("connection refused")
-        return [None] * len(events)
-
-
 @pytest.mark.anyio
 @pytest.mark.parametrize(("failures", "backoffs"), [(2, 0), (3, 1), (6, 2)])
 async def test_reports_try_the_other_coordinators_before_they_back_off(
     failures: int, backoffs: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    waits: list[int] = []
-
-    def backoff_delay(attempt: int, **_: Any) -> float:
-        waits.append(attempt)
-        return 0.01
-
-    monkeypatch.setattr("corral.runner.outbox.backoff_delay", backoff_delay)
-    link = ReportsToARound(failures)
+    waits = recorded_backoffs(monkeypatch, "corral.runner.outbox")
+    link = RoundOfCoordinators(failures)
     outbox = Outbox(link, lambda: RunnerId("rnr_1"))  # type: ignore[arg-type]
     sending = asyncio.create_task(outbox.run())
     try:
