@@ -120,3 +120,24 @@ def test_a_postgresql_url_libpq_cannot_parse_is_refused_at_once(cluster: Cluster
     assert "Traceback" not in said
     assert "not a PostgreSQL URL libpq accepts" in said and "[invalid_db_url]" in said
     assert 'invalid URI query parameter: "no_such_option"' in said
+
+
+def test_a_url_no_connection_could_use_is_refused_before_anything_starts(cluster: Cluster) -> None:
+    """A host name with an empty label, or a port out of range: one line, exit 2 — not a
+    runner that starts and then dies with a traceback when it resolves the name."""
+    for url, why in (
+        ("http://bad..name:8765", "label empty or too long"),
+        (f"http://{'a' * 64}.example:8765", "label empty or too long"),
+        ("http://127.0.0.1:99999", "Port out of range"),
+        ("http://127.0.0.1:8765,http://bad..name:8765", "label empty or too long"),
+    ):
+        done = subprocess.run(
+            [CORRAL, "runner", "--coordinator", url],
+            env={**cluster.env, "CORRAL_TOKEN": "crl_x"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert done.returncode == 2, (url, done.stderr)
+        assert "Traceback" not in done.stderr and why in done.stderr, (url, done.stderr)

@@ -26,9 +26,16 @@ class CoordinatorURL(click.ParamType[str, Any]):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         text = str(value).strip()
         parts = urlsplit(text)
-        if parts.scheme in ("http", "https") and parts.netloc:
-            return text
-        self.fail(f"{text!r} is not an http(s) URL; did you mean http://{text}?", param, ctx)
+        if not (parts.scheme in ("http", "https") and parts.netloc):
+            self.fail(f"{text!r} is not an http(s) URL; did you mean http://{text}?", param, ctx)
+        try:
+            # What a connection would trip on, said now: a port out of range, a host name
+            # no resolver takes (an empty label, one over 63 characters).
+            parts.port  # noqa: B018 (read for its check)
+            (parts.hostname or "").encode("idna")
+        except ValueError as exc:  # UnicodeError is one
+            self.fail(f"{text!r} is not a valid URL: {exc}", param, ctx)
+        return text
 
 
 URL = CoordinatorURL()
