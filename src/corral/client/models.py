@@ -222,7 +222,7 @@ class Task(Model):
     session_id: str | None = None
     commit: str | None = None
     merge_commit: str | None = None
-    worktree_kept: bool | None = None
+    worktree_kept: str | None = None  # the path of a worktree kept dirty, for the user
     interrupted: bool | None = None
     created_at: datetime | None = None
     started_at: datetime | None = None
