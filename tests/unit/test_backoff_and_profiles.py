@@ -53,6 +53,15 @@ def test_jitter_adds_between_0_and_25_percent(attempt: int) -> None:
         assert plain <= delay <= plain * 1.25
 
 
+def test_a_delay_drawn_without_a_generator_leaves_the_global_one_alone() -> None:
+    """Retry loops in background threads draw their jitter; a property test running beside
+    them treats any change of the global ``random`` state as misuse of it, and fails."""
+    before = random.getstate()
+    delays = {backoff_delay(3) for _ in range(50)}
+    assert random.getstate() == before
+    assert len(delays) > 1 and all(4.0 <= d <= 5.0 for d in delays)  # still jittered
+
+
 def test_jitter_is_configurable() -> None:
     assert backoff_delay(2, jitter=0.0, rng=random.Random(1)) == 2.0
     assert backoff_delay(2, jitter=1.0, rng=FixedDraw(0.5)) == 3.0
