@@ -227,6 +227,65 @@ def test_a_keeper_that_died_is_replaced_with_the_groups_still_running(runner: Ru
     wait_until(lambda: not any(alive(pid) for pid in pids), "all four to die with the runner")
 
 
+def test_a_runner_starting_kills_what_a_runner_killed_with_its_keeper_left() -> None:
+    """A ``pkill -9 -f corral``: the runner and its keeper die at once and the runs live
+    on; the next runner to start on the host kills them (``kill_orphans``), the run's
+    group and what left it, before it takes work. Processes carrying the instance of a
+    live runner, or a value no runner made, live on."""
+    runner, live = Runner(), Runner()
+    bystanders: list[subprocess.Popen[bytes]] = []
+    try:
+        shell, daemon, instance, keeper = runner.run(
+            f"setsid sleep 300 & echo $$ $! ${INSTANCE}; wait"
+        )[:4]
+        runner.pids += [int(shell), int(daemon)]
+        live_shell, _, live_instance, _ = live.run(f"sleep 300 & echo $$ $! ${INSTANCE}; wait")
+        live.pids.append(int(live_shell))
+        for other in (f"{os.getpid()}.0123456789abcdef", f"{instance}0", "1.outer"):
+            environment = {**os.environ, INSTANCE: other}
+            bystanders.append(subprocess.Popen([SLEEP, "300"], env=environment))
+        os.kill(int(keeper), signal.SIGSTOP)  # it cannot act on the runner's death
+        runner.proc.kill()
+        runner.proc.wait()
+        os.kill(int(keeper), signal.SIGKILL)
+        wait_until(lambda: not alive(int(keeper)), "the keeper to die")
+        assert alive(int(shell)) and alive(int(daemon))  # the gap the next start closes
+
+        # A runner that starts, though its coordinator is not there (yet).
+        corral = Path(sys.executable).parent / "corral"
+        argv = [str(corral), "runner", "--url", "http://127.0.0.1:9", "--token", "t"]
+        with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as restarted:
+            try:
+                wait_until(lambda: not alive(int(shell)) and not alive(int(daemon)), "deaths")
+            finally:
+                restarted.terminate()
+            assert restarted.stderr is not None
+            said = next(line for line in restarted.stderr if "of a dead runner" in line)
+            assert {shell, daemon} <= set(said.split())  # other tests' may be there too
+        assert alive(int(live_shell)) and live_instance != instance
+        assert [bystander.poll() for bystander in bystanders] == [None, None, None]
+    finally:
+        for bystander in bystanders:
+            bystander.kill()
+            bystander.wait()
+        runner.close()
+        live.close()
+
+
+def test_a_runner_does_not_kill_what_carries_its_own_instance() -> None:
+    """Nor its ancestors' (a runner started by a run whose runner is gone)."""
+    dead = subprocess.Popen([SLEEP, "0"])
+    dead.wait()  # its pid: a runner gone
+    environment = {**os.environ, INSTANCE: f"{dead.pid}.0123456789abcdef"}
+    sibling = subprocess.Popen([SLEEP, "300"], env=environment)
+    try:
+        assert sibling.pid in set(keeper_program.orphans(spared=()))
+        assert sibling.pid not in set(keeper_program.orphans(spared=(sibling.pid,)))
+    finally:
+        sibling.kill()
+        sibling.wait()
+
+
 def test_a_keeper_that_died_is_replaced_at_once(runner: Runner) -> None:
     """Not at the next start: until then, the runner's death would kill nothing."""
     shell, sleeper, keeper = runner.start_one()

@@ -30,6 +30,7 @@ from corral.runner.actors import ActorHost
 from corral.runner.attempt import Attempt
 from corral.runner.coordinators import Resolve, resolve_host
 from corral.runner.environment import attempt_identity, run_environment
+from corral.runner.keeper import kill_orphans
 from corral.runner.link import HttpLink, LinkDown
 from corral.runner.poll import PollTransport
 from corral.runner.settings import RunnerSettings
@@ -106,6 +107,7 @@ class RunnerCore:
 
     async def run(self) -> None:
         """Serve until ``drain()``; then let work finish (up to the grace) and leave."""
+        kill_orphans()  # before any claim: a run given again must not start beside its last
         if not await self._open():
             return
         serving = asyncio.create_task(self.transport.serve(), name="transport")

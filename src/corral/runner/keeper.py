@@ -21,7 +21,9 @@ It is off the spawn's path: one write to a pipe a start. Should it die (a SIGKIL
 killer), the runner starts another as soon as the event loop sees it through a pidfd (else
 at the next start), with the same instance, and registers the groups whose leaders still
 run (what an exited leader left behind in its group is then the instance's only). Until
-then, and if both die at once (a ``pkill -9 -f corral``), nothing kills the runs.
+then, and if both die at once (a ``pkill -9 -f corral``), nothing kills the runs — until a
+runner starts on the host again: it kills what runners gone before left running
+(``kill_orphans``), before it takes any work.
 """
 
 from __future__ import annotations
@@ -41,6 +43,36 @@ from corral.runner import keeper_program
 log = logging.getLogger("corral.runner")
 PROGRAM = Path(keeper_program.__file__)
 INSTANCE = keeper_program.INSTANCE
+
+
+def kill_orphans() -> None:
+    """SIGKILL the processes that runs of runners now gone left running, and their groups
+    (``keeper_program.orphans``): their keepers died with them. A runner calls it as it
+    starts, before it takes work; what it finds says a runner and its keeper were killed
+    together."""
+    spared = _self_and_ancestors()
+    if not any(keeper_program.orphans(spared)):
+        return  # the usual case: one look (the sweep looks twice at least)
+    killed = keeper_program.sweep(lambda: keeper_program.orphans(spared))
+    if killed:
+        log.warning(
+            "killed %d processes that runs of a dead runner left running (its keeper died "
+            "with it): %s",
+            len(killed),
+            " ".join(map(str, sorted(killed))),
+        )
+
+
+def _self_and_ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+            pid = int(stat.rsplit(b")", 1)[1].split()[1])  # the parent's pid
+        except (OSError, IndexError, ValueError):
+            break
+    return pids
 
 
 class Keeper:

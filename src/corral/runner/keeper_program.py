@@ -22,13 +22,15 @@ import contextlib
 import ctypes
 import itertools
 import os
+import re
 import select
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 INSTANCE = "CORRAL_RUNNER_INSTANCE"  # corral.runner.keeper.INSTANCE
+PREFIX = f"{INSTANCE}=".encode()
 PR_SET_PDEATHSIG = 1
 RECORD = 4
 PRUNE_MS = 1000
@@ -81,11 +83,13 @@ def main() -> None:
     for pgid in groups:
         with contextlib.suppress(OSError):  # the group is gone
             os.killpg(pgid, signal.SIGKILL)
-    sweep(f"{INSTANCE}={instance}".encode())
+    entry = f"{INSTANCE}={instance}".encode()
+    sweep(lambda: carriers(entry))
 
 
-def sweep(entry: bytes) -> None:
-    """SIGKILL every process whose environment holds ``entry``, and its group.
+def sweep(look: Callable[[], Iterable[int]]) -> set[int]:
+    """SIGKILL every process a ``look`` finds, and its group (what it killed): here those
+    whose environment holds the runner's instance.
 
     They are the runs' processes and their descendants: those of a group not registered
     yet (the runner died between a start and its write), and those that left their run's
@@ -97,16 +101,18 @@ def sweep(entry: bytes) -> None:
     forked while a look went by, or being started as the runner died (it holds ``entry``
     once its exec is done), is found by the next one."""
     killed: set[int] = set()
-    for look in itertools.count():
-        found = set(carriers(entry)) - killed
-        if not found and look > 0:
-            return
+    for looks in itertools.count(1):
+        found = set(look()) - killed
         for pid in found:
             with contextlib.suppress(OSError):  # it is gone
                 pgid = os.getpgid(pid)
                 os.kill(pid, signal.SIGKILL)  # first: it can no longer leave its group
-                os.killpg(pgid, signal.SIGKILL)
+                if pgid != os.getpgrp():  # never the looking process's own
+                    os.killpg(pgid, signal.SIGKILL)
         killed |= found
+        if not found and looks > 1:
+            break
+    return killed
 
 
 def carriers(entry: bytes) -> Iterator[int]:
@@ -119,6 +125,51 @@ def carriers(entry: bytes) -> Iterator[int]:
     for name in names:
         if name.isdigit() and entry in _environment(name).split(b"\0"):
             yield int(name)
+
+
+# A runner's instance as ``Keeper`` makes it: ``<runner pid>.<16 hex digits>``.
+_INSTANCE_VALUE = re.compile(rb"(\d+)\.[0-9a-f]{16}")
+
+
+def orphans(spared: Collection[int]) -> Iterator[int]:
+    """The processes carrying the instance of a runner that is gone — left running because
+    its keeper died with it (both SIGKILLed at once: ``pkill -9 -f corral``) — but none
+    carrying an instance one of ``spared`` carries (the runner looking, and its ancestors).
+
+    An instance's runner is gone when its pid is no process, a zombie, or a process started
+    after one of the instance's carriers: every carrier descends from a run the runner
+    started, so a process younger than one of them holds a pid reused since. A runner
+    that starts on the host kills these before it takes work (``Keeper.kill_orphans``):
+    else a run the coordinator gave again, once the dead runner's lease expired, could
+    start here beside its first attempt, in the same worktree."""
+    try:
+        names = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return  # no /proc (macOS)
+    carried: dict[bytes, list[int]] = {}
+    for name in names:
+        for variable in _environment(name).split(b"\0"):
+            if variable.startswith(PREFIX):
+                carried.setdefault(variable[len(PREFIX) :], []).append(int(name))
+    kept = {v for pid in spared for v, pids in carried.items() if pid in pids}
+    for value, pids in carried.items():
+        matched = _INSTANCE_VALUE.fullmatch(value)
+        if matched is None or value in kept:
+            continue  # not an instance a runner made: not ours to judge
+        runner = _started(int(matched[1]))
+        if runner is None or any((_started(pid) or runner) < runner for pid in pids):
+            yield from pids
+
+
+def _started(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks after boot); None if it is no process or a
+    zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb", buffering=0) as file:
+            fields = file.read().rsplit(b")", 1)[1].split()  # after the name, which may hold ")"
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
 
 
 def _environment(pid: str) -> bytes:
