@@ -146,10 +146,15 @@ def orphans(spared: Collection[int]) -> Iterator[int]:
         names = [name for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return  # no /proc (macOS)
+    # A pid names a runner in its own pid namespace only: a container's processes seen
+    # from the host (same user) are not judged.
+    here = _pid_namespace("self")
+    if here is None:
+        return
     carried: dict[bytes, list[int]] = {}
     for name in names:
         for variable in _environment(name).split(b"\0"):
-            if variable.startswith(PREFIX):
+            if variable.startswith(PREFIX) and _pid_namespace(name) == here:
                 carried.setdefault(variable[len(PREFIX) :], []).append(int(name))
     kept = {v for pid in spared for v, pids in carried.items() if pid in pids}
     for value, pids in carried.items():
@@ -159,6 +164,13 @@ def orphans(spared: Collection[int]) -> Iterator[int]:
         runner = _started(int(matched[1]))
         if runner is None or any((_started(pid) or runner) < runner for pid in pids):
             yield from pids
+
+
+def _pid_namespace(pid: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
 
 
 def _started(pid: int) -> int | None:
