@@ -286,6 +286,33 @@ def test_a_runner_does_not_kill_what_carries_its_own_instance() -> None:
         sibling.wait()
 
 
+def test_a_runner_does_not_judge_processes_of_another_pid_namespace() -> None:
+    """A container's runner, seen from the host: its pids are of its own namespace."""
+    dead = subprocess.Popen([SLEEP, "0"])
+    dead.wait()  # gone here; in the container, the pid of its live runner
+    environment = {**os.environ, INSTANCE: f"{dead.pid}.0123456789abcdef"}
+    contained = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", SLEEP, "300"], env=environment
+    )
+    try:
+        wait_until(lambda: len(children(contained.pid)) == 1, "the sleep in its namespace")
+        (sleeper,) = children(contained.pid)
+        wait_until(
+            lambda: Path(f"/proc/{sleeper}/cmdline").read_bytes().startswith(SLEEP.encode()),
+            "its exec",
+        )
+        found = set(keeper_program.orphans(spared=()))
+        assert contained.pid in found  # the unshare itself is in this namespace
+        assert sleeper not in found
+    finally:
+        contained.kill()
+        contained.wait()
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 def test_a_keeper_that_died_is_replaced_at_once(runner: Runner) -> None:
     """Not at the next start: until then, the runner's death would kill nothing."""
     shell, sleeper, keeper = runner.start_one()
