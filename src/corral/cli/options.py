@@ -58,9 +58,14 @@ URLS = CoordinatorURLs()
 
 def coordinator_url(fn: F) -> F:
     """``--url`` (passed to the command) and ``--token`` (kept for ``connect``)."""
-    return option("--url", env="URL", type=URL, default=DEFAULT_URL, help="The coordinator's URL.")(
-        token_option(fn)
-    )
+    return option(
+        "--url",
+        env="URL",
+        type=URLS,
+        default=DEFAULT_URL,
+        help="The coordinator's URL; several, comma-separated: coordinators on one database, "
+        "the next one used when one cannot be reached.",
+    )(token_option(fn))
 
 
 def json_option(fn: F) -> F:
@@ -105,8 +110,8 @@ def given_token() -> str | None:
 
 
 def connect(url: str) -> Client:
-    """A client of the coordinator at ``url`` with the token the user gave (or the local
-    ``.corral/credentials``)."""
+    """A client of the coordinator at ``url`` (or of those, comma-separated) with the token
+    the user gave (or the local ``.corral/credentials``)."""
     return Client(url, token=given_token())
 
 

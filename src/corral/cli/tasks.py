@@ -23,7 +23,7 @@ from corral.cli.embedded import (
     runner_name,
     stop_dead_local_runners,
 )
-from corral.cli.options import comma_list, connect, given_token, option, token_option
+from corral.cli.options import URLS, comma_list, connect, given_token, option, token_option
 from corral.cli.plan_progress import (
     ACTIVE,
     EXIT_PAUSED,
@@ -105,8 +105,10 @@ def _git(repo: Path, *args: str) -> str:
 @option(
     "--url",
     env="URL",
+    type=URLS,
     default=None,
-    help="A coordinator to use (default: an embedded one on <repo>/.corral/corral.db).",
+    help="A coordinator to use, or several comma-separated (default: an embedded one on "
+    "<repo>/.corral/corral.db).",
 )
 @option("--db", env="DB", default=None, help="Database of the embedded coordinator.")
 @token_option

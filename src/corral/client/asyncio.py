@@ -10,6 +10,7 @@ import httpx
 
 from corral.client import calls
 from corral.client.calls import DEFAULT_URL, Call
+from corral.client.coordinators import Coordinators, Following
 from corral.client.models import (
     Actor,
     ActorPage,
@@ -33,14 +34,14 @@ from corral.client.models import (
     Token,
 )
 from corral.credentials import auth_headers, read_token
-from corral.errors import Unavailable
+from corral.errors import CoordinatorLeaving
 from corral.tokens import Role
 
 T = TypeVar("T")
 
 
 class AsyncClient:
-    """A client of one coordinator. Every method sends one request (``wait_run`` and
+    """A client of a coordinator. Every method sends one request (``wait_run`` and
     ``follow_logs`` hold one open) and returns typed models; a refusal raises the API's
     error as a ``corral.errors.CorralError`` whose ``.code`` is the stable code
     (``session_not_found``, ``unknown_agent``, …); an unreachable coordinator raises
@@ -55,6 +56,9 @@ class AsyncClient:
     ...     print(run.status, [line.text for line in (await corral.logs(run.run_id)).lines])
     completed ['hi']
 
+    ``url``: one coordinator's URL, or several (a list, or commas) of coordinators on one
+    database: a request that cannot reach one goes to the next when that is safe (see
+    ``corral.client.coordinators``).
     ``token``: the bearer token; left out, the one in ``.corral/credentials`` of the
     current directory (where a local coordinator writes its own); ``""``: none.
     ``transport``: an ``httpx`` transport (tests).
@@ -62,19 +66,23 @@ class AsyncClient:
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] | Coordinators = DEFAULT_URL,
         *,
         token: str | None = None,
         timeout_s: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        self.coordinators = url if isinstance(url, Coordinators) else Coordinators(url)
         self._http = httpx.AsyncClient(
-            base_url=self.url,
             headers=auth_headers(read_token() if token is None else token),
             timeout=timeout_s,
             transport=transport,
         )
+
+    @property
+    def url(self) -> str:
+        """The coordinator talked to now (of several: the one that last answered)."""
+        return self.coordinators.current
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -86,13 +94,29 @@ class AsyncClient:
         await self.close()
 
     async def _send(self, call: Call[T]) -> T:
-        try:
-            response = await self._http.request(
-                call.method, call.path, params=call.params or None, json=call.body
-            )
-        except httpx.TransportError as exc:
-            raise calls.unreachable(self.url, exc) from exc
-        return call.parse(calls.decode(response))
+        failures: list[tuple[str, object]] = []
+        for url in self.coordinators.order():
+            try:
+                response = await self._http.request(
+                    call.method, url + call.path, params=call.params or None, json=call.body
+                )
+            except httpx.TransportError as exc:
+                refusal = self.coordinators.refusal(call.method, call.path, url, exc)
+                if refusal is not None:
+                    raise refusal from exc
+                failures.append((url, exc))
+                continue
+            try:
+                body = calls.decode(response)
+            except CoordinatorLeaving as exc:
+                if not self.coordinators.several:
+                    raise
+                self.coordinators.move_on(url)
+                failures.append((url, exc.message))
+                continue
+            self.coordinators.answered(url)
+            return call.parse(body)
+        raise self.coordinators.none_answered(failures)
 
     async def request(
         self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None
@@ -156,19 +180,39 @@ class AsyncClient:
 
     async def follow_logs(self, run_id: str, after: int = 0) -> AsyncIterator[LogLine | Run]:
         """Each output line as it is written, then the finished ``Run``. A stream the
-        coordinator closed early (it is shutting down) ends without the ``Run``."""
-        try:
-            async with self._http.stream(
-                "GET", calls.logs_path(run_id), params=calls.follow_params(after), timeout=None
-            ) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    calls.decode(response)
-                async for line in response.aiter_lines():
-                    if line:
-                        yield calls.log_event(json.loads(line))
-        except httpx.TransportError as exc:
-            raise Unavailable(f"lost the coordinator at {self.url}: {exc}") from exc
+        coordinator closed early (it is shutting down) ends without the ``Run`` — with
+        several coordinators it goes on at the next one, after the last line passed on."""
+        following = Following(self.coordinators)
+        while True:
+            url = self.coordinators.current
+            try:
+                async with self._http.stream(
+                    "GET",
+                    url + calls.logs_path(run_id),
+                    params=calls.follow_params(after),
+                    timeout=None,
+                ) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        calls.decode(response)
+                    following.opened(url)
+                    async for line in response.aiter_lines():
+                        if not line:
+                            continue
+                        item = calls.log_event(json.loads(line))
+                        following.passed()
+                        if isinstance(item, Run):
+                            yield item
+                            return
+                        after = item.id
+                        yield item
+            except httpx.TransportError as exc:
+                lost = following.lost(url, exc)
+                if lost is not None:
+                    raise lost from exc
+                continue
+            if not following.ended_early(url):
+                return
 
     async def wait_run(self, run_id: str) -> Run:
         """Block until the run has ended; returns it (however it ended)."""

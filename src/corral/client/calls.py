@@ -86,10 +86,6 @@ def decode(response: httpx.Response) -> Any:
     return body
 
 
-def unreachable(url: str, exc: httpx.TransportError) -> errors.Unavailable:
-    return errors.Unavailable(f"cannot reach the coordinator at {url}: {exc}")
-
-
 def log_event(item: dict[str, Any]) -> LogLine | Run:
     """One item of a followed log: a line, or the finished run that ends the stream."""
     if item.get("event") == "end":

@@ -11,6 +11,7 @@ from httpx_sse import connect_sse
 
 from corral.client import calls
 from corral.client.calls import DEFAULT_URL, Call
+from corral.client.coordinators import Coordinators, Following
 from corral.client.models import (
     Actor,
     ActorPage,
@@ -34,14 +35,14 @@ from corral.client.models import (
     Token,
 )
 from corral.credentials import auth_headers, read_token
-from corral.errors import Unavailable
+from corral.errors import CoordinatorLeaving
 from corral.tokens import Role
 
 T = TypeVar("T")
 
 
 class Client:
-    """A client of one coordinator. Every method sends one request (``wait_run`` and
+    """A client of a coordinator. Every method sends one request (``wait_run`` and
     ``follow_logs`` hold one open) and returns typed models; a refusal raises the API's
     error as a ``corral.errors.CorralError`` whose ``.code`` is the stable code
     (``session_not_found``, ``unknown_agent``, …); an unreachable coordinator raises
@@ -54,6 +55,9 @@ class Client:
     ...     print(run.status, [line.text for line in corral.logs(run.run_id).lines])
     completed ['hi']
 
+    ``url``: one coordinator's URL, or several (a list, or commas) of coordinators on one
+    database: a request that cannot reach one goes to the next when that is safe (see
+    ``corral.client.coordinators``).
     ``token``: the bearer token; left out, the one in ``.corral/credentials`` of the
     current directory (where a local coordinator writes its own); ``""``: none.
     ``transport``: an ``httpx`` transport (tests).
@@ -61,19 +65,23 @@ class Client:
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] | Coordinators = DEFAULT_URL,
         *,
         token: str | None = None,
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        self.coordinators = url if isinstance(url, Coordinators) else Coordinators(url)
         self._http = httpx.Client(
-            base_url=self.url,
             headers=auth_headers(read_token() if token is None else token),
             timeout=timeout_s,
             transport=transport,
         )
+
+    @property
+    def url(self) -> str:
+        """The coordinator talked to now (of several: the one that last answered)."""
+        return self.coordinators.current
 
     def close(self) -> None:
         self._http.close()
@@ -85,13 +93,29 @@ class Client:
         self.close()
 
     def _send(self, call: Call[T]) -> T:
-        try:
-            response = self._http.request(
-                call.method, call.path, params=call.params or None, json=call.body
-            )
-        except httpx.TransportError as exc:
-            raise calls.unreachable(self.url, exc) from exc
-        return call.parse(calls.decode(response))
+        failures: list[tuple[str, object]] = []
+        for url in self.coordinators.order():
+            try:
+                response = self._http.request(
+                    call.method, url + call.path, params=call.params or None, json=call.body
+                )
+            except httpx.TransportError as exc:
+                refusal = self.coordinators.refusal(call.method, call.path, url, exc)
+                if refusal is not None:
+                    raise refusal from exc
+                failures.append((url, exc))
+                continue
+            try:
+                body = calls.decode(response)
+            except CoordinatorLeaving as exc:
+                if not self.coordinators.several:
+                    raise
+                self.coordinators.move_on(url)
+                failures.append((url, exc.message))
+                continue
+            self.coordinators.answered(url)
+            return call.parse(body)
+        raise self.coordinators.none_answered(failures)
 
     def request(
         self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None
@@ -155,19 +179,39 @@ class Client:
 
     def follow_logs(self, run_id: str, after: int = 0) -> Iterator[LogLine | Run]:
         """Each output line as it is written, then the finished ``Run``. A stream the
-        coordinator closed early (it is shutting down) ends without the ``Run``."""
-        try:
-            with self._http.stream(
-                "GET", calls.logs_path(run_id), params=calls.follow_params(after), timeout=None
-            ) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    calls.decode(response)
-                for line in response.iter_lines():
-                    if line:
-                        yield calls.log_event(json.loads(line))
-        except httpx.TransportError as exc:
-            raise Unavailable(f"lost the coordinator at {self.url}: {exc}") from exc
+        coordinator closed early (it is shutting down) ends without the ``Run`` — with
+        several coordinators it goes on at the next one, after the last line passed on."""
+        following = Following(self.coordinators)
+        while True:
+            url = self.coordinators.current
+            try:
+                with self._http.stream(
+                    "GET",
+                    url + calls.logs_path(run_id),
+                    params=calls.follow_params(after),
+                    timeout=None,
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        calls.decode(response)
+                    following.opened(url)
+                    for line in response.iter_lines():
+                        if not line:
+                            continue
+                        item = calls.log_event(json.loads(line))
+                        following.passed()
+                        if isinstance(item, Run):
+                            yield item
+                            return
+                        after = item.id
+                        yield item
+            except httpx.TransportError as exc:
+                lost = following.lost(url, exc)
+                if lost is not None:
+                    raise lost from exc
+                continue
+            if not following.ended_early(url):
+                return
 
     def wait_run(self, run_id: str) -> Run:
         """Block until the run has ended; returns it (however it ended)."""
@@ -185,23 +229,42 @@ class Client:
         as they commit (``event`` is their kind), perhaps ``dropped`` last; ``keepalive``
         (``data`` None) when the stream is quiet, every 15 s. ``filters``:
         ``kind``, ``run_id``, ``session``, ``plan``, ``runner``. Ends when the coordinator
-        closes the stream; raises ``Unavailable`` when it goes away."""
+        closes the stream; raises ``Unavailable`` when it goes away. With several
+        coordinators, a stream cut or closed (unless ``dropped``) goes on at the next one
+        after the last id passed on, opening with ``ready`` again."""
         params = {k: v for k, v in filters.items() if v is not None}
-        if after is not None:
-            params["after"] = str(after)
-        try:
-            with connect_sse(self._http, "GET", "/events", params=params, timeout=None) as source:
-                if source.response.status_code >= 400:
-                    source.response.read()
-                    calls.decode(source.response)
-                for message in source.iter_sse():
-                    if not message.data:  # a comment: the stream's keepalive
-                        yield {"event": "keepalive", "id": None, "data": None}
-                        continue
-                    event_id = int(message.id) if message.id else None
-                    yield {"event": message.event, "id": event_id, "data": message.json()}
-        except httpx.TransportError as exc:
-            raise Unavailable(f"lost the coordinator at {self.url}: {exc}") from exc
+        following = Following(self.coordinators)
+        while True:
+            if after is not None:
+                params["after"] = str(after)
+            url = self.coordinators.current
+            last = None
+            try:
+                with connect_sse(
+                    self._http, "GET", url + "/events", params=params, timeout=None
+                ) as source:
+                    if source.response.status_code >= 400:
+                        source.response.read()
+                        calls.decode(source.response)
+                    following.opened(url)
+                    for message in source.iter_sse():
+                        following.passed()
+                        if not message.data:  # a comment: the stream's keepalive
+                            yield {"event": "keepalive", "id": None, "data": None}
+                            continue
+                        event_id = int(message.id) if message.id else None
+                        after = event_id if event_id is not None else after
+                        last = message.event
+                        yield {"event": message.event, "id": event_id, "data": message.json()}
+            except httpx.TransportError as exc:
+                lost = following.lost(url, exc)
+                if lost is not None:
+                    raise lost from exc
+                continue
+            # ``dropped``: the caller fell behind, and is told so; else the coordinator
+            # is stopping.
+            if last == "dropped" or not following.ended_early(url):
+                return
 
     # ---- sessions, runners, agents -------------------------------------------------------------
 

@@ -74,8 +74,9 @@ def build_server(
     forward_token: bool = False,
     progress_every_s: float = PROGRESS_EVERY_S,
 ) -> CorralMCP:
-    """The server for the coordinator at ``url``. ``forward_token``: send the coordinator
-    the bearer token each MCP request carries (HTTP) instead of ``token`` (stdio)."""
+    """The server for the coordinator at ``url`` (or those, comma-separated).
+    ``forward_token``: send the coordinator the bearer token each MCP request carries
+    (HTTP) instead of ``token`` (stdio)."""
     server = CorralMCP(
         "corral", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
     )

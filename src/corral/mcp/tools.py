@@ -26,6 +26,7 @@ from corral.client import (
     Session,
     TasksAdded,
 )
+from corral.client.coordinators import Coordinators
 from corral.errors import Conflict, InvalidRequest, NotFound
 
 # The seed system's rule for session names (its MCP server refuses others).
@@ -128,7 +129,8 @@ class CommandRun(BaseModel):
 
 
 class Tools:
-    """The tools of one server: each call opens a client of the coordinator at ``url``.
+    """The tools of one server: each call opens a client of the coordinator at ``url`` (of
+    several, comma-separated: the one that last answered, the next when it cannot).
 
     The token it sends is the one the MCP request carries (``Authorization`` of an HTTP
     request), else the server's own (``token``: stdio, where the server is the caller's
@@ -144,6 +146,9 @@ class Tools:
         agent_run_id: str | None = None,
     ) -> None:
         self.url = url
+        # One for every call's client: once one call moved to another coordinator, the
+        # next ones start there.
+        self.coordinators = Coordinators(url)
         # The run of the agent this server was started for (by its runner): its session
         # is the parent of the sessions it starts.
         self.agent_run_id = agent_run_id
@@ -163,7 +168,7 @@ class Tools:
             token = given.removeprefix("Bearer ").strip() or None
         if self._transport is None:
             self._transport = httpx.AsyncHTTPTransport()
-        return AsyncClient(self.url, token=token or "", transport=self._transport)
+        return AsyncClient(self.coordinators, token=token or "", transport=self._transport)
 
     # ---- agent sessions (the seed system's tools) ----------------------------------------------
 

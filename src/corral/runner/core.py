@@ -299,12 +299,14 @@ class _Unrunnable:
 
 def agent_mcp(settings: RunnerSettings) -> AgentMcp | None:
     """corral's MCP server as this runner's agents start it: this runner's ``corral``,
-    the coordinator's URL, the agent token (``agent_mcp``: one minted for each run, filled
-    in as it starts; neither: no server)."""
+    every coordinator URL the runner has (the agent's tools move on when one goes), the
+    agent token (``agent_mcp``: one minted for each run, filled in as it starts; neither:
+    no server)."""
     if settings.agent_token is None and not settings.agent_mcp:
         return None
     beside = Path(sys.executable).parent / "corral"  # the corral of this runner's install
     program = str(beside) if beside.exists() else "corral"
     return AgentMcp(
-        command=(program, "mcp", "--url", settings.coordinator_urls[0]), token=settings.agent_token
+        command=(program, "mcp", "--url", ",".join(settings.coordinator_urls)),
+        token=settings.agent_token,
     )

@@ -1,0 +1,137 @@
+"""The coordinators a client may talk to, which one it talks to now, and when a request
+that failed may go to another one; without I/O (``Client`` and ``AsyncClient`` send).
+
+A client is given one coordinator URL or several (a list, or one string with commas, as
+``CORRAL_URL`` and ``--url`` give them): coordinators on one database, any of which serves
+any client. It talks to the one that last answered (at first, the first) and moves on to
+the next when a request cannot reach it. A request goes to the next coordinator only when
+sending it twice cannot do a thing twice:
+
+* the connection was never made (refused, no route, timed out connecting): the request
+  never left, so any request may;
+* the coordinator answered ``coordinator_leaving`` (503): it says it did nothing;
+* the request failed after it was sent (the connection cut before the answer, a read
+  timeout): a read (``GET``) may; a write's outcome is unknown, and ``POST /runs`` has no
+  idempotency key, so sent again it could start a second run. The client raises
+  ``outcome_unknown`` instead, for its caller to look before trying again.
+
+A followed stream (a run's log, the event stream) cut or ended early goes on at the next
+coordinator from the last id it passed on. With one URL nothing of this applies: a failure
+is raised as it always was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import httpx
+
+from corral import errors
+
+# Failures that prove the request never reached a coordinator.
+NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# Methods that change nothing, so that a request sent twice does nothing twice.
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def split_urls(urls: str | Sequence[str]) -> tuple[str, ...]:
+    """``"http://a, http://b/"`` or ``["http://a", "http://b"]`` → ``("http://a", "http://b")``."""
+    items = urls.split(",") if isinstance(urls, str) else urls
+    found = tuple(u.strip().rstrip("/") for u in items if u.strip())
+    if not found:
+        raise ValueError("no coordinator URL given")
+    return found
+
+
+class Coordinators:
+    """The URLs, and the one talked to now. Clients made for one caller may share one
+    (the MCP server makes a client per tool call): each starts where the last moved to."""
+
+    def __init__(self, urls: str | Sequence[str]) -> None:
+        self.urls = split_urls(urls)
+        self._current = 0
+
+    @property
+    def current(self) -> str:
+        return self.urls[self._current]
+
+    @property
+    def several(self) -> bool:
+        return len(self.urls) > 1
+
+    def order(self) -> list[str]:
+        """Where a request goes: the current coordinator, then each other one once."""
+        return [*self.urls[self._current :], *self.urls[: self._current]]
+
+    def answered(self, url: str) -> None:
+        """``url`` answered: the next requests go there."""
+        self._current = self.urls.index(url)
+
+    def move_on(self, failed: str) -> None:
+        """The one after ``failed`` — unless a request that also failed on it moved on
+        already (two failing at once must not move twice, skipping one)."""
+        if self.current == failed:
+            self._current = (self._current + 1) % len(self.urls)
+
+    def refusal(
+        self, method: str, path: str, url: str, exc: httpx.TransportError
+    ) -> errors.Unavailable | None:
+        """The error for a request to ``url`` that failed with ``exc``, or None when it
+        may go to the next coordinator (it is moved on to)."""
+        if not self.several:
+            return errors.Unavailable(f"cannot reach the coordinator at {url}: {exc}")
+        if method.upper() not in READS and not isinstance(exc, NEVER_SENT):
+            return errors.Unavailable(
+                f"lost the coordinator at {url} after sending {method} {path} ({exc}): it may "
+                "have been done, so it is not sent to another coordinator; look before "
+                "trying again",
+                code="outcome_unknown",
+            )
+        self.move_on(url)
+        return None
+
+    def none_answered(self, failures: Sequence[tuple[str, object]]) -> errors.Unavailable:
+        tried = "; ".join(f"{url}: {why}" for url, why in failures)
+        return errors.Unavailable(f"cannot reach any coordinator ({tried})")
+
+
+class Following:
+    """A followed stream's way through the coordinators. A stream cut, or not opened,
+    goes on at the next coordinator until every one in turn has failed (one URL: it is
+    raised at once, as before); one that opened starts that count again, so a stream lives
+    through any number of coordinators stopping one at a time. A stream a coordinator
+    closed early (it is stopping) goes on at the next too, unless that happened on every
+    one in turn with nothing passed on: then it ends, as with one URL, for the caller to
+    look (a coordinator closing every stream at once must not keep it spinning)."""
+
+    def __init__(self, coordinators: Coordinators) -> None:
+        self.coordinators = coordinators
+        self._failures: list[tuple[str, object]] = []
+        self._early_ends = 0
+
+    def opened(self, url: str) -> None:
+        self.coordinators.answered(url)
+        self._failures.clear()
+
+    def passed(self) -> None:
+        """An item of the stream was passed on."""
+        self._early_ends = 0
+
+    def lost(self, url: str, exc: httpx.TransportError) -> errors.Unavailable | None:
+        """The error to raise for a stream cut or not opened, or None: go on at the next."""
+        if not self.coordinators.several:
+            return errors.Unavailable(f"lost the coordinator at {url}: {exc}")
+        self._failures.append((url, exc))
+        self.coordinators.move_on(url)
+        if len(self._failures) >= len(self.coordinators.urls):
+            return self.coordinators.none_answered(self._failures)
+        return None
+
+    def ended_early(self, url: str) -> bool:
+        """The coordinator closed the stream before its end: whether to go on at the next
+        one (with one URL, no: the stream ends as it always did)."""
+        if not self.coordinators.several:
+            return False
+        self.coordinators.move_on(url)
+        self._early_ends += 1
+        return self._early_ends < len(self.coordinators.urls)

@@ -1,0 +1,100 @@
+"""Which coordinator a client talks to, and which failed requests may go to another one
+(``corral.client.coordinators``); and that a runner's agents get every coordinator URL."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from corral.client.coordinators import Coordinators, Following, split_urls
+from corral.runner.core import agent_mcp
+from corral.runner.settings import RunnerSettings
+
+A, B, C = "http://a:8765", "http://b:8765", "http://c:8765"
+REQUEST = httpx.Request("POST", f"{A}/runs")
+
+
+def test_urls_come_as_a_list_or_one_string_with_commas() -> None:
+    assert split_urls(f" {A}/, ,{B}") == (A, B)
+    assert split_urls([A, f"{B}/"]) == (A, B)
+    with pytest.raises(ValueError, match="no coordinator URL"):
+        split_urls(" , ")
+
+
+def test_a_client_stays_with_the_one_that_answered() -> None:
+    coordinators = Coordinators([A, B, C])
+    assert coordinators.order() == [A, B, C]
+    coordinators.answered(B)
+    assert coordinators.current == B
+    assert coordinators.order() == [B, C, A]  # B first, then each other once
+
+
+def test_two_requests_failing_on_one_move_on_once() -> None:
+    coordinators = Coordinators([A, B, C])
+    coordinators.move_on(A)
+    coordinators.move_on(A)  # the second saw A fail too: B is not skipped
+    assert coordinators.current == B
+
+
+def test_a_request_that_never_left_may_go_to_the_next_whatever_its_method() -> None:
+    coordinators = Coordinators([A, B])
+    refused = httpx.ConnectError("[Errno 111] Connection refused", request=REQUEST)
+    assert coordinators.refusal("POST", "/runs", A, refused) is None
+    assert coordinators.current == B
+
+
+def test_a_write_whose_outcome_is_unknown_is_not_sent_again() -> None:
+    coordinators = Coordinators([A, B])
+    for cut in (
+        httpx.RemoteProtocolError("Server disconnected", request=REQUEST),
+        httpx.ReadError("[Errno 104] Connection reset by peer", request=REQUEST),
+        httpx.ReadTimeout("timed out", request=REQUEST),
+    ):
+        refusal = coordinators.refusal("POST", "/runs", A, cut)
+        assert refusal is not None and refusal.code == "outcome_unknown"
+        assert f"lost the coordinator at {A} after sending POST /runs" in refusal.message
+        assert coordinators.current == A  # nothing moved: the caller decides
+        # A read may go again: it changes nothing.
+        assert coordinators.refusal("GET", "/runs", A, cut) is None
+        coordinators.answered(A)
+
+
+def test_one_url_fails_as_it_always_did() -> None:
+    coordinators = Coordinators(A)
+    refused = httpx.ConnectError("[Errno 111] Connection refused", request=REQUEST)
+    refusal = coordinators.refusal("GET", "/runs", A, refused)
+    assert refusal is not None and refusal.code == "unavailable"
+    assert refusal.message == f"cannot reach the coordinator at {A}: [Errno 111] Connection refused"
+    following = Following(coordinators)
+    lost = following.lost(A, refused)
+    assert lost is not None
+    assert lost.message == f"lost the coordinator at {A}: [Errno 111] Connection refused"
+    assert not following.ended_early(A)  # the stream ends, as it did
+
+
+def test_a_stream_gives_up_after_a_round_of_failures_and_one_that_opened_counts_again() -> (
+    None
+):
+    following = Following(Coordinators([A, B]))
+    cut = httpx.ReadError("reset", request=REQUEST)
+    assert following.lost(A, cut) is None
+    following.opened(B)  # B served it a while: its loss starts the count again
+    assert following.lost(B, cut) is None
+    gave_up = following.lost(A, cut)  # B, then A: a round
+    assert gave_up is not None
+    assert gave_up.message == f"cannot reach any coordinator ({B}: reset; {A}: reset)"
+
+
+def test_a_stream_closed_early_everywhere_in_turn_ends_as_with_one_url() -> None:
+    following = Following(Coordinators([A, B]))
+    assert following.ended_early(A)  # A is stopping: on to B
+    following.passed()  # B passed something on
+    assert following.ended_early(B)
+    assert not following.ended_early(A)  # A closed it at once too: the caller looks
+
+
+def test_a_runners_agents_get_every_coordinator_url() -> None:
+    settings = RunnerSettings(coordinator_url=f"{A}, {B}", agent_mcp=True)
+    mcp = agent_mcp(settings)
+    assert mcp is not None
+    assert mcp.command[1:] == ("mcp", "--url", f"{A},{B}")
