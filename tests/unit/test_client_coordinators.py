@@ -1,5 +1,5 @@
 """Which coordinator a client talks to, and which failed requests may go to another one
-(``corral.client.coordinators``); and that a runner's agents get every coordinator URL."""
+(``corral.client.coordinators``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import httpx
 import pytest
 
 from corral.client.coordinators import Coordinators, Following, split_urls
-from corral.runner.core import agent_mcp
-from corral.runner.settings import RunnerSettings
 
 A, B, C = "http://a:8765", "http://b:8765", "http://c:8765"
 REQUEST = httpx.Request("POST", f"{A}/runs")
@@ -72,9 +70,7 @@ def test_one_url_fails_as_it_always_did() -> None:
     assert not following.ended_early(A)  # the stream ends, as it did
 
 
-def test_a_stream_gives_up_after_a_round_of_failures_and_one_that_opened_counts_again() -> (
-    None
-):
+def test_a_stream_gives_up_after_a_round_of_failures_and_one_that_opened_counts_again() -> None:
     following = Following(Coordinators([A, B]))
     cut = httpx.ReadError("reset", request=REQUEST)
     assert following.lost(A, cut) is None
@@ -91,10 +87,3 @@ def test_a_stream_closed_early_everywhere_in_turn_ends_as_with_one_url() -> None
     following.passed()  # B passed something on
     assert following.ended_early(B)
     assert not following.ended_early(A)  # A closed it at once too: the caller looks
-
-
-def test_a_runners_agents_get_every_coordinator_url() -> None:
-    settings = RunnerSettings(coordinator_url=f"{A}, {B}", agent_mcp=True)
-    mcp = agent_mcp(settings)
-    assert mcp is not None
-    assert mcp.command[1:] == ("mcp", "--url", f"{A},{B}")
