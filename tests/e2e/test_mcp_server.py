@@ -13,6 +13,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 import httpx2
@@ -447,3 +448,23 @@ def test_a_resumed_session_and_a_command_call_their_parent_back(cluster: Cluster
     told = "\n".join(resumes.values())
     assert told.count("turn 2: again") == 1
     assert told.count("(failed, exit code 3; run ") == 1 and "\nout" in told
+
+
+@pytest.mark.postgres
+def test_the_tools_go_on_when_the_coordinator_they_used_dies(
+    cluster: Cluster, pg_url: str, pg_schema: str
+) -> None:
+    """``corral mcp --url A,B`` (as a runner with both starts it for its agents): A killed
+    mid-session, the next call goes to B — the run made through A is there."""
+    sep = "&" if "?" in pg_url else "?"
+    db = f"{pg_url}{sep}options={quote(f'-csearch_path={pg_schema}')}"
+    a, b = cluster.start_coordinator(db=db), cluster.start_coordinator(db=db)
+
+    async def main() -> None:
+        async with _stdio(cluster, "--url", f"{a.url},{b.url}") as session:
+            made = await _ok(session, "run_command", command=["true"], execution_mode="async_poll")
+            a.kill()
+            cancelled = await _ok(session, "cancel_run", run_id=made["run_id"])
+            assert cancelled["status"] == "cancelled"
+
+    anyio.run(main)

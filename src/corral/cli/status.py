@@ -70,9 +70,10 @@ def status(url: str, as_json: bool) -> None:
 
 
 def gather(client: Client) -> dict[str, Any]:
+    stats = client.stats()  # first: of several coordinators, the URL is the one answering
     return {
         "url": client.url,
-        "stats": client.stats(),
+        "stats": stats,
         "runners": client.list_runners(),
         "recent_failures": client.list_runs(
             status=["failed", "timed_out"], limit=RECENT_FAILURES
