@@ -14,7 +14,9 @@
     │   └── Gone                      gone                410     4
     │                                (events_expired: deleted by retention)
     ├── Unavailable                   unavailable         503     5
-    │   │                            (the gateway: actor_not_ready, tunnel_lost)
+    │   │                            (the gateway: actor_not_ready, tunnel_lost;
+    │   │                             a client: outcome_unknown, a write cut after
+    │   │                             it was sent, not sent to another coordinator)
     │   └── CoordinatorLeaving        coordinator_leaving 503     5
     ├── Unauthorized                  unauthorized        401     6
     │                                (invalid_token: unknown or revoked)

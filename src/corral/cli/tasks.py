@@ -296,7 +296,8 @@ def run(
         pid = project.project_id
         if show_dashboard:
             # An embedded coordinator's token lives as long as this process: shown whole.
-            address = dashboard_address(*obj.served, page=f"/plans/{pid}")
+            # Of several coordinators, the one that answered (``obj.served`` has them all).
+            address = dashboard_address(client.url, obj.served[1], page=f"/plans/{pid}")
             console.print(f"dashboard: {address}", soft_wrap=True, highlight=False)
         # A pause lasts until `tasks resume`: starting claims only if it is not paused.
         client.start_plan(pid, workers)
