@@ -4,6 +4,7 @@ at no other time, never for another plan, and closing it ends its stream at once
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,3 +78,18 @@ def test_without_a_working_stream_it_still_says_changed_now_and_then() -> None:
             with PlanChanges(url, TOKEN, "prj_000000000000") as changes:
                 for _ in range(3):
                     assert changes.wait(STEP_S), url
+
+
+def test_of_several_coordinators_it_follows_one_that_answers(url: str) -> None:
+    """``corral tasks run --url A,B`` with A down: the watch opens its stream at B."""
+    with socket.socket() as s:  # a local port nobody listens on (bound, then released)
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with Client([dead, url], token=TOKEN) as client:
+        plan = client.ensure_project("/repo", "main").project_id
+        with PlanChanges([dead, url], TOKEN, plan) as changes:
+            assert changes.caught_up.wait(STEP_S)
+            changes.wait(0)  # what opening the stream said
+            client.add_tasks(plan, [NewTask(id="a", title="a")])
+            assert changes.wait(STEP_S)
+            assert {(e["kind"], e["data"].get("key")) for e in changes.recent} == {("task", "a")}

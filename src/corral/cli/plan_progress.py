@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from corral.client.coordinators import Coordinators
 from corral.credentials import auth_headers, read_token
 
 ACTIVE = ("claimed", "in_progress", "merging")
@@ -87,13 +88,17 @@ class PlanChanges:
     time the stream opens (the first time, after a reconnect or a ``dropped``) it sets it
     too: what happened while it was not open is in the next read. A coordinator without
     the stream (older): set every POLL_INTERVAL_S. Leaving it shuts its socket, so the
-    stream ends at once (a read blocked in another thread ends only so)."""
+    stream ends at once (a read blocked in another thread ends only so). Of several
+    coordinators (``url``: a list, commas, or the command's client's ``Coordinators``, so
+    that both follow the one answering), a failed stream opens again at the next one."""
 
-    def __init__(self, url: str, token: str | None, plan_id: str) -> None:
+    def __init__(
+        self, url: str | Sequence[str] | Coordinators, token: str | None, plan_id: str
+    ) -> None:
         self.changed = threading.Event()
         self.caught_up = threading.Event()  # the stream has been open and read up to date
         self.recent: deque[dict[str, Any]] = deque(maxlen=50)  # the last events (to debug)
-        self._url = url
+        self._coordinators = url if isinstance(url, Coordinators) else Coordinators(url)
         self._headers = auth_headers(read_token() if token is None else token)
         self._params = {"plan": plan_id, "kind": "run,task,plan"}
         self._stopping = threading.Event()
@@ -140,9 +145,17 @@ class PlanChanges:
 
     def _stream(self) -> bool:
         """Follow the stream until it ends; False if the coordinator has none."""
+        url = self._coordinators.current
+        try:
+            return self._stream_from(url)
+        except (httpx.HTTPError, OSError):
+            self._coordinators.move_on(url)
+            raise
+
+    def _stream_from(self, url: str) -> bool:
         timeout = httpx.Timeout(10.0, read=None)  # quiet streams send a keepalive every 15 s
         with (
-            httpx.Client(base_url=self._url, headers=self._headers, timeout=timeout) as http,
+            httpx.Client(base_url=url, headers=self._headers, timeout=timeout) as http,
             connect_sse(http, "GET", "/events", params=self._params) as source,
         ):
             if source.response.status_code == 404:

@@ -301,7 +301,7 @@ def run(
             console.print(f"dashboard: {address}", soft_wrap=True, highlight=False)
         # A pause lasts until `tasks resume`: starting claims only if it is not paused.
         client.start_plan(pid, workers)
-        with PlanChanges(client.url, obj.token, pid) as changes:
+        with PlanChanges(client.coordinators, obj.token, pid) as changes:
             state, interrupted = watch(
                 lambda: client.plan_status(pid).to_json(), changes, started, console
             )
