@@ -24,7 +24,7 @@ import pytest
 from api_fixtures import HEADERS, TOKEN, backend_url, live_server, with_token
 
 from corral.client import AsyncClient, Client, LogLine, Run
-from corral.coordinator.app import create_app
+from corral.coordinator.app import CorralServer, create_app
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import Unavailable
 
@@ -253,3 +253,72 @@ def test_the_event_stream_goes_on_at_the_next_coordinator_after_its_last_id(
         ready = [m for m in seen if m["event"] == "ready"]
         caught_up = next(m for m in seen if m["event"] == "caught_up")
         assert [m["data"]["last_event_id"] for m in ready] == [0, caught_up["id"]], seen
+
+
+@pytest.mark.postgres
+def test_followed_streams_go_on_when_their_coordinator_stops(tmp_path: Path) -> None:
+    """A coordinator stopping (as a deploy stops it) ends the streams it serves — the
+    event stream cleanly, a log when its grace is over: a client of two goes on at the
+    other after its last line or event, and a log ends with the run."""
+    with (
+        backend_url("postgres", tmp_path) as db,
+        contextlib.ExitStack() as first,
+        live_server(create_app(with_token(CoordinatorSettings(db_url=db)))) as b,
+    ):
+        # Served as corral serve serves it: stopping, it ends its streams.
+        app = create_app(with_token(CoordinatorSettings(db_url=db)))
+        a = first.enter_context(live_server(app, server_class=CorralServer, graceful_shutdown_s=1))
+        with (
+            Client([a, b], token=TOKEN) as corral,
+            httpx.Client(base_url=b, headers=HEADERS) as runner,
+        ):
+            run_id = corral.run_command(["true"]).run_id
+            runner_id = runner.post("/runner/register", json={"name": "r", "hostname": "r"})
+            said = SyncRunner(runner, run_id, runner_id.json()["runner_id"])
+            said("started")
+            said("logs", lines=[line(0, "one")])
+            follow = corral.follow_logs(run_id)
+            seen: list[LogLine | Run] = [next(follow)]
+            events = corral.events(after=0, run_id=run_id, kind="run")
+            statuses = [m["data"]["data"]["status"] for m in until(events, "caught_up")]
+            first.close()  # a stops
+            said("logs", lines=[line(1, "two")])
+            said("completed", exit_code=0)
+            seen += list(follow)
+            statuses += [m["data"]["data"]["status"] for m in until(events, "completed")]
+        assert [item.text for item in seen if isinstance(item, LogLine)] == ["one", "two"]
+        assert isinstance(seen[-1], Run) and seen[-1].status == "completed"
+        assert statuses == ["pending", "claimed", "running", "completed"]  # each once
+
+
+def until(events: Iterator[dict[str, Any]], last: str) -> list[dict[str, Any]]:
+    """The run events of the stream up to the message ``last`` (an event or a status)."""
+    found = []
+    for message in events:
+        if message["event"] == "run":
+            found.append(message)
+            if message["data"]["data"]["status"] == last:
+                return found
+        elif message["event"] == last:
+            return found
+    raise AssertionError(f"the stream ended before {last}: {found}")
+
+
+def line(line_no: int, text: str) -> dict[str, Any]:
+    return {"line_no": line_no, "stream": "stdout", "text": text, "ts": 0.0}
+
+
+class SyncRunner:
+    """What a runner reports of the run it holds (attempt 1), claimed first."""
+
+    def __init__(self, runner: httpx.Client, run_id: str, runner_id: str) -> None:
+        self.runner, self.run_id, self.runner_id = runner, run_id, runner_id
+        claimed = runner.get("/runner/runs", params={"runner_id": runner_id, "max_runs": 1})
+        assert claimed.status_code == 200, claimed.text
+
+    def __call__(self, what: str, **body: Any) -> None:
+        response = self.runner.post(
+            f"/runner/runs/{self.run_id}/{what}",
+            json={"runner_id": self.runner_id, "attempt": 1, **body},
+        )
+        assert response.status_code == 200, response.text
