@@ -218,6 +218,36 @@ async def test_a_stopping_coordinator_ends_its_open_streams_cleanly_at_once(
     assert outcome == ["ended cleanly"]
 
 
+async def test_a_stopping_coordinator_ends_its_log_follows_cleanly_at_once(
+    tmp_path: Path,
+) -> None:
+    """A followed log of a run that has not ended: the stream ends cleanly after its lines,
+    without the run (its client goes on elsewhere after its last line); without
+    ``end_streams`` uvicorn waits out its grace and then cuts it."""
+    app = create_app(with_token(CoordinatorSettings(db_url=f"sqlite:///{tmp_path}/c.db")))
+    following = threading.Event()
+    outcome: list[str] = []
+
+    def follow(url: str) -> None:
+        try:
+            with httpx.Client(base_url=url, headers=HEADERS, timeout=STEP_S) as client:
+                run = client.post("/runs", json={"type": "command", "command": ["true"]}).json()
+                path = f"/runs/{run['run_id']}/logs"
+                with client.stream("GET", path, params={"follow": "true"}) as response:
+                    following.set()
+                    received = list(response.iter_lines())
+            outcome.append(f"ended cleanly after {received}")
+        except httpx.HTTPError as exc:
+            outcome.append(f"cut: {exc!r}")
+
+    with live_server(app, server_class=CorralServer, graceful_shutdown_s=60) as url:
+        reader = threading.Thread(target=follow, args=(url,))
+        reader.start()
+        assert await anyio.to_thread.run_sync(following.wait, STEP_S)
+    await anyio.to_thread.run_sync(reader.join, STEP_S)
+    assert outcome == ["ended cleanly after []"]
+
+
 async def test_a_deflated_stream_carries_what_a_plain_one_does_and_ends_whole(
     tmp_path: Path,
 ) -> None:

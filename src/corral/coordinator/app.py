@@ -236,9 +236,9 @@ class CorralServer(uvicorn.Server):
             # First take no new connection: a runner told to move must not land here again.
             for server in self.servers:
                 server.close()
-            # Open event streams never end by themselves: end them, or uvicorn would wait
-            # for them its whole grace and then cut them.
-            coordinator.events.end_streams()
+            # Open event streams and log follows of running runs do not end by themselves:
+            # end them, or uvicorn would wait for them its whole grace and then cut them.
+            coordinator.end_streams()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(coordinator.leave(), SHUTDOWN_GRACE_S)
         await super().shutdown(sockets)

@@ -23,8 +23,11 @@ def actor_topic(actor_id: str) -> str:
     return f"actor:{actor_id}"
 
 
+LOGS = "logs:"  # a run's log lines: ``logs_topic``
+
+
 def logs_topic(run_id: str) -> str:
-    return f"logs:{run_id}"
+    return f"{LOGS}{run_id}"
 
 
 class Notifier:

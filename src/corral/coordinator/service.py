@@ -31,6 +31,7 @@ from corral.coordinator.link_core import Outcome, apply_reports, may_owe_callbac
 from corral.coordinator.metrics import Metrics
 from corral.coordinator.notifier import (
     CALLBACKS_DUE,
+    LOGS,
     RUNS_AVAILABLE,
     Notifier,
     logs_topic,
@@ -119,6 +120,7 @@ class Coordinator:
         # It stops: it takes no lease again, and answers runners' calls (long-polls waiting
         # included) with ``coordinator_leaving`` (``leave``).
         self.left = asyncio.Event()
+        self.streams_ended = False  # it stops: followed logs end (``end_streams``)
         self.reconciling = False  # it held the reconciler's lease at its last pass
         self.first_pass = asyncio.Event()  # set once a pass has looked at the lease
         # The runner sockets' writes, committed in groups (``in_writer``).
@@ -248,6 +250,8 @@ class Coordinator:
             if run.status.is_terminal:
                 yield run
                 return
+            if self.streams_ended:
+                return  # without the run: its client goes on elsewhere, after its last line
             await wait_for(event, self.settings.poll_timeout_s)
 
     # ---- runners -------------------------------------------------------------------------
@@ -434,6 +438,15 @@ class Coordinator:
         await self.deregister(runner_id)
         if (link := self.connections.by_runner.get(runner_id)) is not None:
             await link.stop()
+
+    def end_streams(self) -> None:
+        """The coordinator is stopping: event streams and followed logs end now, cleanly,
+        after what they have sent (their clients go on after their last id, at another
+        coordinator or here once restarted), instead of holding the server's shutdown for
+        its whole grace and then being cut."""
+        self.events.end_streams()
+        self.streams_ended = True
+        self.notifier.notify(*(t for t in self.notifier.waited() if t.startswith(LOGS)))
 
     async def leave(self) -> None:
         """A planned stop (SIGTERM), before the sockets are cut: the heartbeats of runners
