@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -227,83 +229,121 @@ def test_a_keeper_that_died_is_replaced_with_the_groups_still_running(runner: Ru
     wait_until(lambda: not any(alive(pid) for pid in pids), "all four to die with the runner")
 
 
+# Orphans made on purpose live in a pid namespace of their own (``unshare``, as root): a
+# runner starting in another test meanwhile would kill them (it kills the orphans of its
+# namespace only). The scenario runs there as its pid 1 and prints what it saw.
+ORPHANS_LEFT = textwrap.dedent(
+    """
+    import json, os, signal, subprocess, sys, time
+    RUNNER, INSTANCE, SLEEP = sys.argv[1:4]
+
+    def alive(pid):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+    def start_runner():
+        return subprocess.Popen([sys.executable, "-c", RUNNER], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+    def run(runner, script):
+        runner.stdin.write(f"waits {script}\\n")
+        runner.stdin.flush()
+        return runner.stdout.readline().split()
+
+    runner, live = start_runner(), start_runner()
+    script = f"{SLEEP} 300 & echo $$ $! ${INSTANCE}; wait"
+    shell, daemon, instance, keeper = run(runner, "setsid " + script)
+    live_shell, _, live_instance, _ = run(live, script)
+    bystanders = [
+        subprocess.Popen([SLEEP, "300"], env={**os.environ, INSTANCE: other})
+        for other in (f"{os.getpid()}.0123456789abcdef", f"{instance}0", "1.outer")
+    ]
+    os.kill(int(keeper), signal.SIGSTOP)  # it cannot act on the runner's death
+    runner.kill()
+    runner.wait()
+    os.kill(int(keeper), signal.SIGKILL)
+    while alive(int(keeper)):
+        time.sleep(0.01)
+    left = alive(int(shell)) and alive(int(daemon))
+    # A runner that starts, though its coordinator is not there (yet).
+    corral = os.path.join(os.path.dirname(sys.executable), "corral")
+    restarted = subprocess.Popen([corral, "runner", "--url", "http://127.0.0.1:9", "--token", "t"],
+                                 stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 10
+    while (alive(int(shell)) or alive(int(daemon))) and time.monotonic() < end:
+        time.sleep(0.01)
+    killed = not alive(int(shell)) and not alive(int(daemon))
+    restarted.terminate()
+    said = [line.strip() for line in restarted.stderr if "of a dead runner" in line]
+    print(json.dumps({
+        "left": left, "killed": killed, "said": said, "orphans": [shell, daemon],
+        "live": alive(int(live_shell)), "instances": [instance, live_instance],
+        "bystanders": [b.poll() for b in bystanders],
+    }))
+    """
+)
+
+
+def in_own_pid_namespace(script: str, *args: str) -> Any:
+    """What ``script`` printed (JSON), run as pid 1 of a new pid namespace."""
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+    done = subprocess.run(
+        [*argv, sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 def test_a_runner_starting_kills_what_a_runner_killed_with_its_keeper_left() -> None:
     """A ``pkill -9 -f corral``: the runner and its keeper die at once and the runs live
     on; the next runner to start on the host kills them (``kill_orphans``), the run's
-    group and what left it, before it takes work. Processes carrying the instance of a
-    live runner, or a value no runner made, live on."""
-    runner, live = Runner(), Runner()
-    bystanders: list[subprocess.Popen[bytes]] = []
-    try:
-        shell, daemon, instance, keeper = runner.run(
-            f"setsid sleep 300 & echo $$ $! ${INSTANCE}; wait"
-        )[:4]
-        runner.pids += [int(shell), int(daemon)]
-        live_shell, _, live_instance, _ = live.run(f"sleep 300 & echo $$ $! ${INSTANCE}; wait")
-        live.pids.append(int(live_shell))
-        for other in (f"{os.getpid()}.0123456789abcdef", f"{instance}0", "1.outer"):
-            environment = {**os.environ, INSTANCE: other}
-            bystanders.append(subprocess.Popen([SLEEP, "300"], env=environment))
-        os.kill(int(keeper), signal.SIGSTOP)  # it cannot act on the runner's death
-        runner.proc.kill()
-        runner.proc.wait()
-        os.kill(int(keeper), signal.SIGKILL)
-        wait_until(lambda: not alive(int(keeper)), "the keeper to die")
-        assert alive(int(shell)) and alive(int(daemon))  # the gap the next start closes
+    group and what left it, before it takes work, and says so. Processes carrying the
+    instance of a live runner, or a value no runner made, live on."""
+    seen = in_own_pid_namespace(ORPHANS_LEFT, RUNNER, INSTANCE, SLEEP)
+    assert seen["left"]  # the gap the next start closes
+    assert seen["killed"]
+    (said,) = seen["said"]
+    assert said.endswith(" ".join(sorted(seen["orphans"], key=int)))
+    assert seen["live"] and seen["instances"][0] != seen["instances"][1]
+    assert seen["bystanders"] == [None, None, None]
 
-        # A runner that starts, though its coordinator is not there (yet).
-        corral = Path(sys.executable).parent / "corral"
-        argv = [str(corral), "runner", "--url", "http://127.0.0.1:9", "--token", "t"]
-        with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as restarted:
-            try:
-                wait_until(lambda: not alive(int(shell)) and not alive(int(daemon)), "deaths")
-            finally:
-                restarted.terminate()
-            assert restarted.stderr is not None
-            said = next(line for line in restarted.stderr if "of a dead runner" in line)
-            assert {shell, daemon} <= set(said.split())  # other tests' may be there too
-        assert alive(int(live_shell)) and live_instance != instance
-        assert [bystander.poll() for bystander in bystanders] == [None, None, None]
-    finally:
-        for bystander in bystanders:
-            bystander.kill()
-            bystander.wait()
-        runner.close()
-        live.close()
+
+SPARED = textwrap.dedent(
+    """
+    import json, os, subprocess, sys
+    from corral.runner import keeper_program
+    INSTANCE, SLEEP = sys.argv[1:3]
+    gone = 4242  # no process of this new namespace
+    environment = {**os.environ, INSTANCE: f"{gone}.0123456789abcdef"}
+    carrier = subprocess.Popen([SLEEP, "300"], env=environment)
+    seen = [carrier.pid in set(keeper_program.orphans(spared)) for spared in ((), (carrier.pid,))]
+    carrier.kill()
+    print(json.dumps(seen))
+    """
+)
 
 
 def test_a_runner_does_not_kill_what_carries_its_own_instance() -> None:
     """Nor its ancestors' (a runner started by a run whose runner is gone)."""
-    dead = subprocess.Popen([SLEEP, "0"])
-    dead.wait()  # its pid: a runner gone
-    environment = {**os.environ, INSTANCE: f"{dead.pid}.0123456789abcdef"}
-    sibling = subprocess.Popen([SLEEP, "300"], env=environment)
-    try:
-        assert sibling.pid in set(keeper_program.orphans(spared=()))
-        assert sibling.pid not in set(keeper_program.orphans(spared=(sibling.pid,)))
-    finally:
-        sibling.kill()
-        sibling.wait()
+    assert in_own_pid_namespace(SPARED, INSTANCE, SLEEP) == [True, False]
 
 
 def test_a_runner_does_not_judge_processes_of_another_pid_namespace() -> None:
     """A container's runner, seen from the host: its pids are of its own namespace."""
     dead = subprocess.Popen([SLEEP, "0"])
     dead.wait()  # gone here; in the container, the pid of its live runner
-    environment = {**os.environ, INSTANCE: f"{dead.pid}.0123456789abcdef"}
-    contained = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--kill-child", SLEEP, "300"], env=environment
-    )
+    carried = f"{INSTANCE}={dead.pid}.0123456789abcdef"
+    argv = ["unshare", "--pid", "--fork", "--kill-child", "env", carried, SLEEP, "300"]
+    contained = subprocess.Popen(argv)
     try:
         wait_until(lambda: len(children(contained.pid)) == 1, "the sleep in its namespace")
         (sleeper,) = children(contained.pid)
-        wait_until(
-            lambda: Path(f"/proc/{sleeper}/cmdline").read_bytes().startswith(SLEEP.encode()),
-            "its exec",
-        )
-        found = set(keeper_program.orphans(spared=()))
-        assert contained.pid in found  # the unshare itself is in this namespace
-        assert sleeper not in found
+        environ = Path(f"/proc/{sleeper}/environ")
+        wait_until(lambda: carried.encode() in environ.read_bytes().split(b"\0"), "its exec")
+        assert sleeper not in set(keeper_program.orphans(spared=()))
     finally:
         contained.kill()
         contained.wait()
