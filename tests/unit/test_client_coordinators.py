@@ -6,7 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from corral.client import AsyncClient, Client
 from corral.client.coordinators import Coordinators, Following, split_urls
+from corral.runner.coordinators import Coordinators as RunnerCoordinators
 
 A, B, C = "http://a:8765", "http://b:8765", "http://c:8765"
 REQUEST = httpx.Request("POST", f"{A}/runs")
@@ -17,6 +19,23 @@ def test_urls_come_as_a_list_or_one_string_with_commas() -> None:
     assert split_urls([A, f"{B}/"]) == (A, B)
     with pytest.raises(ValueError, match="no coordinator URL"):
         split_urls(" , ")
+
+
+BAD_URLS = [
+    ("http://bad..name:8765", "not a valid URL"),  # an empty label
+    (f"http://{'x' * 64}.example", "not a valid URL"),  # a label over 63 characters
+    ("http://a:99999", "not a valid URL"),  # a port out of range
+    ("127.0.0.1:8765", "did you mean http://127.0.0.1:8765"),
+]
+
+
+@pytest.mark.parametrize(("url", "said"), BAD_URLS)
+def test_a_url_no_connection_can_use_is_refused_when_given(url: str, said: str) -> None:
+    """From Python as from the CLI: at once and saying why, not as a UnicodeError from
+    the resolver at the first request (or, in a runner, after it started)."""
+    for make in (Client, AsyncClient, RunnerCoordinators):
+        with pytest.raises(ValueError, match=said):
+            make([A, url])
 
 
 def test_a_client_stays_with_the_one_that_answered() -> None:

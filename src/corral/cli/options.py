@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import click
 
 from corral.client import DEFAULT_URL, Client
+from corral.client.coordinators import check_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -24,18 +24,10 @@ class CoordinatorURL(click.ParamType[str, Any]):
     name = "url"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        text = str(value).strip()
-        parts = urlsplit(text)
-        if not (parts.scheme in ("http", "https") and parts.netloc):
-            self.fail(f"{text!r} is not an http(s) URL; did you mean http://{text}?", param, ctx)
         try:
-            # What a connection would trip on, said now: a port out of range, a host name
-            # no resolver takes (an empty label, one over 63 characters).
-            parts.port  # noqa: B018 (read for its check)
-            (parts.hostname or "").encode("idna")
-        except ValueError as exc:  # UnicodeError is one
-            self.fail(f"{text!r} is not a valid URL: {exc}", param, ctx)
-        return text
+            return check_url(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 URL = CoordinatorURL()

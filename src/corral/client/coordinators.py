@@ -23,6 +23,7 @@ is raised as it always was.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -34,10 +35,28 @@ NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
+def check_url(url: str) -> str:
+    """``url`` stripped, if a connection could use it as a coordinator's; else ValueError
+    saying why (``127.0.0.1:8765`` alone: with the URL it probably means)."""
+    text = url.strip()
+    parts = urlsplit(text)
+    if not (parts.scheme in ("http", "https") and parts.netloc):
+        raise ValueError(f"{text!r} is not an http(s) URL; did you mean http://{text}?")
+    try:
+        # What a connection would trip on, said now: a port out of range, a host name
+        # no resolver takes (an empty label, one over 63 characters).
+        parts.port  # noqa: B018 (read for its check)
+        (parts.hostname or "").encode("idna")
+    except ValueError as exc:  # UnicodeError is one
+        raise ValueError(f"{text!r} is not a valid URL: {exc}") from None
+    return text
+
+
 def split_urls(urls: str | Sequence[str]) -> tuple[str, ...]:
-    """``"http://a, http://b/"`` or ``["http://a", "http://b"]`` → ``("http://a", "http://b")``."""
+    """``"http://a, http://b/"`` or ``["http://a", "http://b"]`` → ``("http://a", "http://b")``,
+    each checked (``check_url``)."""
     items = urls.split(",") if isinstance(urls, str) else urls
-    found = tuple(u.strip().rstrip("/") for u in items if u.strip())
+    found = tuple(check_url(u).rstrip("/") for u in items if u.strip())
     if not found:
         raise ValueError("no coordinator URL given")
     return found

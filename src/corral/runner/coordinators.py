@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from corral.client.coordinators import check_url
+
 log = logging.getLogger("corral.runner")
 # A resolver that does not answer by then is taken as failed (the name keeps the addresses
 # it last had): the connection attempt after it has its own timeout to spend.
@@ -63,7 +65,7 @@ class Coordinators:
         resolve: Resolve = resolve_host,
         rng: random.Random | None = None,
     ) -> None:
-        self.urls = tuple(urls)
+        self.urls = tuple(check_url(url) for url in urls)  # ValueError: one no connection can use
         self._resolve = resolve
         self._offset = (rng or random.Random()).randrange(1 << 30)  # modulo a name's count
         self._known: dict[str, tuple[str, ...]] = {}  # a name's coordinators, last resolved
