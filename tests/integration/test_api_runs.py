@@ -210,6 +210,36 @@ async def test_batch_creates_every_run(settings: CoordinatorSettings) -> None:
         assert (await api.claim_one(runner_id))["run_id"] == created[1]["run_id"]
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/runs", {"type": "command", "command": ["true"]}),  # the plain ASGI route
+        ("/runs:batch", {"runs": [{"type": "command", "command": ["true"]}] * 2}),
+    ],
+)
+async def test_a_create_sent_again_with_its_key_gets_the_same_runs(
+    settings: CoordinatorSettings, path: str, body: dict[str, Any]
+) -> None:
+    """``Idempotency-Key``: the request sent again (its answer lost) gets the runs it
+    created; with other runs, the key is refused; a key no header can be, refused too."""
+    async with running_api(settings) as api:
+        key = {"Idempotency-Key": "create-1"}
+        first = await api.client.post(path, json=body, headers=key)
+        again = await api.client.post(path, json=body, headers=key)
+        assert first.status_code == again.status_code == 201
+        assert again.json() == first.json()
+        assert len((await api.client.get("/runs")).json()["runs"]) == len(body.get("runs", [1]))
+
+        other = {**body, "priority": 3} if path == "/runs" else {"runs": body["runs"][:1]}
+        reused = await api.client.post(path, json=other, headers=key)
+        assert reused.status_code == 422 and error_code(reused) == "idempotency_key_reused"
+        too_long = {"Idempotency-Key": "k" * 256}
+        refused = await api.client.post(path, json=body, headers=too_long)
+        assert refused.status_code == 422 and error_code(refused) == "invalid_idempotency_key"
+        fresh = await api.client.post(path, json=body, headers={"Idempotency-Key": "create-2"})
+        assert fresh.json() != first.json()  # another key, other runs
+
+
 # ---- long-polls ------------------------------------------------------------------------------
 
 

@@ -147,23 +147,30 @@ def test_a_client_whose_coordinator_dies_between_two_calls_moves_on(tmp_path: Pa
             }
 
 
-def test_a_post_whose_answer_was_lost_is_not_sent_again(tmp_path: Path) -> None:
+def test_a_create_whose_answer_was_lost_gets_its_run_once_at_the_next(tmp_path: Path) -> None:
+    """The first coordinator created the run and its answer was lost: sent again to the
+    next with its idempotency key, the request gets that run, and no second one is made.
+    Another write whose answer was lost is not sent again: its outcome is unknown."""
     with one_coordinator(tmp_path) as live:
         relay = Relay(live)
         relay.lose_answers = True
         with Client([relay.url, live], token=TOKEN) as corral:
+            created = corral.run_command(["sleep", "60"])
+            assert relay.answers_lost == 1 and corral.url == live
+            with Client(live, token=TOKEN) as direct:
+                (only,) = direct.list_runs().runs  # created by the first coordinator, once
+            assert only.run_id == created.run_id
+            corral.coordinators.answered(relay.url)
             with pytest.raises(Unavailable) as lost:
-                corral.run_command(["true"])
+                corral.cancel_run(created.run_id)
             assert lost.value.code == "outcome_unknown"
-            assert f"lost the coordinator at {relay.url} after sending POST /runs" in (
+            assert f"lost the coordinator at {relay.url} after sending POST /runs/" in (
                 lost.value.message
             )
-            assert relay.answers_lost == 1
-            with Client(live, token=TOKEN) as direct:
-                (created,) = direct.list_runs().runs  # done once, by the first coordinator
-            # A read whose answer was lost goes to the next one: it changes nothing.
-            assert corral.get_run(created.run_id).run_id == created.run_id
             assert relay.answers_lost == 2
+            # A read whose answer was lost goes to the next one: it changes nothing.
+            assert corral.get_run(created.run_id).status == "cancelled"
+            assert relay.answers_lost == 3
             assert corral.url == live
         relay.cut()
 

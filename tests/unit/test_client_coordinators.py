@@ -6,11 +6,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from corral.client import AsyncClient, Client
+from corral.client import AsyncClient, Client, calls
 from corral.client.coordinators import Coordinators, Following, split_urls
 from corral.runner.coordinators import Coordinators as RunnerCoordinators
 
 A, B, C = "http://a:8765", "http://b:8765", "http://c:8765"
+LIST, CANCEL = calls.list_runs(), calls.cancel_run("r1")
 REQUEST = httpx.Request("POST", f"{A}/runs")
 
 
@@ -56,7 +57,7 @@ def test_two_requests_failing_on_one_move_on_once() -> None:
 def test_a_request_that_never_left_may_go_to_the_next_whatever_its_method() -> None:
     coordinators = Coordinators([A, B])
     refused = httpx.ConnectError("[Errno 111] Connection refused", request=REQUEST)
-    assert coordinators.refusal("POST", "/runs", A, refused) is None
+    assert coordinators.refusal(CANCEL, A, refused) is None
     assert coordinators.current == B
 
 
@@ -67,19 +68,29 @@ def test_a_write_whose_outcome_is_unknown_is_not_sent_again() -> None:
         httpx.ReadError("[Errno 104] Connection reset by peer", request=REQUEST),
         httpx.ReadTimeout("timed out", request=REQUEST),
     ):
-        refusal = coordinators.refusal("POST", "/runs", A, cut)
+        refusal = coordinators.refusal(CANCEL, A, cut)
         assert refusal is not None and refusal.code == "outcome_unknown"
-        assert f"lost the coordinator at {A} after sending POST /runs" in refusal.message
+        assert f"lost the coordinator at {A} after sending POST /runs/r1/cancel" in refusal.message
         assert coordinators.current == A  # nothing moved: the caller decides
-        # A read may go again: it changes nothing.
-        assert coordinators.refusal("GET", "/runs", A, cut) is None
+        # A read may go again: it changes nothing; so may a create, with its key.
+        assert coordinators.refusal(LIST, A, cut) is None
         coordinators.answered(A)
+        assert coordinators.refusal(calls.create_run({"type": "command"}), A, cut) is None
+        coordinators.answered(A)
+
+
+def test_each_create_carries_a_key_of_its_own_kept_when_sent_again() -> None:
+    one, other = calls.create_run({}), calls.create_runs([{}])
+    assert one.headers is not None and other.headers is not None
+    assert one.headers["Idempotency-Key"] != other.headers["Idempotency-Key"]
+    assert one.headers == one.headers  # a property of the call: the same at each send
+    assert LIST.headers is None and CANCEL.headers is None
 
 
 def test_one_url_fails_as_it_always_did() -> None:
     coordinators = Coordinators(A)
     refused = httpx.ConnectError("[Errno 111] Connection refused", request=REQUEST)
-    refusal = coordinators.refusal("GET", "/runs", A, refused)
+    refusal = coordinators.refusal(LIST, A, refused)
     assert refusal is not None and refusal.code == "unavailable"
     assert refusal.message == f"cannot reach the coordinator at {A}: [Errno 111] Connection refused"
     following = Following(coordinators)

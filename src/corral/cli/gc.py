@@ -108,5 +108,5 @@ def gc(db: str, **kwargs: Any) -> None:
     click.echo(
         f"deleted {collected.runs} runs, {collected.log_lines} log lines, "
         f"{collected.runners} runners, {collected.commands} runner commands, "
-        f"{collected.events} events"
+        f"{collected.events} events, {collected.run_requests} idempotency keys"
     )

@@ -6,6 +6,7 @@ and sends it with its own HTTP client, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -54,6 +55,13 @@ class Call(Generic[T]):
     parse: Callable[[Any], T]
     params: dict[str, Any] = field(default_factory=dict)
     body: Any = None
+    # Set on the requests that create runs: sent again (its answer lost, or to another
+    # coordinator), it creates nothing twice (``Idempotency-Key``).
+    idempotency_key: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return None if self.idempotency_key is None else {"Idempotency-Key": self.idempotency_key}
 
 
 def _segment(value: str) -> str:
@@ -97,7 +105,7 @@ def log_event(item: dict[str, Any]) -> LogLine | Run:
 
 
 def create_run(spec: dict[str, Any]) -> Call[RunCreated]:
-    return Call("POST", "/runs", _model(RunCreated), body=spec)
+    return Call("POST", "/runs", _model(RunCreated), body=spec, idempotency_key=_new_key())
 
 
 def run_spec(
@@ -139,7 +147,14 @@ def run_spec(
 
 
 def create_runs(specs: Sequence[dict[str, Any]]) -> Call[list[RunCreated]]:
-    return Call("POST", "/runs:batch", _models(RunCreated, "runs"), body={"runs": list(specs)})
+    body = {"runs": list(specs)}
+    return Call(
+        "POST", "/runs:batch", _models(RunCreated, "runs"), body, idempotency_key=_new_key()
+    )
+
+
+def _new_key() -> str:
+    return uuid.uuid4().hex
 
 
 def get_run(run_id: str) -> Call[Run]:

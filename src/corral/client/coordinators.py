@@ -11,9 +11,10 @@ sending it twice cannot do a thing twice:
   never left, so any request may;
 * the coordinator answered ``coordinator_leaving`` (503): it says it did nothing;
 * the request failed after it was sent (the connection cut before the answer, a read
-  timeout): a read (``GET``) may; a write's outcome is unknown, and ``POST /runs`` has no
-  idempotency key, so sent again it could start a second run. The client raises
-  ``outcome_unknown`` instead, for its caller to look before trying again.
+  timeout): a read (``GET``) may, and so may a request that creates runs, which carries an
+  ``Idempotency-Key`` (sent again, it gets the runs it created: ``Call.idempotency_key``);
+  any other write's outcome is unknown: the client raises ``outcome_unknown``, for its
+  caller to look before trying again.
 
 A followed stream (a run's log, the event stream) cut or ended early goes on at the next
 coordinator from the last id it passed on. With one URL nothing of this applies: a failure
@@ -23,11 +24,13 @@ is raised as it always was.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
 from corral import errors
+from corral.client.calls import Call
 
 # Failures that prove the request never reached a coordinator.
 NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -93,17 +96,18 @@ class Coordinators:
             self._current = (self._current + 1) % len(self.urls)
 
     def refusal(
-        self, method: str, path: str, url: str, exc: httpx.TransportError
+        self, call: Call[Any], url: str, exc: httpx.TransportError
     ) -> errors.Unavailable | None:
-        """The error for a request to ``url`` that failed with ``exc``, or None when it
-        may go to the next coordinator (it is moved on to)."""
+        """The error for ``call`` to ``url`` that failed with ``exc``, or None when it may
+        go to the next coordinator (it is moved on to)."""
         if not self.several:
             return errors.Unavailable(f"cannot reach the coordinator at {url}: {exc}")
-        if method.upper() not in READS and not isinstance(exc, NEVER_SENT):
+        resendable = call.method.upper() in READS or call.idempotency_key is not None
+        if not resendable and not isinstance(exc, NEVER_SENT):
             return errors.Unavailable(
-                f"lost the coordinator at {url} after sending {method} {path} ({exc}): it may "
-                "have been done, so it is not sent to another coordinator; look before "
-                "trying again",
+                f"lost the coordinator at {url} after sending {call.method} {call.path} "
+                f"({exc}): it may have been done, so it is not sent to another coordinator; "
+                "look before trying again",
                 code="outcome_unknown",
             )
         self.move_on(url)

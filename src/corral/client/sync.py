@@ -97,10 +97,14 @@ class Client:
         for url in self.coordinators.order():
             try:
                 response = self._http.request(
-                    call.method, url + call.path, params=call.params or None, json=call.body
+                    call.method,
+                    url + call.path,
+                    params=call.params or None,
+                    json=call.body,
+                    headers=call.headers,
                 )
             except httpx.TransportError as exc:
-                refusal = self.coordinators.refusal(call.method, call.path, url, exc)
+                refusal = self.coordinators.refusal(call, url, exc)
                 if refusal is not None:
                     raise refusal from exc
                 failures.append((url, exc))

@@ -6,7 +6,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field, ValidationError
 from starlette.exceptions import HTTPException
@@ -39,10 +39,25 @@ def _coordinator(request: Request) -> Coordinator:
     return coordinator
 
 
+# A request sent again with its key (its answer was lost) gets the runs it created, not
+# new ones (``store.run_requests``).
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="the caller's key for this request (1 to 255 printable ASCII "
+        "characters, kept a day): sent again, it gets the runs it created, as they are now",
+    ),
+]
+
+
 @router.post("/runs", status_code=201, tags=["runs"], dependencies=[RUNS])
-async def create_run(body: CreateRun, request: Request) -> dict[str, Any]:
+async def create_run(
+    body: CreateRun, request: Request, idempotency_key: IdempotencyKey = None
+) -> dict[str, Any]:
     """Queue a run; answers at once with its id."""
-    (run,) = await _coordinator(request).create_runs([body], principal_of(request))
+    coordinator = _coordinator(request)
+    (run,) = await coordinator.create_runs([body], principal_of(request), idempotency_key)
     return {"run_id": run.id, "status": run.status}
 
 
@@ -76,7 +91,8 @@ async def serve_create_run(scope: Scope, receive: Receive, send: Send) -> None:
             body = CreateRun.model_validate(data)
         except ValidationError as exc:
             raise refusal(exc.errors()) from None
-        response = JSONResponse(await create_run(body, request), 201)
+        key = request.headers.get("idempotency-key")
+        response = JSONResponse(await create_run(body, request, key), 201)
     except CorralError as exc:
         response = JSONResponse(exc.to_dict(), exc.http_status)
     await response(scope, receive, send)
@@ -99,9 +115,12 @@ def _json_body(raw: bytes, content_type: str | None) -> Any:
 
 
 @router.post("/runs:batch", status_code=201, tags=["runs"], dependencies=[RUNS])
-async def create_runs(body: CreateRuns, request: Request) -> dict[str, Any]:
+async def create_runs(
+    body: CreateRuns, request: Request, idempotency_key: IdempotencyKey = None
+) -> dict[str, Any]:
     """Queue many runs in one transaction: all are created, or none."""
-    runs = await _coordinator(request).create_runs(body.runs, principal_of(request))
+    coordinator = _coordinator(request)
+    runs = await coordinator.create_runs(body.runs, principal_of(request), idempotency_key)
     return {"runs": [{"run_id": r.id, "status": r.status} for r in runs]}
 
 

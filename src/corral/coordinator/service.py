@@ -60,6 +60,7 @@ from corral.store.commands import Command
 from corral.store.events import EventStore
 from corral.store.leases import RECONCILER
 from corral.store.retention import Collected
+from corral.store.run_requests import RunRequest
 from corral.subagents import Limits
 
 log = logging.getLogger("corral.coordinator")
@@ -159,9 +160,14 @@ class Coordinator:
     # ---- clients -------------------------------------------------------------------------
 
     async def create_runs(
-        self, bodies: Sequence[CreateRun], principal: Principal | None = None
+        self,
+        bodies: Sequence[CreateRun],
+        principal: Principal | None = None,
+        idempotency_key: str | None = None,
     ) -> list[Run]:
         """``principal``: the caller; an agent's runs are its own session's children.
+        ``idempotency_key``: the request's; sent again by the same caller, the runs it
+        created then (``store.run_requests``).
 
         While runner sockets wait for runs these fit, those sockets claim in the same
         commit as the create: the create goes to the store writer, and the sockets are woken
@@ -179,7 +185,13 @@ class Coordinator:
                 build_new_run(b, self.store, self.profiles, self.settings.max_prompt_bytes)
                 for b in asked
             ]
-            return self.store.runs.create_many(specs, now)
+            return self.store.runs.create_many(specs, now, request)
+
+        request = None
+        if idempotency_key is not None:
+            caller = "" if principal is None else principal.token_id
+            asked = [b.model_dump(mode="json") for b in bodies]
+            request = RunRequest.of(caller, idempotency_key, asked)
 
         if self.waiters and self.writer.open and _offerable(bodies, principal):
             created = self.submit_write("", validate_and_create)

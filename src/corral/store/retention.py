@@ -10,7 +10,8 @@ database for long):
 * the middle of a finished run's log over ``log_chars`` characters: its first and last
   halves stay, with one marker line saying how many lines went;
 * events (``GET /events``) older than ``events_s``, by id: a resume from before the
-  newest one deleted is refused (``events_expired``).
+  newest one deleted is refused (``events_expired``);
+* idempotency keys of requests that created runs, a day after (``run_requests.KEPT_S``).
 
 Never deleted: a run that is not finished; the last run of a session (its result) and the
 current run of a task; a runner a kept run or a session names (resumes go back to it), or
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import corral.store.run_requests as run_requests
 from corral.runners import ALIVE, RunnerState
 from corral.runs import TERMINAL
 from corral.store.db import Database, Row, Tx
@@ -52,6 +54,7 @@ class Collected:
     runners: int = 0
     commands: int = 0
     events: int = 0
+    run_requests: int = 0
 
 
 def collect(db: Database, retention: Retention, now: float, *, batch: int = 500) -> Collected:
@@ -63,7 +66,8 @@ def collect(db: Database, retention: Retention, now: float, *, batch: int = 500)
         _runners(db, now - r.runners_s, batch) if r.runners_s is not None else (0, 0)
     )
     events = EventStore(db).collect(now - r.events_s, batch) if r.events_s is not None else 0
-    return Collected(runs, trimmed + run_lines, runners, commands, events)
+    keys = run_requests.collect(db, now - run_requests.KEPT_S, batch)
+    return Collected(runs, trimmed + run_lines, runners, commands, events, keys)
 
 
 def _runs(db: Database, cutoff: float, batch: int) -> tuple[int, int]:

@@ -13,6 +13,7 @@ from typing import Any
 import corral.store.callbacks as callbacks
 import corral.store.claims as claims
 import corral.store.commands as commands
+import corral.store.run_requests as run_requests
 import corral.store.sessions as sessions
 from corral.errors import InvalidRequest, LeaseLost, NotFound
 from corral.ids import RunnerId
@@ -39,6 +40,7 @@ from corral.store.rows import (
     sql_list,
     update_row,
 )
+from corral.store.run_requests import RunRequest
 from corral.store.task_runs import apply_step, settle_task_run
 from corral.subagents import Limits
 
@@ -63,13 +65,30 @@ class RunStore:
 
     # ---- clients -------------------------------------------------------------------------
 
-    def create_many(self, specs: Sequence[NewRun], now: float) -> list[Run]:
+    def create_many(
+        self, specs: Sequence[NewRun], now: float, request: RunRequest | None = None
+    ) -> list[Run]:
         """Write new runs, all or none: a sub-agent's parent is checked in the same
-        transaction (``callbacks.check_children``)."""
+        transaction (``callbacks.check_children``). ``request``: its idempotency key; sent
+        again, the runs it created then, as they are now (``run_requests``)."""
         rows = [new_run_row(spec, now) for spec in specs]
         with self.db.transaction() as tx:
+            if request is not None:
+                created = run_requests.take(tx, request, now)
+                if created is not None:
+                    return self._read(tx, created)
             callbacks.check_children(tx, self.db, rows, self.subagent_limits)
-            return insert_runs(tx, rows, self.db.dialect)
+            runs = insert_runs(tx, rows, self.db.dialect)
+            if request is not None:
+                run_requests.done(tx, request, [r.id for r in runs])
+            return runs
+
+    def _read(self, tx: Tx, run_ids: Sequence[str]) -> list[Run]:
+        """The runs, in ``run_ids``' order (a run deleted since is left out)."""
+        marks = ", ".join("?" for _ in run_ids)
+        rows = tx.execute(f"SELECT {_WITH_CALLBACK} WHERE runs.id IN ({marks})", tuple(run_ids))
+        by_id = {row["id"]: run_from_row(row) for row in rows}
+        return [by_id[i] for i in run_ids if i in by_id]
 
     def create(self, spec: NewRun, now: float) -> Run:
         return self.create_many([spec], now)[0]

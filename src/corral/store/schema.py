@@ -450,6 +450,21 @@ CREATE INDEX runs_lost ON runs (lost_at) WHERE status = 'lost';
 """,
     ),
     (22, event_triggers.statement_migration),
+    (
+        23,
+        # Idempotency keys of the requests that created runs (``run_requests.py``).
+        """
+CREATE TABLE run_requests (
+    scope      TEXT {binary} NOT NULL,
+    key        TEXT {binary} NOT NULL,
+    digest     TEXT NOT NULL,
+    run_ids    TEXT NOT NULL,
+    created_at {real} NOT NULL,
+    PRIMARY KEY (scope, key)
+);
+CREATE INDEX run_requests_by_age ON run_requests (created_at);
+""",
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]
