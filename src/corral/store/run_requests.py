@@ -46,13 +46,13 @@ class RunRequest:
         return cls(scope, key, hashlib.sha256(text.encode()).hexdigest())
 
 
-def take(tx: Tx, request: RunRequest, now: float) -> list[str] | None:
-    """Take the key for the runs this transaction creates (None: recorded by ``done``
-    before it commits); or, taken already, the ids of the runs its request created."""
+def take(tx: Tx, request: RunRequest, run_ids: Sequence[str], now: float) -> list[str] | None:
+    """Take the key for the runs this transaction creates (``run_ids``; None); or, taken
+    already, the ids of the runs its request created. One statement when it is free."""
     inserted = tx.one(
         "INSERT INTO run_requests (scope, key, digest, run_ids, created_at) "
-        "VALUES (?, ?, ?, '[]', ?) ON CONFLICT DO NOTHING RETURNING key",
-        (request.scope, request.key, request.digest, now),
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING key",
+        (request.scope, request.key, request.digest, json.dumps(list(run_ids)), now),
     )
     if inserted is not None:
         return None
@@ -69,13 +69,6 @@ def take(tx: Tx, request: RunRequest, now: float) -> list[str] | None:
         )
     ids: list[str] = json.loads(stored["run_ids"])
     return ids
-
-
-def done(tx: Tx, request: RunRequest, run_ids: Sequence[str]) -> None:
-    tx.execute(
-        "UPDATE run_requests SET run_ids = ? WHERE scope = ? AND key = ?",
-        (json.dumps(list(run_ids)), request.scope, request.key),
-    )
 
 
 def collect(db: Database, cutoff: float, batch: int) -> int:

@@ -74,14 +74,11 @@ class RunStore:
         rows = [new_run_row(spec, now) for spec in specs]
         with self.db.transaction() as tx:
             if request is not None:
-                created = run_requests.take(tx, request, now)
+                created = run_requests.take(tx, request, [r["id"] for r in rows], now)
                 if created is not None:
                     return self._read(tx, created)
             callbacks.check_children(tx, self.db, rows, self.subagent_limits)
-            runs = insert_runs(tx, rows, self.db.dialect)
-            if request is not None:
-                run_requests.done(tx, request, [r.id for r in runs])
-            return runs
+            return insert_runs(tx, rows, self.db.dialect)
 
     def _read(self, tx: Tx, run_ids: Sequence[str]) -> list[Run]:
         """The runs, in ``run_ids``' order (a run deleted since is left out)."""
