@@ -376,6 +376,44 @@ async def test_unacknowledged_commands_are_sent_again(served_any: Served) -> Non
         assert (await served.run(run_id))["status"] == "claimed"
 
 
+async def commands_until_acked(peer: Peer, last_event_idx: int) -> list[m.Indexed]:
+    """Frames until one acknowledges events up to ``last_event_idx``, in a frame of its own
+    or in a Commands frame (``ACKS_IN_COMMANDS``); the commands that came meanwhile. Each
+    frame is bounded by ``STEP_S``: an acknowledgement withheld or lost fails here."""
+    commands: list[m.Indexed] = []
+    while True:
+        message = await peer.recv()
+        if isinstance(message, m.ToClientCommands):
+            commands += message.commands
+            acked = message.ack_events
+        else:
+            assert isinstance(message, m.ToClientAckEvents), message
+            acked = message.last_event_idx
+        assert acked <= last_event_idx, message
+        if acked == last_event_idx:
+            return commands
+
+
+async def test_reports_are_acknowledged_with_the_next_runs_or_alone(served_any: Served) -> None:
+    """A runner that reads acknowledgements in Commands frames has each report acknowledged
+    after its commit: with the start of the run its freed slot takes (the claim commits with
+    the report), or alone when no run is waiting — never held for commands that do not come."""
+    served = served_any
+    peer = await served.connect()
+    await peer.init("runner-a", metadata={m.ACKS_IN_COMMANDS: 1})
+    run_1, run_2 = await served.create_run("true"), await served.create_run("true")
+    (cmd_1,) = (await peer.expect(m.ToClientCommands)).commands
+    assert cmd_1.body["run"]["run_id"] == run_1
+    await peer.send(events(1, started(run_1), finished(run_1)))
+    (cmd_2,) = await commands_until_acked(peer, 2) or [await peer.expect(m.ToClientCommands)]
+    assert cmd_2.body["run"]["run_id"] == run_2
+    assert (await served.run(run_1))["status"] == "completed"
+    await peer.send(events(3, started(run_2), finished(run_2)))
+    assert await commands_until_acked(peer, 4) == []  # nothing waits: acknowledged alone
+    await peer.nothing_pending()
+    assert (await served.run(run_2))["status"] == "completed"
+
+
 async def test_events_sent_again_are_applied_once(served_any: Served) -> None:
     served = served_any
     first = await served.connect()

@@ -289,8 +289,10 @@ class RunnerChannel:
         # Resumes bound to this runner's name may run now; its free slots want work.
         return [*self._lift(greeting), Wake((RUNS_AVAILABLE,)), PushWork()]
 
-    def applied(self, applied: Applied) -> list[ChannelOutput]:
-        """``LinkCore.apply`` committed the oldest ``ApplyEvents`` handed out."""
+    def applied(self, applied: Applied, *, hold: bool = False) -> list[ChannelOutput]:
+        """``LinkCore.apply`` committed the oldest ``ApplyEvents`` handed out. ``hold``: its
+        acknowledgement may wait for the commands about to be pushed, in this same step
+        (``ServerSession.applied``); then ``release_ack`` after them."""
         self._finishing.subtract(self._applying.popleft())
         self._finishing = +self._finishing  # drop the zeros
         late = self._late_applying.popleft()
@@ -309,7 +311,11 @@ class RunnerChannel:
         # reports free no slot counted so, and nothing was claimed while they were applied.
         if applied.abandon or late:
             out.append(PushWork())  # abandon_run commands wait; a slot may be free
-        return [*out, *self._lift(self.session.applied(applied.last_idx))]
+        return [*out, *self._lift(self.session.applied(applied.last_idx, hold=hold))]
+
+    def release_ack(self) -> list[ChannelOutput]:
+        """The acknowledgement ``applied(hold=True)`` held, if no pushed commands took it."""
+        return self._lift(self.session.release_ack())
 
     def push_request(self) -> PushRequest:
         return PushRequest(

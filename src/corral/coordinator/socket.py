@@ -45,6 +45,7 @@ from corral.coordinator.auth import (
 from corral.coordinator.connections import Connections
 from corral.coordinator.deadlines import RECHECK_S
 from corral.coordinator.link_core import (
+    Applied,
     ApplyEvents,
     ChannelOutput,
     LinkCore,
@@ -149,6 +150,9 @@ class SocketPump:
         self._work: asyncio.Queue[ApplyEvents | CommandsAcked | Stopping | KvRequested] = (
             asyncio.Queue()
         )
+        # The store worker's apply in flight, until the channel is told it committed
+        # (``_committed_apply``).
+        self._applying: asyncio.Future[Applied] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -307,10 +311,11 @@ class SocketPump:
                 assert runner_id is not None  # nothing is handed over before registering
                 now = coordinator.clock.now()
                 if isinstance(out, ApplyEvents):
-                    applied = await coordinator.in_writer(
+                    self._applying = coordinator.submit_write(
                         runner_id, core.apply, runner_id, out.last_idx, out.events, now
                     )
-                    await self._handle(channel.applied(applied))
+                    await answer(self._applying)
+                    await self._handle(self._committed_apply(hold=False))
                 elif isinstance(out, CommandsAcked):
                     await coordinator.in_writer(
                         runner_id, core.acknowledge, runner_id, out.last_command_idx
@@ -332,6 +337,18 @@ class SocketPump:
         except Exception:
             log.exception("runner %s: storing what it sent failed", channel.runner_id)
             await self.close(m.CLOSE_GOING_AWAY, REASON_STORE_FAILED)
+
+    def _committed_apply(self, *, hold: bool) -> list[ChannelOutput]:
+        """The channel told that the store worker's apply committed, once it has and only
+        once: by the worker, or first by the push loop answered in the same group (``hold``:
+        its acknowledgement then goes with the commands it sends next, in the same step)."""
+        applying = self._applying
+        if applying is None or not applying.done() or applying.cancelled():
+            return []
+        if applying.exception() is not None:
+            return []  # the worker raises it, and closes the socket
+        self._applying = None
+        return self.channel.applied(applying.result(), hold=hold)
 
     async def _send(self, message: Any) -> None:
         async with self._send_lock:
@@ -418,7 +435,10 @@ class SocketPump:
                 self._woken = False  # what was reserved for it, it tried to claim
                 if pushed.commands:
                     coordinator.metrics.started_on_socket(c.body for c in pushed.commands)
-                await self._handle(channel.pushed(pushed))
+                # The reports that freed these slots were mostly committed with this claim
+                # (one group): acknowledged in the frame of its commands, one frame not two.
+                held = self._committed_apply(hold=bool(pushed.commands))
+                await self._handle([*held, *channel.pushed(pushed), *channel.release_ack()])
                 self._starts_sent(pushed.commands)
                 declined, missed = after_claim(reserved, pushed.claimed, declined)
                 if missed:  # taken by others, or not for it: another round hands them out

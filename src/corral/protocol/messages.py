@@ -72,6 +72,11 @@ TUNNEL_STARTING = 4
 # it before they are applied.
 LATE_REPORTS = "late_reports"
 LATE_REPORTS_TO_SEND = "late_reports_to_send"
+# A runner whose Init says ``acks_in_commands`` (1) reads a Commands frame's ``ack_events``:
+# the coordinator may then acknowledge events in the frame that starts the next runs rather
+# than in an AckEvents frame of its own (one frame a round, not two). An older runner would
+# ignore the field and never see those acknowledgements: it is sent AckEvents only.
+ACKS_IN_COMMANDS = "acks_in_commands"
 INT64_MAX = 2**63 - 1  # every integer on the wire fits the store's columns
 
 # WebSocket close codes and the reasons that travel with them.
@@ -186,7 +191,11 @@ class ToClientInit:
 
 @dataclass(frozen=True, slots=True)
 class ToClientCommands:
+    """``ack_events``: also an acknowledgement, as ``ToClientAckEvents`` (0: none; only to a
+    runner whose Init says ``ACKS_IN_COMMANDS``)."""
+
     commands: tuple[Indexed, ...]
+    ack_events: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,7 +388,8 @@ def encode(message: Message) -> str:
         # Commands as the store keeps them (a start_run's is ~360 bytes: 35 µs a frame of 8
         # encoded again, 2 so). Byte for byte what json.dumps writes: the store's JSON is
         # compact too, and its values were checked storable (finite) as they came in.
-        return _numbered("ToClientCommands", "commands", message.commands)
+        ack = f',"ack_events":{message.ack_events}' if message.ack_events else ""
+        return _numbered("ToClientCommands", "commands", message.commands, ack)
     if type(message) is ToServerEvents and all(e.encoded is not None for e in message.events):
         # Events as the runner's replay buffer encoded them once, to know their sizes.
         return _numbered("ToServerEvents", "events", message.events)
@@ -388,6 +398,8 @@ def encode(message: Message) -> str:
     frame: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": type(message).__name__}
     for name in _FIELD_NAMES[type(message)]:
         value = getattr(message, name)
+        if name == "ack_events" and not value:
+            continue  # none: the frame an older runner knows, byte for byte
         if type(value) is bytes:
             value = base64.b64encode(value).decode("ascii")
         elif type(value) is tuple and value and type(value[0]) is Indexed:
@@ -396,13 +408,14 @@ def encode(message: Message) -> str:
     return json.dumps(frame, separators=(",", ":"), allow_nan=False)
 
 
-def _numbered(message_type: str, name: str, items: tuple[Indexed, ...]) -> str:
+def _numbered(message_type: str, name: str, items: tuple[Indexed, ...], more: str = "") -> str:
     """A frame of one field of numbered items whose bodies are JSON already (compact, as
-    ``json.dumps`` with ``separators=(",", ":")`` writes it), as ``encode`` would write it."""
+    ``json.dumps`` with ``separators=(",", ":")`` writes it), as ``encode`` would write it;
+    ``more``: the fields after it, written so too (``,"name":value``)."""
     return (
         f'{{"v":{PROTOCOL_VERSION},"type":"{message_type}","{name}":['
         + ",".join(f'{{"idx":{item.idx},"body":{item.encoded}}}' for item in items)
-        + "]}"
+        + f"]{more}}}"
     )
 
 
@@ -637,7 +650,9 @@ _TO_CLIENT: dict[str, Callable[[_Frame], ToClientMessage]] = {
     "ToClientInit": lambda f: ToClientInit(
         RunnerId(_of(f, "runner_id", str)), _int(f, "last_event_idx"), _of(f, "metadata", dict)
     ),
-    "ToClientCommands": lambda f: ToClientCommands(_indexed(f, "commands")),
+    "ToClientCommands": lambda f: ToClientCommands(
+        _indexed(f, "commands"), _int(f, "ack_events") if "ack_events" in f else 0
+    ),
     "ToClientAckEvents": lambda f: ToClientAckEvents(_int(f, "last_event_idx")),
     "ToClientPong": lambda f: ToClientPong(_num(f, "ts")),
     "ToClientDrain": lambda f: ToClientDrain(_num(f, "grace_s", minimum=0.0)),

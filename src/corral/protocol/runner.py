@@ -183,7 +183,9 @@ class RunnerConnection:
         actor_slots: int = 0,
         addresses: int = 1,
     ) -> None:
-        self._hello = (name, version, total_slots, tuple(labels), dict(metadata))
+        # It reads acknowledgements in Commands frames too (``ACKS_IN_COMMANDS``).
+        metadata = {**metadata, wire.ACKS_IN_COMMANDS: 1}
+        self._hello = (name, version, total_slots, tuple(labels), metadata)
         # Coordinators it may reach, tried in turn (the pump's, which updates it: a name may
         # resolve to more or fewer from one round to the next).
         self.addresses = addresses
@@ -536,6 +538,8 @@ class RunnerConnection:
         return out
 
     def _on_commands(self, message: wire.ToClientCommands) -> list[RunnerOutput]:
+        if message.ack_events:
+            self._events.acknowledge(message.ack_events)
         out: list[RunnerOutput] = []
         for command in sorted(message.commands, key=lambda c: c.idx):
             if command.idx <= self._last_command_idx:

@@ -107,6 +107,10 @@ class ServerSession:
         self._applied_idx = 0  # events committed by the pump (``applied``)
         self._handed_out_idx = 0  # highest event idx in an ``Apply``; >= _applied_idx
         self._acked_command_idx = 0
+        # Events committed whose acknowledgement waits for the Commands frame about to go
+        # (``applied(hold=True)``): 0 when none does. Only for a runner that reads one there.
+        self._ack_held = 0
+        self._acks_in_commands = False
         # Until ``registered``, pushes and a drain wait here: the pump's store lookup may
         # have missed a command stored after it.
         self._queued: list[wire.Indexed] = []
@@ -140,6 +144,7 @@ class ServerSession:
             if not 1 <= message.protocol_version <= wire.PROTOCOL_VERSION:
                 return self._protocol_error(wire.UNSUPPORTED_VERSION)
             self._init = message
+            self._acks_in_commands = message.metadata.get(wire.ACKS_IN_COMMANDS) == 1
             self._move(SessionState.REGISTERING)
             return [Register(message)]
         if isinstance(message, wire.ToServerInit):
@@ -202,8 +207,13 @@ class ServerSession:
             self._queued_drain = None
         return out
 
-    def applied(self, last_idx: int) -> list[ServerOutput]:
-        """Events up to ``last_idx`` are committed: now (and only now) acknowledge them."""
+    def applied(self, last_idx: int, *, hold: bool = False) -> list[ServerOutput]:
+        """Events up to ``last_idx`` are committed: now (and only now) acknowledge them.
+
+        ``hold``: the pump is about to send commands (``push``) in this same step: if the
+        runner reads acknowledgements there, this one goes in that frame, not a frame of its
+        own. The pump then calls ``release_ack``, which sends it alone if no commands took
+        it: an acknowledgement is never held past the step that holds it."""
         if self._state is SessionState.CLOSED:
             return []  # the runner replays them on its next socket; the store drops them
         if self._state not in _OPEN or last_idx > self._handed_out_idx:
@@ -211,7 +221,17 @@ class ServerSession:
         if last_idx <= self._applied_idx:
             return []
         self._applied_idx = last_idx
+        if hold and self._acks_in_commands:
+            self._ack_held = last_idx
+            return []
         return [Send(wire.ToClientAckEvents(last_idx))]
+
+    def release_ack(self) -> list[ServerOutput]:
+        """The acknowledgement ``applied(hold=True)`` held, if no Commands frame took it."""
+        held, self._ack_held = self._ack_held, 0
+        if not held or self._state not in _OPEN:
+            return []  # closed: the runner replays those events; the store drops them
+        return [Send(wire.ToClientAckEvents(held))]
 
     def kv_answered(self, request_id: int, result: dict[str, Any]) -> list[ServerOutput]:
         """A KV operation is done (committed, for a write): answer it. On a closed socket
@@ -227,7 +247,8 @@ class ServerSession:
             return []
         if self._state is SessionState.CLOSED or not commands:
             return []  # the runner gets them on its next Init, as unacknowledged commands
-        return [Send(wire.ToClientCommands(tuple(commands)))]
+        held, self._ack_held = self._ack_held, 0
+        return [Send(wire.ToClientCommands(tuple(commands), held))]
 
     def drain(self, grace_s: float) -> list[ServerOutput]:
         """Forced shutdown: ask the runner to stop its work within ``grace_s``."""

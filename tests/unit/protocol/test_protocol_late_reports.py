@@ -10,6 +10,7 @@ from typing import Any
 
 from corral.ids import RunnerId
 from corral.protocol.messages import (
+    ACKS_IN_COMMANDS,
     LATE_REPORTS_TO_SEND,
     Indexed,
     ToClientAckEvents,
@@ -155,7 +156,8 @@ def test_the_init_of_a_spent_identity_announces_the_final_reports_to_come() -> N
     assert StopAllWork() in runner.tick(T0 + 15)
     (hello,) = [o.message for o in runner.connect(T0 + 16) if isinstance(o, Send)]
     assert isinstance(hello, ToServerInit)
-    assert hello.runner_id is None and hello.metadata == {LATE_REPORTS_TO_SEND: 1}
+    assert hello.runner_id is None
+    assert hello.metadata == {LATE_REPORTS_TO_SEND: 1, ACKS_IN_COMMANDS: 1}
 
 
 def test_an_identity_kept_or_with_nothing_to_carry_announces_nothing() -> None:
@@ -163,8 +165,9 @@ def test_an_identity_kept_or_with_nothing_to_carry_announces_nothing() -> None:
     runner.send_events(DONE[:2], T0)  # nothing finished
     runner.socket_closed(T0)
     (kept,) = [o.message for o in runner.connect(T0 + 1) if isinstance(o, Send)]
-    assert kept.runner_id == OLD and kept.metadata == {}  # the lease holds: same identity
+    assert kept.runner_id == OLD  # the lease holds: same identity
+    assert kept.metadata == {ACKS_IN_COMMANDS: 1}
     runner.connect_failed(T0 + 1)
     assert StopAllWork() in runner.tick(T0 + 15)
     (spent,) = [o.message for o in runner.connect(T0 + 16) if isinstance(o, Send)]
-    assert spent.runner_id is None and spent.metadata == {}
+    assert spent.runner_id is None and spent.metadata == {ACKS_IN_COMMANDS: 1}

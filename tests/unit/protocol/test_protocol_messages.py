@@ -60,6 +60,7 @@ TO_SERVER: list[Message] = [
 TO_CLIENT: list[Message] = [
     ToClientInit(RunnerId("rnr_1"), 7, {"runner_lost_threshold": 15.0, "ping_interval": 3}),
     ToClientCommands((START, CANCEL)),
+    ToClientCommands((START,), ack_events=7),
     ToClientAckEvents(7),
     ToClientPong(1_700_000_000.25),
     ToClientDrain(120.0),
@@ -132,6 +133,21 @@ def test_commands_as_stored_are_sent_as_json_would_write_them() -> None:
     # Unless every command has its JSON, the frame is encoded as any other.
     mixed = ToClientCommands((stored.commands[0], plain.commands[1]))
     assert encode(mixed) == encode(ToClientCommands(plain.commands[:2]))
+
+
+def test_an_ack_in_commands_is_written_as_json_would_write_it() -> None:
+    """Both ways of writing the frame agree; without an acknowledgement it is the frame an
+    older runner knows, byte for byte (no ``ack_events`` field)."""
+    stored = Indexed(1, START.body, json.dumps(START.body, separators=(",", ":")))
+    for ack in (0, 9):
+        as_json = json.dumps(
+            {"v": 1, "type": "ToClientCommands", "commands": [{"idx": 1, "body": START.body}]}
+            | ({"ack_events": ack} if ack else {}),
+            separators=(",", ":"),
+        )
+        assert encode(ToClientCommands((stored,), ack)) == as_json
+        assert encode(ToClientCommands((Indexed(1, START.body),), ack)) == as_json
+        assert decode(as_json, side="client") == ToClientCommands((Indexed(1, START.body),), ack)
 
 
 def test_events_the_replay_buffer_encoded_are_sent_as_json_would_write_them() -> None:
@@ -241,6 +257,8 @@ MALFORMED_FOR_CLIENT: dict[str, str] = {
     "command idx negative": frame(
         "ToClientCommands", commands=[{"idx": -5, "body": {"type": "cancel_run"}}]
     ),
+    "commands' ack_events negative": frame("ToClientCommands", commands=[], ack_events=-1),
+    "commands' ack_events a bool": frame("ToClientCommands", commands=[], ack_events=True),
     "negative drain grace": frame("ToClientDrain", grace_s=-1),
     "close reason missing": frame("ToClientClose"),
 }

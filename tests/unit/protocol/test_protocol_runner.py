@@ -13,6 +13,7 @@ import pytest
 from corral.errors import IllegalTransition
 from corral.ids import RunnerId
 from corral.protocol.messages import (
+    ACKS_IN_COMMANDS,
     DUPLICATE_INIT,
     EXPECTED_INIT,
     REASON_COORDINATOR_LEAVING,
@@ -53,6 +54,7 @@ from corral.protocol.runner import (
 
 T0 = 1_000.0
 RID = RunnerId("rnr_000000000001")
+ACKS = {ACKS_IN_COMMANDS: 1}  # every Init says it reads acknowledgements in Commands
 META = {"runner_lost_threshold": 15, "ping_interval": 3, "ack_interval": 300}
 
 
@@ -109,7 +111,9 @@ def test_connect_sends_init_with_no_identity_yet() -> None:
     runner = make()
     assert runner.state.value == "idle"
     assert runner.connect(T0) == [
-        Send(ToServerInit("host-a", "0.1.0", 1, 4, 0, None, ("gpu",), {"hostname": "host-a"}))
+        Send(
+            ToServerInit("host-a", "0.1.0", 1, 4, 0, None, ("gpu",), {"hostname": "host-a", **ACKS})
+        )
     ]
     assert runner.state is ConnectionState.CONNECTING
     # Only the wait for an answer (half the 15 s lease); no lost timer: no work to lose yet.
@@ -213,6 +217,16 @@ def test_acknowledged_events_are_dropped() -> None:
     runner.receive(ToClientAckEvents(2), T0)
     assert [e.idx for e in runner.unacked_events] == [3]
     runner.receive(ToClientAckEvents(1), T0)  # a stale ack changes nothing
+    assert [e.idx for e in runner.unacked_events] == [3]
+
+
+def test_an_ack_in_a_commands_frame_drops_acknowledged_events_too() -> None:
+    runner = connected()
+    runner.send_events([ev(1), ev(2), ev(3)], T0)
+    start = Indexed(1, {"type": "cancel_run", "run_id": "run_1"})
+    assert runner.receive(ToClientCommands((start,), ack_events=2), T0) == [Execute(start)]
+    assert [e.idx for e in runner.unacked_events] == [3]
+    runner.receive(ToClientCommands((), ack_events=1), T0)  # a stale ack changes nothing
     assert [e.idx for e in runner.unacked_events] == [3]
 
 

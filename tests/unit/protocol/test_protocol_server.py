@@ -4,6 +4,7 @@ liveness, drain and eviction. Pure: the test plays the pump and the store."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from corral.errors import IllegalTransition
 from corral.ids import RunnerId
 from corral.protocol.messages import (
+    ACKS_IN_COMMANDS,
     MALFORMED_FRAME,
     TUNNEL_WHOLE,
     Indexed,
@@ -243,6 +245,52 @@ def test_applied_after_close_is_a_no_op() -> None:
     session.receive(events(1), T0)
     session.evict()
     assert session.applied(1) == []
+
+
+# ---- an acknowledgement in the Commands frame that follows (ACKS_IN_COMMANDS) ----------------
+
+
+def reading_acks_in_commands() -> ServerSession:
+    session = ServerSession(T0)
+    init = hello(RID)
+    session.receive(replace(init, metadata={ACKS_IN_COMMANDS: 1}), T0)
+    session.registered(RID, 0, [], T0)
+    return session
+
+
+def test_a_held_ack_goes_in_the_commands_pushed_next() -> None:
+    session = reading_acks_in_commands()
+    session.receive(events(1, 2), T0)
+    assert session.applied(2, hold=True) == []
+    assert session.push([cmd(1)]) == [Send(ToClientCommands((cmd(1),), ack_events=2))]
+    assert session.release_ack() == []  # taken: not sent twice
+    assert session.push([cmd(2)]) == [Send(ToClientCommands((cmd(2),)))]
+
+
+def test_a_held_ack_no_commands_took_is_sent_alone_on_release() -> None:
+    session = reading_acks_in_commands()
+    session.receive(events(1), T0)
+    assert session.applied(1, hold=True) == []
+    assert session.push([]) == []  # nothing to push: it is still held
+    assert session.release_ack() == [Send(ToClientAckEvents(1))]
+    assert session.release_ack() == []
+
+
+def test_a_runner_that_does_not_read_acks_in_commands_is_acked_at_once() -> None:
+    session = active()  # its Init says nothing of ACKS_IN_COMMANDS: it would miss the field
+    session.receive(events(1), T0)
+    assert session.applied(1, hold=True) == [Send(ToClientAckEvents(1))]
+    assert session.push([cmd(1)]) == [Send(ToClientCommands((cmd(1),)))]
+    assert session.release_ack() == []
+
+
+def test_a_held_ack_is_dropped_with_the_socket() -> None:
+    """The runner replays those events on its next socket; the store drops them by index."""
+    session = reading_acks_in_commands()
+    session.receive(events(1), T0)
+    session.applied(1, hold=True)
+    session.evict()
+    assert session.release_ack() == []
 
 
 # ---- commands acked, pings, liveness -------------------------------------------------------
