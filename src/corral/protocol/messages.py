@@ -6,7 +6,8 @@ Every frame is one JSON object ``{"v": 1, "type": "<Name>", ...fields}`` (seed 0
       ToServerInit ─────────────────────────────▶
                    ◀──────────────────────────── ToClientInit, ToClientCommands (missed ones)
       ToServerEvents (unacked ones, resent) ────▶
-                   ◀──────────────────────────── ToClientAckEvents (after the commit)
+                   ◀──────────────────────────── ToClientAckEvents (after the commit; or
+                                                 in the next ToClientCommands: ack_events)
       ToServerPing, ToServerAckCommands, ToServerStopping ─▶
                    ◀──── ToClientPong, ToClientCommands, ToClientDrain, ToClientClose
       ToServerKvRequest (pending ones, resent) ─▶

@@ -12,7 +12,9 @@
 The session never touches the store: it asks (``Register``, ``Apply``, ``CommandsAcked``,
 ``Alive``, ``Stopping``) and the pump reports back (``registered``, ``applied``). Events are
 acknowledged only once their effect is committed, so a crash between the two makes the
-runner replay them, and the index check drops whatever was already applied.
+runner replay them, and the index check drops whatever was already applied. To a runner
+whose Init says ``acks_in_commands`` the acknowledgement may ride in the Commands frame the
+pump sends in the same step (``applied(hold=True)``, then ``release_ack``).
 """
 
 from __future__ import annotations
