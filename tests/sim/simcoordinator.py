@@ -331,6 +331,15 @@ class SimCoordinator:
         for topic in reg.woken:  # actors placed on it as it connected
             self.notify(topic)
 
+    def committed_apply(self, link: SimPump, *, hold: bool) -> list[ChannelOutput]:
+        """``SocketPump._committed_apply``: the worker's apply, if due by now, run and told
+        to the channel here rather than when the worker gets to it."""
+        op = link.work_op
+        if op is None or op.kind != "apply" or op.due > self.world.now:
+            return []
+        link.work_op = None
+        return link.channel.applied(op.run(), hold=hold)
+
     def pushed(self, link: SimPump, result: Pushed | CorralError) -> None:
         if isinstance(result, CorralError):
             self.world.log(f"{link.name} push: {result.code}: closes")
@@ -338,7 +347,10 @@ class SimCoordinator:
             return
         link.woken = False
         reserved, link.reserved = link.reserved, None
-        self.handle(link, link.channel.pushed(result))
+        # As ``SocketPump``: an apply due by now (committed with this claim) is told to the
+        # channel first, its acknowledgement held for the commands, then released if none.
+        held = self.committed_apply(link, hold=bool(result.commands))
+        self.handle(link, [*held, *link.channel.pushed(result), *link.channel.release_ack()])
         if link.closed:
             return
         link.declined, missed = after_claim(reserved, result.claimed, link.declined)
