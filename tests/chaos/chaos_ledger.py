@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +144,7 @@ def check(
     verdict = Verdict()
     v = verdict.violations
     by_key = {key: run for run in runs.values() if (key := job_key(run))}
+    created = Counter(job_key(run) for run in runs.values())
     entries_of: dict[str, list[Entry]] = defaultdict(list)
     for entry in entries:
         entries_of[entry.run_id].append(entry)
@@ -156,6 +157,8 @@ def check(
                 verdict.never_created += 1
             continue
         name = f"{job.kind} run {run['run_id']} ({job.key})"
+        if created[job.key] > 1:  # its create sent again (idempotency key) made another
+            v.append(f"{job.kind} job {job.key} has {created[job.key]} runs")
         mine = entries_of.get(run["run_id"], [])
         if any(e.key != job.key for e in mine):
             v.append(f"{name}: the ledger has work of another job under its run id")

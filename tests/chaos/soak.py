@@ -509,18 +509,24 @@ class Soak:
         if kind == "cancel":
             job.cancel_at = time.monotonic() + self.rng.uniform(0.5, 3.0)
         spec_type = spec.pop("type")
-        for client in self.rng.sample(self.clients, len(self.clients)):
+        # Sent again (to either coordinator) until one answers, with the job's idempotency
+        # key: a create whose answer was lost gets the run it made, never a second one
+        # (the check counts the runs of each job).
+        first = self.rng.randrange(len(self.clients))
+        for attempt in itertools.count():
+            client = self.clients[(first + attempt) % len(self.clients)]
             try:
-                created = client.create_run(spec_type, max_attempts=MAX_ATTEMPTS, **spec)
+                created = client.create_run(
+                    spec_type, idempotency_key=key, max_attempts=MAX_ATTEMPTS, **spec
+                )
             except InvalidRequest:
                 raise
-            except CorralError as exc:
-                if isinstance(exc.__cause__, httpx.ConnectError):
-                    continue  # that coordinator is down: surely not created there
-                # Refused, unreachable, or no answer: maybe created, maybe not. Never sent
-                # twice (that would be two runs): the check finds it by its key, or not.
+            except CorralError:
                 self.figures.creation_retries += 1
-                break
+                if attempt > 120:
+                    raise
+                time.sleep(0.25)
+                continue
             job.run_id = created["run_id"]
             break
         with self.lock:

@@ -106,3 +106,12 @@ def test_a_creation_whose_answer_was_lost_is_found_by_its_key() -> None:
     )
     stuck = violations(run("pending", attempts=0), [], job=unanswered)
     assert stuck == ["short run run_1 (j1) ended pending, not completed (error: None)"]
+
+
+def test_a_job_created_twice() -> None:
+    """Its create sent again after an unknown outcome must get its run (the idempotency
+    key), not make another."""
+    twice = {"run_1": run("completed"), "run_2": {**run("completed"), "run_id": "run_2"}}
+    ledger = entries(("start", 1, 0), ("done", 1, 1))
+    verdict = check([JOB], twice, ledger, {}, NAMES, KILLED, settled=True)
+    assert verdict.violations == ["short job j1 has 2 runs"]

@@ -175,6 +175,28 @@ def test_a_create_whose_answer_was_lost_gets_its_run_once_at_the_next(tmp_path: 
         relay.cut()
 
 
+def test_a_create_called_again_with_its_key_gets_its_runs(tmp_path: Path) -> None:
+    """A caller's own key (a job's id): a call again after an error whose outcome was
+    unknown — in this process or a restarted one — gets the runs, never second ones."""
+    batch = [{"type": "command", "command": ["true"]}, {"type": "command", "command": ["false"]}]
+    with one_coordinator(tmp_path) as live:
+        with Client(live, token=TOKEN) as corral:
+            first = corral.run_command(["true"], idempotency_key="job-7")
+            assert corral.run_command(["true"], idempotency_key="job-7") == first
+            assert corral.create_runs(batch, idempotency_key="b1") == corral.create_runs(
+                batch, idempotency_key="b1"
+            )
+            assert corral.run_command(["true"]) != corral.run_command(["true"])  # keys of their own
+
+        async def scenario() -> None:
+            async with AsyncClient(live, token=TOKEN) as corral:
+                again = await corral.run_command(["true"], idempotency_key="job-7")
+                assert again == first
+                assert len((await corral.list_runs()).runs) == 1 + 2 + 2
+
+        anyio.run(scenario, backend="asyncio")
+
+
 def test_a_followed_log_goes_on_at_the_next_coordinator_after_its_last_line(
     tmp_path: Path,
 ) -> None:

@@ -84,6 +84,7 @@ def test_each_create_carries_a_key_of_its_own_kept_when_sent_again() -> None:
     assert one.headers is not None and other.headers is not None
     assert one.headers["Idempotency-Key"] != other.headers["Idempotency-Key"]
     assert one.headers == one.headers  # a property of the call: the same at each send
+    assert other.body == {"runs": [{}]} and not other.params
     assert LIST.headers is None and CANCEL.headers is None
 
 

@@ -130,10 +130,17 @@ class AsyncClient:
 
     # ---- runs --------------------------------------------------------------------------------
 
-    async def create_run(self, type: str, **fields: Any) -> RunCreated:
+    async def create_run(
+        self, type: str, *, idempotency_key: str | None = None, **fields: Any
+    ) -> RunCreated:
         """Queue a run of ``type`` (``start_session``, ``resume_session`` or ``command``);
-        answers at once. ``fields``: those of ``POST /runs`` (``prompt``, ``labels``, …)."""
-        return await self._send(calls.create_run(calls.run_spec(type, **fields)))
+        answers at once. ``fields``: those of ``POST /runs`` (``prompt``, ``labels``, …).
+
+        ``idempotency_key``: this request's (by default one made for this call): a call
+        again with the key, after an error that left its outcome unknown, gets the run
+        the first created, or creates it; never a second."""
+        spec = calls.run_spec(type, **fields)
+        return await self._send(calls.create_run(spec, idempotency_key))
 
     async def start_session(self, prompt: str, **fields: Any) -> RunCreated:
         """Start an agent session; ``session_name``, ``agent_name``, ``project_dir`` …
@@ -151,9 +158,12 @@ class AsyncClient:
         """Run a command (an argv) on a runner; ``labels``, ``timeout_s``, ``env`` …"""
         return await self.create_run("command", command=command, **fields)
 
-    async def create_runs(self, specs: Sequence[dict[str, Any]]) -> list[RunCreated]:
-        """Queue many runs in one transaction: all are created, or none."""
-        return await self._send(calls.create_runs(specs))
+    async def create_runs(
+        self, specs: Sequence[dict[str, Any]], *, idempotency_key: str | None = None
+    ) -> list[RunCreated]:
+        """Queue many runs in one transaction: all are created, or none
+        (``idempotency_key``: as ``create_run``'s)."""
+        return await self._send(calls.create_runs(specs, idempotency_key))
 
     async def get_run(self, run_id: str) -> Run:
         return await self._send(calls.get_run(run_id))

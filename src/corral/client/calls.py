@@ -104,8 +104,8 @@ def log_event(item: dict[str, Any]) -> LogLine | Run:
 # ---- runs ----------------------------------------------------------------------------------
 
 
-def create_run(spec: dict[str, Any]) -> Call[RunCreated]:
-    return Call("POST", "/runs", _model(RunCreated), body=spec, idempotency_key=_new_key())
+def create_run(spec: dict[str, Any], key: str | None = None) -> Call[RunCreated]:
+    return Call("POST", "/runs", _model(RunCreated), body=spec, idempotency_key=key or _new_key())
 
 
 def run_spec(
@@ -146,11 +146,10 @@ def run_spec(
     )
 
 
-def create_runs(specs: Sequence[dict[str, Any]]) -> Call[list[RunCreated]]:
+def create_runs(specs: Sequence[dict[str, Any]], key: str | None = None) -> Call[list[RunCreated]]:
     body = {"runs": list(specs)}
-    return Call(
-        "POST", "/runs:batch", _models(RunCreated, "runs"), body, idempotency_key=_new_key()
-    )
+    parse = _models(RunCreated, "runs")
+    return Call("POST", "/runs:batch", parse, body=body, idempotency_key=key or _new_key())
 
 
 def _new_key() -> str:

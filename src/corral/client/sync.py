@@ -129,10 +129,17 @@ class Client:
 
     # ---- runs --------------------------------------------------------------------------------
 
-    def create_run(self, type: str, **fields: Any) -> RunCreated:
+    def create_run(
+        self, type: str, *, idempotency_key: str | None = None, **fields: Any
+    ) -> RunCreated:
         """Queue a run of ``type`` (``start_session``, ``resume_session`` or ``command``);
-        answers at once. ``fields``: those of ``POST /runs`` (``prompt``, ``labels``, …)."""
-        return self._send(calls.create_run(calls.run_spec(type, **fields)))
+        answers at once. ``fields``: those of ``POST /runs`` (``prompt``, ``labels``, …).
+
+        ``idempotency_key``: this request's (by default one made for this call): a call
+        again with the key, after an error that left its outcome unknown, gets the run
+        the first created, or creates it; never a second."""
+        spec = calls.run_spec(type, **fields)
+        return self._send(calls.create_run(spec, idempotency_key))
 
     def start_session(self, prompt: str, **fields: Any) -> RunCreated:
         """Start an agent session; ``session_name``, ``agent_name``, ``project_dir`` …
@@ -150,9 +157,12 @@ class Client:
         """Run a command (an argv) on a runner; ``labels``, ``timeout_s``, ``env`` …"""
         return self.create_run("command", command=command, **fields)
 
-    def create_runs(self, specs: Sequence[dict[str, Any]]) -> list[RunCreated]:
-        """Queue many runs in one transaction: all are created, or none."""
-        return self._send(calls.create_runs(specs))
+    def create_runs(
+        self, specs: Sequence[dict[str, Any]], *, idempotency_key: str | None = None
+    ) -> list[RunCreated]:
+        """Queue many runs in one transaction: all are created, or none
+        (``idempotency_key``: as ``create_run``'s)."""
+        return self._send(calls.create_runs(specs, idempotency_key))
 
     def get_run(self, run_id: str) -> Run:
         return self._send(calls.get_run(run_id))
