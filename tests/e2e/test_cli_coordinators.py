@@ -8,7 +8,7 @@ import json
 import socket
 import subprocess
 
-from e2e_support import CORRAL, Cluster
+from e2e_support import CORRAL, FAKE_CLAUDE, Cluster
 
 
 def nothing_listens() -> str:
@@ -28,6 +28,19 @@ def test_a_command_given_a_dead_coordinator_and_a_live_one_reaches_the_live_one(
     assert json.loads(by_flag.stdout)["url"] == live
     by_env = cluster.cli("runs", "list", "--json", url=urls)  # CORRAL_URL
     assert by_env.returncode == 0, by_env.stderr
+
+
+def test_doctor_checks_each_coordinator_of_the_list(cluster: Cluster) -> None:
+    """One down among them fails the doctor, naming it; the rest is checked through the
+    one that answers."""
+    live = cluster.start_coordinator().url
+    dead = nothing_listens()
+    done = cluster.cli("doctor", "--claude-bin", FAKE_CLAUDE, "--url", f"{dead},{live}")
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1
+    assert lines[0].startswith(f"FAIL  coordinator at {dead}: ")
+    assert lines[1].startswith(f"ok    coordinator at {live} answers")
+    assert any("database schema version" in line for line in lines[2:])
 
 
 def test_a_list_with_a_bad_url_is_refused_before_anything_is_sent(cluster: Cluster) -> None:

@@ -12,6 +12,8 @@ import click
 from corral import __version__
 from corral.cli.options import connect, coordinator_url, option
 from corral.cli.output import print_json
+from corral.client.coordinators import split_urls
+from corral.client.models import Runner, Stats
 from corral.errors import CorralError, Forbidden, Unauthorized
 from corral.store.schema import LATEST_VERSION
 
@@ -53,17 +55,13 @@ def doctor(url: str, claude_bin: str, as_json: bool) -> None:
 
 
 def _run_checks(url: str, claude_bin: str, check: Check) -> None:
-    with connect(url) as client:
-        try:
-            stats = client.stats()
-            runners = client.list_runners()
-        except (Unauthorized, Forbidden) as exc:
-            check(False, f"coordinator at {url} refuses this token: {exc.message}", TOKEN_FIX)
-            return
-        except CorralError as exc:
-            check(False, f"coordinator at {url}: {exc.message}", "start it: corral up")
-            return
-    check(True, f"coordinator at {url} answers (corral {stats.version}, here {__version__})", "")
+    # Several coordinators (``--url A,B``): each is checked; the rest, through the first
+    # that answers (they share one database).
+    answers = [_answer(one, check) for one in split_urls(url)]
+    answered = next((found for found in answers if found is not None), None)
+    if answered is None:
+        return
+    stats, runners = answered
     schema = stats.schema_version or 0
     check(
         schema >= LATEST_VERSION,
@@ -78,6 +76,22 @@ def _run_checks(url: str, claude_bin: str, check: Check) -> None:
         "start one: corral runner --url URL",
     )
     check_claude(claude_bin, check)
+
+
+def _answer(url: str, check: Check) -> tuple[Stats, list[Runner]] | None:
+    """The coordinator at ``url``'s figures and runners, checked; None if it does not answer."""
+    with connect(url) as client:
+        try:
+            stats = client.stats()
+            runners = client.list_runners()
+        except (Unauthorized, Forbidden) as exc:
+            check(False, f"coordinator at {url} refuses this token: {exc.message}", TOKEN_FIX)
+            return None
+        except CorralError as exc:
+            check(False, f"coordinator at {url}: {exc.message}", "start it: corral up")
+            return None
+    check(True, f"coordinator at {url} answers (corral {stats.version}, here {__version__})", "")
+    return stats, runners
 
 
 def check_claude(claude_bin: str, check: Check) -> None:
