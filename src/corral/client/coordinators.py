@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from corral import errors
+from corral.client import calls
 from corral.client.calls import Call
 
 # Failures that prove the request never reached a coordinator.
@@ -116,6 +117,55 @@ class Coordinators:
     def none_answered(self, failures: Sequence[tuple[str, object]]) -> errors.Unavailable:
         tried = "; ".join(f"{url}: {why}" for url, why in failures)
         return errors.Unavailable(f"cannot reach any coordinator ({tried})")
+
+
+class Sending:
+    """One call's way through the coordinators: the URLs to send it to in turn, the
+    request for each, and what each outcome means (``Client._send`` and
+    ``AsyncClient._send`` do the sending, each with its own HTTP client)."""
+
+    def __init__(self, coordinators: Coordinators, call: Call[Any]) -> None:
+        self.coordinators = coordinators
+        self.call = call
+        self.urls = coordinators.order()
+        self.body: Any = None  # the decoded answer, once ``answered``
+        self._failures: list[tuple[str, object]] = []
+
+    def request(self, url: str) -> dict[str, Any]:
+        """The arguments of httpx's ``request`` that send the call to ``url``."""
+        call = self.call
+        return {
+            "method": call.method,
+            "url": url + call.path,
+            "params": call.params or None,
+            "json": call.body,
+            "headers": call.headers,
+        }
+
+    def failed(self, url: str, exc: httpx.TransportError) -> None:
+        """It did not reach ``url``, or its answer did not come: raises what the caller
+        gets, unless it may go to the next coordinator (``Coordinators.refusal``)."""
+        refusal = self.coordinators.refusal(self.call, url, exc)
+        if refusal is not None:
+            raise refusal from exc
+        self._failures.append((url, exc))
+
+    def answered(self, url: str, response: httpx.Response) -> bool:
+        """``url``'s answer decoded into ``body`` (an error answer raised); False when
+        the coordinator said it is leaving and there is another to go on at."""
+        try:
+            self.body = calls.decode(response)
+        except errors.CoordinatorLeaving as exc:
+            if not self.coordinators.several:
+                raise
+            self.coordinators.move_on(url)
+            self._failures.append((url, exc.message))
+            return False
+        self.coordinators.answered(url)
+        return True
+
+    def none_answered(self) -> errors.Unavailable:
+        return self.coordinators.none_answered(self._failures)
 
 
 class Following:

@@ -11,7 +11,7 @@ from httpx_sse import connect_sse
 
 from corral.client import calls
 from corral.client.calls import DEFAULT_URL, Call
-from corral.client.coordinators import Coordinators, Following
+from corral.client.coordinators import Coordinators, Following, Sending
 from corral.client.models import (
     Actor,
     ActorPage,
@@ -35,7 +35,6 @@ from corral.client.models import (
     Token,
 )
 from corral.credentials import auth_headers, read_token
-from corral.errors import CoordinatorLeaving
 from corral.tokens import Role
 
 T = TypeVar("T")
@@ -93,33 +92,16 @@ class Client:
         self.close()
 
     def _send(self, call: Call[T]) -> T:
-        failures: list[tuple[str, object]] = []
-        for url in self.coordinators.order():
+        sending = Sending(self.coordinators, call)
+        for url in sending.urls:
             try:
-                response = self._http.request(
-                    call.method,
-                    url + call.path,
-                    params=call.params or None,
-                    json=call.body,
-                    headers=call.headers,
-                )
+                response = self._http.request(**sending.request(url))
             except httpx.TransportError as exc:
-                refusal = self.coordinators.refusal(call, url, exc)
-                if refusal is not None:
-                    raise refusal from exc
-                failures.append((url, exc))
+                sending.failed(url, exc)  # raises unless it may go to the next
                 continue
-            try:
-                body = calls.decode(response)
-            except CoordinatorLeaving as exc:
-                if not self.coordinators.several:
-                    raise
-                self.coordinators.move_on(url)
-                failures.append((url, exc.message))
-                continue
-            self.coordinators.answered(url)
-            return call.parse(body)
-        raise self.coordinators.none_answered(failures)
+            if sending.answered(url, response):
+                return call.parse(sending.body)
+        raise sending.none_answered()
 
     def request(
         self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None
