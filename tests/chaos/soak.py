@@ -99,7 +99,7 @@ class Figures:
     long_cutoffs: int = 0  # … for longer than the lost-runner threshold
     unplanned_exits: Counter[str] = field(default_factory=Counter)
     created: Counter[str] = field(default_factory=Counter)
-    creation_retries: int = 0
+    creation_retries: int = 0  # a create sent again, with its key, after an error
     # Each round's calm: (seconds until every process was up again, then until every
     # run was final).
     calm_s: list[tuple[float, float]] = field(default_factory=list)
@@ -122,7 +122,8 @@ class Figures:
             f"coordinator + {self.runner_kills} runner, PostgreSQL restarts "
             f"{self.postgres_restarts}, link cuts {self.link_cuts}, runners cut off "
             f"{self.runner_cutoffs} ({self.long_cutoffs} past their lease); runs "
-            f"{sum(self.created.values())} ({final}), started again after a lost lease "
+            f"{sum(self.created.values())} ({final}), creates sent again "
+            f"{self.creation_retries}, started again after a lost lease "
             f"{self.verdict.reexecuted}; actors {ACTORS}: requests "
             f"{sum(self.actors.answers.values())} ({self.actor_answers()}), generations "
             f"{self.actors.generations} (calms waited {self.backoff_wait_s:.0f}s for "
