@@ -5,12 +5,14 @@ the two arrive at once — and a key stands for one caller's one request."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
+import psycopg
 import pytest
 
 from corral.errors import InvalidRequest, NotFound
 from corral.runs import NewRun, RunType
-from corral.store import Store
+from corral.store import Store, run_requests
 from corral.store.retention import Retention
 from corral.store.run_requests import KEPT_S, RunRequest
 
@@ -103,3 +105,33 @@ def test_a_key_is_1_to_255_printable_ascii_characters(key: str) -> None:
         RunRequest.of("token-a", key, ASKED)
     assert refused.value.code == "invalid_idempotency_key"
     assert RunRequest.of("token-a", "x" * 255, ASKED).key == "x" * 255
+
+
+@pytest.mark.parametrize("dialect", [pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_key_deleted_between_its_conflict_and_its_read_is_taken_again(
+    store: Store, store_url: str
+) -> None:
+    """Retention deletes a day-old key just after a request sent again found it taken: the
+    request takes it afresh (it raised an AssertionError, a 500). The window is widened: the
+    delete runs, from another connection, right after the conflicting insert."""
+    old = RunRequest.of("token-a", "k1", ASKED)
+    store.runs.create_many([command()], NOW, old)
+
+    class DeletedAfterTheConflict:
+        def __init__(self, tx: Any) -> None:
+            self.tx, self.conflicts = tx, 0
+
+        def one(self, sql: str, params: Any) -> Any:
+            row = self.tx.one(sql, params)
+            if sql.startswith("INSERT") and row is None:
+                self.conflicts += 1
+                with psycopg.connect(store_url, autocommit=True) as other:
+                    other.execute("DELETE FROM run_requests")
+            return row
+
+    with store.db.transaction() as tx:
+        widened = DeletedAfterTheConflict(tx)
+        assert run_requests.take(widened, old, ["run_new"], NOW + KEPT_S + 1) is None
+    assert widened.conflicts == 1
+    with store.db.transaction() as tx:
+        assert run_requests.take(tx, old, ["run_other"], NOW + KEPT_S + 2) == ["run_new"]

@@ -49,18 +49,21 @@ class RunRequest:
 def take(tx: Tx, request: RunRequest, run_ids: Sequence[str], now: float) -> list[str] | None:
     """Take the key for the runs this transaction creates (``run_ids``; None); or, taken
     already, the ids of the runs its request created. One statement when it is free."""
-    inserted = tx.one(
-        "INSERT INTO run_requests (scope, key, digest, run_ids, created_at) "
-        "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING key",
-        (request.scope, request.key, request.digest, json.dumps(list(run_ids)), now),
-    )
-    if inserted is not None:
-        return None
-    stored = tx.one(
-        "SELECT digest, run_ids FROM run_requests WHERE scope = ? AND key = ?",
-        (request.scope, request.key),
-    )
-    assert stored is not None  # the conflict was with it; deleted only after KEPT_S
+    while True:
+        inserted = tx.one(
+            "INSERT INTO run_requests (scope, key, digest, run_ids, created_at) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING key",
+            (request.scope, request.key, request.digest, json.dumps(list(run_ids)), now),
+        )
+        if inserted is not None:
+            return None
+        stored = tx.one(
+            "SELECT digest, run_ids FROM run_requests WHERE scope = ? AND key = ?",
+            (request.scope, request.key),
+        )
+        if stored is not None:
+            break
+        # Deleted (a day old: retention) between the two statements: free again.
     if stored["digest"] != request.digest:
         raise InvalidRequest(
             f"the Idempotency-Key {request.key!r} was sent with other runs: a key "
