@@ -9,7 +9,7 @@ import contextlib
 import json
 import threading
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -188,34 +188,44 @@ async def test_actors_and_pools_changes_arrive_filtered_by_actor_or_pool(db_url:
             assert (await mine.next()).event == "caught_up"
 
 
+async def stopped_while_following(
+    tmp_path: Path, follow: Callable[[httpx.Client, threading.Event], str]
+) -> list[str]:
+    """How ``follow`` ended (what it returned, or the error that cut it), its coordinator
+    stopped (a 60 s grace, longer than live_server waits) once it set its event."""
+    app = create_app(with_token(CoordinatorSettings(db_url=f"sqlite:///{tmp_path}/c.db")))
+    following = threading.Event()
+    outcome: list[str] = []
+
+    def reader(url: str) -> None:
+        try:
+            with httpx.Client(base_url=url, headers=HEADERS, timeout=STEP_S) as client:
+                outcome.append(follow(client, following))
+        except httpx.HTTPError as exc:
+            outcome.append(f"cut: {exc!r}")
+
+    with live_server(app, server_class=CorralServer, graceful_shutdown_s=60) as url:
+        thread = threading.Thread(target=reader, args=(url,))
+        thread.start()
+        assert await anyio.to_thread.run_sync(following.wait, STEP_S)
+    await anyio.to_thread.run_sync(thread.join, STEP_S)
+    return outcome
+
+
 async def test_a_stopping_coordinator_ends_its_open_streams_cleanly_at_once(
     tmp_path: Path,
 ) -> None:
     """Without ``end_streams`` uvicorn waits out its grace (here longer than live_server
     waits for it to stop) and then cuts the stream mid-response."""
-    app = create_app(with_token(CoordinatorSettings(db_url=f"sqlite:///{tmp_path}/c.db")))
-    caught_up = threading.Event()
-    outcome: list[str] = []
 
-    def follow(url: str) -> None:
-        try:
-            with (
-                httpx.Client(base_url=url, headers=HEADERS, timeout=STEP_S) as client,
-                connect_sse(client, "GET", "/events") as source,
-            ):
-                for message in source.iter_sse():
-                    if message.event == "caught_up":
-                        caught_up.set()
-            outcome.append("ended cleanly")
-        except httpx.HTTPError as exc:
-            outcome.append(f"cut: {exc!r}")
+    def follow(client: httpx.Client, caught_up: threading.Event) -> str:
+        with connect_sse(client, "GET", "/events") as source:
+            for message in source.iter_sse():
+                if message.event == "caught_up":
+                    caught_up.set()
+        return "ended cleanly"
 
-    with live_server(app, server_class=CorralServer, graceful_shutdown_s=60) as url:
-        reader = threading.Thread(target=follow, args=(url,))
-        reader.start()
-        assert await anyio.to_thread.run_sync(caught_up.wait, STEP_S)
-    await anyio.to_thread.run_sync(reader.join, STEP_S)
-    assert outcome == ["ended cleanly"]
+    assert await stopped_while_following(tmp_path, follow) == ["ended cleanly"]
 
 
 async def test_a_stopping_coordinator_ends_its_log_follows_cleanly_at_once(
@@ -224,28 +234,16 @@ async def test_a_stopping_coordinator_ends_its_log_follows_cleanly_at_once(
     """A followed log of a run that has not ended: the stream ends cleanly after its lines,
     without the run (its client goes on elsewhere after its last line); without
     ``end_streams`` uvicorn waits out its grace and then cuts it."""
-    app = create_app(with_token(CoordinatorSettings(db_url=f"sqlite:///{tmp_path}/c.db")))
-    following = threading.Event()
-    outcome: list[str] = []
 
-    def follow(url: str) -> None:
-        try:
-            with httpx.Client(base_url=url, headers=HEADERS, timeout=STEP_S) as client:
-                run = client.post("/runs", json={"type": "command", "command": ["true"]}).json()
-                path = f"/runs/{run['run_id']}/logs"
-                with client.stream("GET", path, params={"follow": "true"}) as response:
-                    following.set()
-                    received = list(response.iter_lines())
-            outcome.append(f"ended cleanly after {received}")
-        except httpx.HTTPError as exc:
-            outcome.append(f"cut: {exc!r}")
+    def follow(client: httpx.Client, following: threading.Event) -> str:
+        run = client.post("/runs", json={"type": "command", "command": ["true"]}).json()
+        path = f"/runs/{run['run_id']}/logs"
+        with client.stream("GET", path, params={"follow": "true"}) as response:
+            following.set()
+            received = list(response.iter_lines())
+        return f"ended cleanly after {received}"
 
-    with live_server(app, server_class=CorralServer, graceful_shutdown_s=60) as url:
-        reader = threading.Thread(target=follow, args=(url,))
-        reader.start()
-        assert await anyio.to_thread.run_sync(following.wait, STEP_S)
-    await anyio.to_thread.run_sync(reader.join, STEP_S)
-    assert outcome == ["ended cleanly after []"]
+    assert await stopped_while_following(tmp_path, follow) == ["ended cleanly after []"]
 
 
 async def test_a_deflated_stream_carries_what_a_plain_one_does_and_ends_whole(
