@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 
-from e2e_support import CORRAL, FAKE_CLAUDE, Cluster
+from e2e_support import FAKE_CLAUDE, Cluster
 
 
 def nothing_listens() -> str:
@@ -51,14 +50,6 @@ def test_a_list_with_a_bad_url_is_refused_before_anything_is_sent(cluster: Clust
         (" , ", "no coordinator URL given"),
     ):
         for args in (["runs", "list", "--url", urls], ["mcp", "--url", urls]):
-            done = subprocess.run(
-                [CORRAL, *args],
-                env=cluster.env,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+            done = cluster.cli(*args, url="http://127.0.0.1:9")  # --url wins over it
             assert done.returncode == 2, (args, done.stderr)
             assert "Traceback" not in done.stderr and why in done.stderr, (args, done.stderr)
