@@ -239,11 +239,13 @@ def live_server(
     ws: str = "none",
     graceful_shutdown_s: int = 5,
     server_class: type[uvicorn.Server] = uvicorn.Server,
+    keep_alive_s: int = 5,
 ) -> Iterator[str]:
     """Serve ``app`` with uvicorn (lifespan included) in a thread; yields its base URL.
 
     ``ws`` is uvicorn's WebSocket implementation (``"none"``: plain HTTP only);
-    ``server_class``: corral's own (``CorralServer``) to test how it stops."""
+    ``server_class``: corral's own (``CorralServer``) to test how it stops;
+    ``keep_alive_s``: how long an idle connection is kept (uvicorn's default, 5 s)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -254,6 +256,7 @@ def live_server(
         lifespan="on",
         ws=ws,
         timeout_graceful_shutdown=graceful_shutdown_s,
+        timeout_keep_alive=keep_alive_s,
     )
     server = server_class(config)
     errors: list[BaseException] = []
