@@ -232,6 +232,17 @@ async def running_api(
         yield Api(app, client)
 
 
+# For a module whose hypothesis tests send their cases to a ``live_server``: hypothesis warns
+# when the global ``random``'s state moves while it draws a case, taking it for a strategy's
+# own use (an error here: pytest's filterwarnings), and the server, a thread of this process,
+# moves it — psycopg_pool's jitter as it opens a connection, a WebSocket ping's payload. That
+# failed a case at random ("unreliable results"). Set as the module's ``pytestmark``.
+SERVER_BESIDE_HYPOTHESIS = pytest.mark.filterwarnings(
+    "ignore:Do not use the `random` module inside strategies:"
+    "hypothesis.errors.HypothesisDeprecationWarning"
+)
+
+
 @contextlib.contextmanager
 def live_server(
     app: FastAPI,

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-from api_fixtures import auth_headers, live_server, with_token
+from api_fixtures import SERVER_BESIDE_HYPOTHESIS, auth_headers, live_server, with_token
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from test_socket_frames import _init_frame
@@ -31,6 +31,8 @@ from corral.coordinator.app import create_app
 from corral.coordinator.service import Coordinator
 from corral.coordinator.settings import CoordinatorSettings
 from corral.protocol import messages as m
+
+pytestmark = SERVER_BESIDE_HYPOTHESIS
 
 EXAMPLES = 40  # for each database: CI's run stays in seconds
 STEP_S = 10.0  # the bound on any one answer (a correctness bound, not a benchmark)
