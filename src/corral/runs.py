@@ -279,6 +279,19 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Ended:
+    """A plain run (no task, no session, no parent to call back) its runner's final report
+    ended, as ``RunStore.finish_many`` tells of it: what the wake-ups read (``link_core
+    .wakeups``). Its whole row read back and made a ``Run`` cost more than its update."""
+
+    id: RunId
+    status: RunStatus
+    task_id: None = None
+    session_id: None = None
+    callback: None = None
+
+
+@dataclass(frozen=True)
 class RunReport:
     """How an attempt ended, as the runner tells it."""
 

@@ -15,7 +15,7 @@ import corral.runs
 from corral.errors import IllegalTransition, InvalidRequest, LeaseLost, NotFound
 from corral.ids import RunId, RunnerId
 from corral.runners import Held, Runner, RunnerState, RunnerSync
-from corral.runs import AgentSpec, NewRun, Run, RunReport, RunStatus, RunType
+from corral.runs import AgentSpec, Ended, NewRun, Run, RunReport, RunStatus, RunType
 from corral.store import LogLine, Reconciled, Store, coordinators
 from corral.store import reconcile as reconcile_module
 from corral.store.commands import Command
@@ -449,12 +449,29 @@ def test_finish_many_ends_the_reports_runs_take_as_they_are(store: Store) -> Non
     )
     assert set(ended) == {(a.id, 1), (b.id, 1), (c.id, 1)}
     for run_id, status in [(a.id, RunStatus.COMPLETED), (c.id, RunStatus.FAILED)]:
-        assert ended[run_id, 1] == store.runs.get(run_id)
-        assert ended[run_id, 1].status is status and ended[run_id, 1].finished_at == NOW + 2
-    assert (ended[c.id, 1].exit_code, ended[c.id, 1].usage) == (1, {"input_tokens": 3})
-    assert ended[c.id, 1].cost_usd == 0.5
+        # Plain runs: not read back whole, but ended as reported.
+        assert ended[run_id, 1] == Ended(run_id, status)
+        stored = store.runs.get(run_id)
+        assert stored.status is status and stored.finished_at == NOW + 2
+    stored = store.runs.get(c.id)
+    assert (stored.exit_code, stored.usage, stored.cost_usd) == (1, {"input_tokens": 3}, 0.5)
     for run in (flagged, other_attempt, given_back):
         assert store.runs.get(run.id).status is RunStatus.RUNNING
+
+
+def test_finish_many_reads_back_whole_a_run_whose_end_moves_its_session(store: Store) -> None:
+    runner = register(store, slots=2)
+    plain, agent = running(store, runner), running(store, runner, agent_run(session_name="s"))
+    ok = RunReport(RunStatus.COMPLETED, exit_code=0)
+    told = RunReport(RunStatus.COMPLETED, exit_code=0, session_id="sess-m", cost_usd=1.0)
+    ended = store.runs.finish_many(runner.id, [(plain.id, 1, ok), (agent.id, 1, told)], NOW + 2)
+    assert ended[plain.id, 1] == Ended(plain.id, RunStatus.COMPLETED)
+    whole = ended[agent.id, 1]
+    assert isinstance(whole, Run) and whole == store.runs.get(agent.id)
+    assert whole.session_id == "sess-m" and whole.status is RunStatus.COMPLETED
+    # Its session took the run's end, as ``finish`` does it (``sessions.finish_from_run``).
+    session = store.sessions.get("sess-m")
+    assert (session.runs, session.cost_usd, session.last_run_id) == (1, 1.0, agent.id)
 
 
 def test_a_claimed_run_may_fail_before_it_starts(store: Store) -> None:

@@ -81,7 +81,7 @@ from corral.protocol.outputs import (
 )
 from corral.protocol.server import ServerSession
 from corral.runners import RunnerState
-from corral.runs import Run, RunStatus
+from corral.runs import Ended, Run, RunStatus
 from corral.store import LogLine, Store
 from corral.store.actors import Changes
 from corral.store.commands import Command
@@ -89,7 +89,8 @@ from corral.store.runners import Head, Order
 from corral.subagents import Mode
 
 log = logging.getLogger("corral.coordinator")
-Outcome = tuple[CorralError | None, Run | None]  # an event refused, or the run it finished
+# An event refused, or the run it finished (``Ended``: a plain run, ``finish_together``).
+Outcome = tuple[CorralError | None, Run | Ended | None]
 Slot = tuple[str, int]  # (run, attempt) the runner holds
 
 _EVENT_LIST: TypeAdapter[list[RunnerEvent]] = TypeAdapter(list[RunnerEvent])
@@ -752,7 +753,7 @@ def finals_last_of_their_run(events: Sequence[RunnerEvent]) -> list[int]:
 
 def finish_together(
     store: Store, runner_id: str, events: Sequence[RunnerEvent], last: Sequence[int], now: float
-) -> dict[int, Run]:
+) -> dict[int, Run | Ended]:
     """The final reports at ``last`` (``finals_last_of_their_run``), applied in as few
     statements as their outcomes allow (``RunStore.finish_many``: one for those that end
     alike), each one the statement did not end by the checked path (``RunStore.finish``):
@@ -760,7 +761,7 @@ def finish_together(
     finals = [(n, e) for n in last if isinstance(e := events[n], FinishedEvent)]
     reports = [(e.run_id, e.attempt, e.to_report(RunStatus(e.status))) for _, e in finals]
     ended = store.runs.finish_many(runner_id, reports, now)
-    finished: dict[int, Run] = {}
+    finished: dict[int, Run | Ended] = {}
     for (n, _), (run_id, attempt, report) in zip(finals, reports, strict=True):
         run = ended.get((run_id, attempt))
         finished[n] = run or store.runs.finish(run_id, runner_id, attempt, report, now)
@@ -826,13 +827,13 @@ def wakeups(
     return topics + actor_wakeups(events, changed)
 
 
-def makes_work(finished: Run) -> bool:
+def makes_work(finished: Run | Ended) -> bool:
     """A final report that ended as ``finished`` may have made a run claimable: its run went
     back to pending, or it was a task run (settling its task schedules more tasks)."""
     return finished.status is RunStatus.PENDING or finished.task_id is not None
 
 
-def may_owe_callback(finished: Run) -> bool:
+def may_owe_callback(finished: Run | Ended) -> bool:
     """A final report that ended as ``finished`` may make a sub-agent callback due: an
     async_callback child ended (its callback was recorded), or a run of a session ended —
     a parent whose children's callbacks waited while it was busy is idle now."""

@@ -53,7 +53,7 @@ from corral.errors import Conflict, CorralError, Forbidden, LeaseLost
 from corral.ids import RunId, RunnerId
 from corral.protocol.messages import CLOSE_POLICY_VIOLATION
 from corral.runners import Held, Runner, RunnerState, RunnerSync
-from corral.runs import AgentSpec, Run, RunStatus
+from corral.runs import AgentSpec, Ended, Run, RunStatus
 from corral.store import LogEntry, Reconciled, Store, coordinators, leases
 from corral.store.claims import Claimable
 from corral.store.commands import Command
@@ -504,6 +504,9 @@ class Coordinator:
         ((error, run),) = await self._apply(runner_id, [event])
         if error is not None:
             raise error
+        # A lone final report is applied by ``RunStore.finish``: the whole run, never an
+        # ``Ended`` (that is ``finish_together``'s, for two or more).
+        assert not isinstance(run, Ended)
         return run
 
     async def _apply(self, runner_id: str, events: Sequence[RunnerEvent]) -> list[Outcome]:

@@ -16,8 +16,9 @@ import corral.store.commands as commands
 import corral.store.run_requests as run_requests
 import corral.store.sessions as sessions
 from corral.errors import InvalidRequest, LeaseLost, NotFound
-from corral.ids import RunnerId
+from corral.ids import RunId, RunnerId
 from corral.runs import (
+    Ended,
     NewRun,
     Run,
     RunReport,
@@ -294,20 +295,21 @@ class RunStore:
 
     def finish_many(
         self, runner_id: str, finals: Sequence[tuple[str, int, RunReport]], now: float
-    ) -> dict[tuple[str, int], Run]:
+    ) -> dict[tuple[str, int], Run | Ended]:
         """``finish``'s usual case for several final reports (run, attempt, report) of one
         runner, those with the same outcome in one statement (a runner's runs mostly end
-        alike: exit 0 and nothing more): the runs it ended, by (run, attempt). Any other (a
-        run given back, a repeat, a lost lease, a failure after a cancel) is the caller's to
-        pass to ``finish``."""
+        alike: exit 0 and nothing more): the runs it ended, by (run, attempt) — a plain run
+        as ``Ended``, not read back whole (``_end_alike``). Any other (a run given back, a
+        repeat, a lost lease, a failure after a cancel) is the caller's to pass to
+        ``finish``."""
         alike: dict[tuple[tuple[str, Any], ...], list[tuple[str, int, RunReport]]] = {}
         for final in finals:
             if final[2].status is not RunStatus.PENDING:
                 alike.setdefault(tuple(_ended_fields(final[2]).items()), []).append(final)
-        ended: dict[tuple[str, int], Run] = {}
+        ended: dict[tuple[str, int], Run | Ended] = {}
         with self.db.transaction() as tx:
             for ends in alike.values():
-                ended.update(_end_as_reported(tx, runner_id, ends, now))
+                ended.update(_end_alike(tx, runner_id, ends, now))
         return ended
 
     def record_task_step(
@@ -398,7 +400,7 @@ def _start_as_reported(
         f"{with_clause}UPDATE runs SET status = ?, started_at = ?, updated_at = ? "
         f"WHERE {condition}id IN ({', '.join('?' for _ in attempts)}) "
         f"AND status IN ({_STARTABLE}) "
-        # As in ``_end_as_reported``: the runner matched with each id, found by primary key.
+        # As in ``_ending``: the runner matched with each id, found by primary key.
         f"AND (id, attempts, runner_id) IN (VALUES {', '.join('(?, ?, ?)' for _ in attempts)}) "
         "RETURNING id, attempts",
         (
@@ -434,42 +436,94 @@ def _end_as_reported(
     tx: Tx, runner_id: str, ends: Sequence[tuple[str, int, RunReport]], now: float
 ) -> dict[tuple[str, int], Run]:
     """``finish`` for final reports (run, attempt, report) of one runner that the runs take
-    as they are, all with the first one's outcome (``_ended_fields``), in one statement: the
-    lease and the statuses the transition table lets a run leave for the reported one are
-    the update's guard. A failure counts as a cancel when one was asked
-    (``status_reported``): that case, and any other the guard leaves out, is not among the
-    runs it ended (by run and attempt), for the checked path."""
+    as they are, all with the first one's outcome (``_ended_fields``), in one statement
+    (``_ending``): the runs it ended, by run and attempt, as written. Those the statement
+    leaves out are not among them, for the checked path."""
+    sql, params = _ending(runner_id, ends, now)
+    names, rows = tx.named_tuples(f"{sql} RETURNING *", params)
+    written: dict[str, Run] = {run.id: run for run in runs_from_tuples(names, rows)}
+    ended: dict[tuple[str, int], Run] = {}
+    for run_id, attempt, report in ends:  # in the reports' order
+        if (run := written.pop(run_id, None)) is None:  # once: a repeat is the checked path's
+            continue
+        _after_ending(tx, run, report, now)
+        ended[run_id, attempt] = run
+    return ended
+
+
+def _end_alike(
+    tx: Tx, runner_id: str, ends: Sequence[tuple[str, int, RunReport]], now: float
+) -> dict[tuple[str, int], Run | Ended]:
+    """``_end_as_reported`` for ``finish_many``: a run its report ended is read back whole
+    only if its end moves more than itself (a task, a session, a parent owed a callback:
+    ``_after_ending``), else as ``Ended`` — a run's 37 columns read back and made a ``Run``
+    cost the store writer more than the update that ended it."""
+    sql, params = _ending(runner_id, ends, now)
+    written = {
+        run_id: (status, more)
+        for run_id, status, more in tx.tuples(
+            f"{sql} RETURNING id, status, "
+            "task_id IS NOT NULL OR session_id IS NOT NULL OR callback IS NOT NULL",
+            params,
+        )
+    }
+    moving = [run_id for run_id, (_, more) in written.items() if more]
+    whole: dict[str, Run] = {}
+    if moving:  # read in the same transaction: as the update wrote them
+        names, rows = tx.named_tuples(
+            f"SELECT * FROM runs WHERE id IN ({', '.join('?' for _ in moving)})", moving
+        )
+        whole = {run.id: run for run in runs_from_tuples(names, rows)}
+    ended: dict[tuple[str, int], Run | Ended] = {}
+    for run_id, attempt, report in ends:  # in the reports' order
+        if (status_more := written.pop(run_id, None)) is None:  # once, as in _end_as_reported
+            continue
+        if (run := whole.get(run_id)) is not None:
+            _after_ending(tx, run, report, now)
+            ended[run_id, attempt] = run
+        else:
+            ended[run_id, attempt] = Ended(RunId(run_id), _RUN_STATUSES[status_more[0]])
+    return ended
+
+
+def _ending(
+    runner_id: str, ends: Sequence[tuple[str, int, RunReport]], now: float
+) -> tuple[str, tuple[Any, ...]]:
+    """The update (without RETURNING) and its parameters that end the runs of ``ends`` as
+    their first report says, in one statement: the lease and the statuses the transition
+    table lets a run leave for the reported one are its guard. A failure counts as a
+    cancel when one was asked (``status_reported``): that case, and any other the guard
+    leaves out, it does not end."""
     report = ends[0][2]
     fields = {**_ended_fields(report), "finished_at": now, "updated_at": now}
     not_cancelled = " AND cancel_requested = 0" if report.status is RunStatus.FAILED else ""
-    names, rows = tx.named_tuples(
+    sql = (
         f"UPDATE runs SET {', '.join(f'{name} = ?' for name in fields)} "
         f"WHERE id IN ({', '.join('?' for _ in ends)}) "
         f"AND status IN ({_LEAVE_FOR[report.status]}){not_cancelled} "
         # Each run's attempt and runner matched with its id: a term ``runner_id = ?`` of its
         # own lets SQLite find the runs through runs_held, an index this update changes, at
         # twice the cost of finding them by primary key.
-        f"AND (id, attempts, runner_id) IN (VALUES {', '.join('(?, ?, ?)' for _ in ends)}) "
-        "RETURNING *",
-        (
-            *fields.values(),
-            *(run_id for run_id, _, _ in ends),
-            *(x for run_id, attempt, _ in ends for x in (run_id, attempt, runner_id)),
-        ),
+        f"AND (id, attempts, runner_id) IN (VALUES {', '.join('(?, ?, ?)' for _ in ends)})"
     )
-    written: dict[str, Run] = {run.id: run for run in runs_from_tuples(names, rows)}
-    ended: dict[tuple[str, int], Run] = {}
-    for run_id, attempt, each in ends:  # in the reports' order
-        if (run := written.pop(run_id, None)) is None:  # once: a repeat is the checked path's
-            continue
-        # What ``transition`` does after its update, for a run ended by its runner's report.
-        callbacks.record(tx, run, now)
-        if run.task_id:
-            settle_task_run(tx, tx.lock, run, each.task, now)
-        if run.session_id:
-            sessions.finish_from_run(tx, run, now)
-        ended[run_id, attempt] = run
-    return ended
+    params = (
+        *fields.values(),
+        *(run_id for run_id, _, _ in ends),
+        *(x for run_id, attempt, _ in ends for x in (run_id, attempt, runner_id)),
+    )
+    return sql, params
+
+
+def _after_ending(tx: Tx, run: Run, report: RunReport, now: float) -> None:
+    """What ``transition`` does after its update, for a run ended by its runner's report."""
+    callbacks.record(tx, run, now)
+    if run.task_id:
+        settle_task_run(tx, tx.lock, run, report.task, now)
+    if run.session_id:
+        sessions.finish_from_run(tx, run, now)
+
+
+_RUN_STATUSES = {str(status): status for status in RunStatus}
 
 
 # For each status a run may end in: the statuses the transition table lets it leave for it.
