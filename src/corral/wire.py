@@ -49,6 +49,18 @@ def problem_with(value: Any) -> str | None:
         return None if math.isfinite(value) else "number is not finite"
     if kind is int:
         return None if INT64_MIN <= value <= INT64_MAX else "integer out of 64-bit range"
+    # Lists and objects as JSON decodes them, before the checks below: ``BaseModel`` and
+    # ``Mapping`` are ABCs, and their isinstance checks were half of a created run's check.
+    if kind is list:
+        for item in value:
+            if why := problem_with(item):
+                return why
+        return None
+    if kind is dict:
+        for key, item in value.items():
+            if why := problem_with(key) or problem_with(item):
+                return why
+        return None
     if value is None or kind is bool or isinstance(value, BaseModel):
         return None  # a nested model checked its own fields
     if isinstance(value, str):
