@@ -105,10 +105,10 @@ def fill(
         assert free is not None
         return Filled(_with_tasks(tx, taken), free)
     runner = _heard(tx, runner_id, now)
-    held = tx.execute(
+    held = tx.tuples(
         f"SELECT id, attempts FROM runs WHERE runner_id = ? AND status IN ({HELD})", (runner_id,)
     )
-    free = runner["slots"] - sum((r["id"], r["attempts"]) not in finishing for r in held)
+    free = runner["slots"] - sum((run_id, attempt) not in finishing for run_id, attempt in held)
     if runner["state"] != RunnerState.ACTIVE or free <= 0:
         return Filled([], max(0, free))  # draining: it takes nothing new
     runs = _with_tasks(tx, _take_sqlite(tx, db, runner, free, now))
@@ -188,26 +188,51 @@ def _take_sqlite(tx: Tx, db: Database, runner: Row, limit: int, now: float) -> l
     """Claim the first ``limit`` runs ``runner`` may take, in claim order: the classes it
     fits, then each class's first runs (for each runner a run may require), merged. The
     immediate transaction holds SQLite's one write lock: nothing is locked row by row."""
-    fit = [
-        r["labels"]
-        for r in tx.execute(f"{_classes(db, '?')} SELECT labels FROM fit", (runner["labels"],))
-    ]
-    arm = _IN_CLASS.format(
-        columns="", claimable=CLAIMABLE, cls="labels", this_cls="?", pin="?", after="", limit="?"
-    )
-    arms: list[str] = []
+    fit = [labels for (labels,) in tx.tuples(_fit_statement(db), (runner["labels"],))]
     params: list[object] = []
     for labels in fit:
         for pin in _pins(runner):
-            arms.append(f"SELECT * FROM ({arm})")
             params += [labels, pin, now, limit]
-    if not arms:
+    if not params:
         return []
-    chosen = tx.execute(
-        f"{' UNION ALL '.join(arms)} ORDER BY priority DESC, created_at, id LIMIT ?",
-        (*params, limit),
-    )
-    return _set_claimed(tx, [c["id"] for c in chosen], runner["id"], now)
+    chosen = tx.tuples(_sqlite_arms(len(params) // 4), (*params, limit))
+    return _set_claimed(tx, [run_id for run_id, _, _ in chosen], runner["id"], now)
+
+
+def _fit_statement(db: Database) -> str:
+    """The read of the label classes a runner fits (its labels bound to the one ``?``),
+    made once (``_take_sqlite``)."""
+    statement = _FIT.get(db.dialect)
+    if statement is None:
+        statement = _FIT[db.dialect] = f"{_classes(db, '?')} SELECT labels FROM fit"
+    return statement
+
+
+_FIT: dict[str, str] = {}
+
+
+def _sqlite_arms(count: int) -> str:
+    """``_take_sqlite``'s read of the first runs of ``count`` (class, pin) arms, made once
+    for each count (a claim formatted it anew: a runner fits a class or two)."""
+    statement = _SQLITE_ARMS.get(count)
+    if statement is None:
+        if len(_SQLITE_ARMS) >= 100:  # a runner fitting 50 classes: never, but bounded
+            _SQLITE_ARMS.clear()
+        arm = _IN_CLASS.format(
+            columns="",
+            claimable=CLAIMABLE,
+            cls="labels",
+            this_cls="?",
+            pin="?",
+            after="",
+            limit="?",
+        )
+        arms = " UNION ALL ".join(f"SELECT * FROM ({arm})" for _ in range(count))
+        statement = _SQLITE_ARMS[count] = f"{arms} ORDER BY priority DESC, created_at, id LIMIT ?"
+    return statement
+
+
+_SQLITE_ARMS: dict[int, str] = {}
 
 
 # Runs a claim on PostgreSQL reads beyond those it wants, and locks the first it can of
