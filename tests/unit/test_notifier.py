@@ -11,9 +11,11 @@ import pytest
 
 from corral.coordinator.notifier import (
     RUNS_AVAILABLE,
+    Event,
     Notifier,
     logs_topic,
     runner_topic,
+    wait_any,
     wait_for,
 )
 
@@ -124,3 +126,36 @@ def test_topic_names() -> None:
     assert runner_topic("rnr_1") != logs_topic("rnr_1")
     assert runner_topic("rnr_1") == runner_topic("rnr_1")
     assert RUNS_AVAILABLE not in {runner_topic("runs"), logs_topic("runs")}
+
+
+async def test_wait_any_returns_once_either_event_is_set_and_forgets_its_future() -> None:
+    notifier = Notifier()
+    for by_topic in (True, False):
+        topic, own = notifier.event(runner_topic("r1")), Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_any, [topic, own], None)
+            await anyio.lowlevel.checkpoint()  # it waits now
+            assert topic._futures and own._futures
+            if by_topic:
+                notifier.notify(runner_topic("r1"))
+            else:
+                own.set()
+        # Returned: neither event holds its future any more (the one set, nor the other).
+        assert not topic._futures and not own._futures
+
+
+async def test_wait_any_returns_at_once_if_an_event_is_set_and_after_its_timeout() -> None:
+    ready, idle = Event(), Event()
+    ready.set()
+    await wait_any([idle, ready], None)
+    started = time.monotonic()
+    await wait_any([idle], 0.05)
+    assert time.monotonic() - started >= 0.04 and not idle._futures
+
+
+async def test_a_cancelled_wait_any_forgets_its_future() -> None:
+    event = Event()
+    with anyio.move_on_after(0.01):
+        await wait_any([event], None)
+    assert not event._futures
+    event.set()  # nobody to wake: harmless

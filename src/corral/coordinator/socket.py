@@ -54,7 +54,13 @@ from corral.coordinator.link_core import (
     RunnerChannel,
     Wake,
 )
-from corral.coordinator.notifier import RUNS_AVAILABLE, actor_topic, runner_topic, wait_any
+from corral.coordinator.notifier import (
+    RUNS_AVAILABLE,
+    Event,
+    actor_topic,
+    runner_topic,
+    wait_any,
+)
 from corral.coordinator.service import Coordinator
 from corral.coordinator.waiters import Waiter, after_claim
 from corral.coordinator.writer import answer
@@ -139,7 +145,7 @@ class SocketPump:
         self.closed = asyncio.Event()
         # Another round of the push loop is wanted: the channel asked (a slot may be free,
         # commands wait), or a round of the socket waiters woke it with runs.
-        self.push_wanted = asyncio.Event()
+        self.push_wanted = Event()  # waited on with its runner's topic (``wait_any``)
         self._woken = False
         self._reserved: list[RunId] | None = None  # what that round reserved for it
         # The push loop's next claim, queued by whoever woke it (``_push_soon``), and
