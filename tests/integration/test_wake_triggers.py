@@ -69,3 +69,20 @@ def test_each_change_of_a_run_wakes_whom_it_concerns_and_a_claim_or_start_nobody
             f"logs:{claimed.id}"
         ]
         assert hear(lambda: store.runs.create(command, NOW + 5)) == ["runs"]
+
+
+def test_a_claim_and_a_start_call_no_wake_up_function(store: Store) -> None:
+    """They send nothing (above): the runs' update trigger is not even called for them, a
+    plpgsql call a run saved (migration 24). Counted in the transaction that claims."""
+    runner, _ = store.runners.register(
+        name="r", hostname="h", labels=(), slots=1, version="0", transport="http", now=NOW
+    )
+    store.runs.create(NewRun(type=RunType.COMMAND, command=("true",)), NOW)
+    calls = "SELECT COALESCE(pg_stat_get_xact_function_calls('corral_wake_runs'::regproc), 0) AS n"
+    with store.db.transaction() as tx:
+        tx.execute("SET LOCAL track_functions = 'pl'")
+        (claimed,) = store.runs.claim(runner.id, 1, NOW + 1)
+        store.runs.mark_started(claimed.id, runner.id, 1, NOW + 2)
+        assert tx.one(calls) == {"n": 0}
+        store.runs.request_cancel(claimed.id, NOW + 3)
+        assert tx.one(calls) == {"n": 1}  # a cancel of a held run: it is called

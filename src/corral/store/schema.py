@@ -465,6 +465,7 @@ CREATE TABLE run_requests (
 CREATE INDEX run_requests_by_age ON run_requests (created_at);
 """,
     ),
+    (24, wakeups.quiet_claims_migration),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]
