@@ -21,12 +21,14 @@ from typing import Any, TypeVar
 
 import pytest
 
+from corral.coordinator.link_core import _start_body
 from corral.errors import CorralError, IllegalTransition, LeaseLost
 from corral.events import EventFilter, EventKind
 from corral.ids import RunId, RunnerId
 from corral.runners import RunnerState
 from corral.runs import NewRun, Run, RunReport, RunStatus, RunType
 from corral.store import Reconciled, Store
+from corral.store.commands import START_RUN, Command
 from corral.store.events import EventStore
 
 NOW = 1_700_000_000.0
@@ -494,6 +496,49 @@ def test_postgres_a_fill_that_waited_for_its_runner_counts_the_claim_it_waited_f
             thread.join(30)
     assert len(held[0]) == 2
     assert free == [0]
+    assert len(store.runs.list(statuses=[RunStatus.CLAIMED], limit=10)) == 2
+
+
+@postgres_only
+def test_postgres_a_fill_that_waited_numbers_its_starts_after_the_commands_it_waited_for(
+    store: Store, store_url: str
+) -> None:
+    """The claim's statement stores the start commands itself (``START_RUN``), numbered on
+    from the runner's row. A claim and a command for the same runner that commit while the
+    fill waits for that row moved it: the fill claims into the one slot still free, and
+    numbers its start after that command (the row as locked, not as its snapshot saw it)."""
+    runner, _ = store.runners.register(
+        name="r", hostname="h", labels=(), slots=2, version="0", transport="websocket", now=NOW
+    )
+    store.runs.create_many([command() for _ in range(3)], NOW)
+    claimed, may_commit = threading.Event(), threading.Event()
+    with stores(store_url, 2) as (holder, filler):
+
+        def hold_a_claim() -> None:
+            with holder.db.transaction():
+                holder.runs.claim(runner.id, 1, NOW + 1)
+                holder.commands.push(runner.id, [{"type": "x"}], NOW + 1)
+                claimed.set()
+                assert may_commit.wait(30)
+
+        filled: list[tuple[list[Command], int]] = []
+        holding = threading.Thread(target=hold_a_claim)
+        holding.start()
+        assert claimed.wait(30)
+        filling = threading.Thread(
+            target=lambda: filled.append(
+                filler.commands.claim_into_commands(runner.id, NOW + 2, _start_body, (), START_RUN)
+            )
+        )
+        filling.start()
+        while not waits_for_a_lock(store, "last_heartbeat_at"):
+            assert filling.is_alive()
+        may_commit.set()
+        for thread in (holding, filling):
+            thread.join(30)
+    ((started,), free) = filled[0]
+    assert (started.idx, free) == (2, 0)
+    assert [c.idx for c in store.commands.unacknowledged(runner.id, 0)] == [1, 2]
     assert len(store.runs.list(statuses=[RunStatus.CLAIMED], limit=10)) == 2
 
 

@@ -16,8 +16,9 @@ import pytest
 
 from corral.errors import Conflict, InvalidRequest
 from corral.ids import RunnerId
-from corral.runs import Run, RunReport, RunStatus, RunType
+from corral.runs import NewRun, Run, RunReport, RunStatus, RunType
 from corral.store import Store
+from corral.store.commands import START_RUN
 from corral.tasks.model import Project, Task, TaskSpec, TaskStatus
 
 NOW = 1_700_000_000.0
@@ -878,3 +879,28 @@ def test_a_claimed_task_run_carries_its_context_on_either_transport(store: Store
         assert (run.task["repo_path"], run.task["target_branch"]) == ("/repo", "main")
         assert run.task["steps"] == {}
     assert {polled.task["key"], started[0].task["key"]} == {"a", "b"}  # type: ignore[index]
+
+
+def test_a_claim_into_start_commands_that_takes_a_task_run_gives_it_its_context(
+    store: Store,
+) -> None:
+    """On PostgreSQL the claim's statement stores the start commands itself (``START_RUN``),
+    but not when it takes a task run, whose start carries what is read of its task after
+    the claim: then every start is made by ``start``, numbered in claim order."""
+    pid = project(store).id
+    store.tasks.add(pid, [spec("a")], {}, NOW)
+    store.tasks.start(pid, 1, NOW)
+    store.runs.create(NewRun(type=RunType.COMMAND, command=("true",), priority=-1), NOW)
+    runner = register(store, "socket")
+    store.commands.push(runner, [{"type": "x"}], NOW)
+    started: list[Run] = []
+
+    def start(run: Run) -> dict[str, Any]:
+        started.append(run)
+        return {"type": "start_run", "run_id": run.id, "task": run.task}
+
+    commands, _ = store.commands.claim_into_commands(runner, NOW + 1, start, (), START_RUN)
+    assert [c.idx for c in commands] == [2, 3]
+    assert [c.body["run_id"] for c in commands] == [r.id for r in started]
+    assert started[0].task is not None and started[0].task["key"] == "a"
+    assert started[1].task_id is None

@@ -84,7 +84,7 @@ from corral.runners import RunnerState
 from corral.runs import Ended, Run, RunStatus
 from corral.store import LogLine, Store
 from corral.store.actors import Changes
-from corral.store.commands import Command
+from corral.store.commands import START_RUN, Command
 from corral.store.runners import Head, Order
 from corral.subagents import Mode
 
@@ -571,7 +571,7 @@ class LinkCore:
             if request.claim:
                 # What is left free decides whether the socket waits for new runs.
                 claimed, free = commands.claim_into_commands(
-                    runner_id, now, _start_body, request.finishing
+                    runner_id, now, _start_body, request.finishing, START_RUN
                 )
             # Numbering holds the runner's row: what was added here is contiguous. If it
             # starts right after the cursor, it is all there is to send (no read back).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from corral.errors import LeaseLost, NotFound
 from corral.ids import RunId
@@ -78,7 +78,7 @@ def claim(tx: Tx, db: Database, runner_id: str, max_runs: int, now: float) -> li
     one write lock, so the same select-then-update is safe.
     """
     if db.dialect == "postgres":
-        return _with_tasks(tx, _take_postgres(tx, db, runner_id, max_runs, now, None)[0])
+        return _with_tasks(tx, _take_postgres(tx, db, runner_id, max_runs, now, None, None)[0])
     runner = _heard(tx, runner_id, now)
     if runner["state"] != RunnerState.ACTIVE:
         return []  # draining: it finishes what it has and takes nothing new
@@ -89,21 +89,32 @@ def claim(tx: Tx, db: Database, runner_id: str, max_runs: int, now: float) -> li
 class Filled:
     runs: list[Run]  # claimed, in claim order
     free: int  # the runner's slots still free after them
+    # The start commands the claim's statement stored (``fill``'s ``start``): (index, body
+    # as stored), for the first of ``runs``, in the same order.
+    commands: list[tuple[int, str]] = field(default_factory=list)
 
 
 def fill(
-    tx: Tx, db: Database, runner_id: str, now: float, finishing: Collection[tuple[str, int]] = ()
+    tx: Tx,
+    db: Database,
+    runner_id: str,
+    now: float,
+    finishing: Collection[tuple[str, int]] = (),
+    start: str | None = None,
 ) -> Filled:
     """``claim`` into the runner's free slots, and how many are still free after it: counted
     under the claim's lock of the runner's row, as the claim counts them. ``finishing``:
     (run, attempt) the runner has reported ended, in reports not yet applied — their slots
-    are free on the runner though the store still counts them."""
+    are free on the runner though the store still counts them. ``start``: a command's body
+    as SQL over the claimed run ``c`` (``commands.START_RUN``); on PostgreSQL the claim's
+    statement numbers and stores one for each run it claims (``Filled.commands``), but for
+    a task run, whose start carries what is read of its task after the claim."""
     if db.dialect == "postgres":
         # The claim's statement hears the runner and counts its slots itself: one round
-        # trip (``_take_postgres``).
-        taken, free = _take_postgres(tx, db, runner_id, None, now, finishing)
+        # trip (``_take_postgres``), which stores the start commands too.
+        taken, free, commands = _take_postgres(tx, db, runner_id, None, now, finishing, start)
         assert free is not None
-        return Filled(_with_tasks(tx, taken), free)
+        return Filled(_with_tasks(tx, taken), free, commands)
     runner = _heard(tx, runner_id, now)
     held = tx.tuples(
         f"SELECT id, attempts FROM runs WHERE runner_id = ? AND status IN ({HELD})", (runner_id,)
@@ -250,20 +261,25 @@ def _take_postgres(
     limit: int | None,
     now: float,
     finishing: Collection[tuple[str, int]] | None,
-) -> tuple[list[Run], int | None]:
+    start: str | None,
+) -> tuple[list[Run], int | None, list[tuple[int, str]]]:
     """Hear the runner (as ``_heard``) and claim the first runs it may take, in one
     statement (``_claim_statement``) that also locks the runs it chose, passing over
     those another claim holds (``SKIP LOCKED``). While those leave it short, it reads on
     past the last run read. ``limit``: the most runs to take; None (``fill``): the runner's
     free slots, counted in the same statement (the runs it holds, but those of
-    ``finishing``, which it has reported ended); then also how many are still free."""
+    ``finishing``, which it has reported ended); then also how many are still free.
+    ``start`` (see ``fill``): the start commands the statements stored, (index, body), for
+    the first of the runs in claim order: once a statement stores none for the runs it
+    claimed, the next ones store none either (the caller stores the rest, numbered after)."""
     taken: list[Run] = []
+    commands: list[tuple[int, str]] = []
     after: tuple[object, ...] = ()
     ended = list(finishing or ())
     while True:
         wanted = None if limit is None else limit - len(taken)
         names, rows = tx.named_tuples(
-            _claim_statement(db, reading_on=bool(after)),
+            _claim_statement(db, reading_on=bool(after), start=start),
             (
                 runner_id,
                 runner_id,
@@ -287,29 +303,38 @@ def _take_postgres(
             # committed meanwhile may hold slots the count missed. It claimed nothing; now
             # the runner's row is locked, the next statement's snapshot sees them all.
             continue
-        claimed = runs_from_tuples(names, [r for r in rows if r[names.index("id")] is not None])
+        claimed_rows = [r for r in rows if r[names.index("id")] is not None]
+        claimed = runs_from_tuples(names, claimed_rows)
         taken += claimed
+        if start is not None and claimed:
+            at = names.index("command_idx")
+            stored = sorted((r[at], r[at + 1]) for r in claimed_rows if r[at] is not None)
+            commands += stored
+            if not stored:
+                start = None  # a task run among them: the caller stores its start
         free = summary["read_free"]
         if free is not None:
             free = max(0, free - len(claimed))
         if len(claimed) >= summary["read_wanted"] or summary["read_n"] < summary["read_limit"]:
-            return taken, free
+            return taken, free, commands
         p, c = summary["read_last_priority"], summary["read_last_created_at"]
         after = (p, p, c, c, summary["read_last_id"])
 
 
-# The claim's statement on PostgreSQL, by dialect and whether it reads on past a run: made
-# once (a 4 kB text, several formats and joins).
-_CLAIM_STATEMENTS: dict[tuple[str, bool], str] = {}
+# The claim's statement on PostgreSQL, by dialect, whether it reads on past a run and the
+# start command it stores: made once (a 4 kB text, several formats and joins).
+_CLAIM_STATEMENTS: dict[tuple[str, bool, str | None], str] = {}
 
 
-def _claim_statement(db: Database, *, reading_on: bool) -> str:
+def _claim_statement(db: Database, *, reading_on: bool, start: str | None = None) -> str:
     """The statement of ``_take_postgres``: its parameters are the runner's id (twice), now
     (its heartbeat), whether its slots are counted, its id, the runs it has reported ended
     (ids, attempts), the most runs to take (None: its free slots), for each of its two
     pins now (and the last run read if ``reading_on``), the claim's values
-    (``_claim_values``) and now."""
-    key = (db.dialect, reading_on)
+    (``_claim_values``) and now. With ``start`` (SQL over the claimed run ``c``: see
+    ``fill``), it also numbers and stores a command of that body for each run it claims,
+    unless one of them is a task run: then none."""
+    key = (db.dialect, reading_on, start)
     statement = _CLAIM_STATEMENTS.get(key)
     if statement is not None:
         return statement
@@ -347,12 +372,35 @@ def _claim_statement(db: Database, *, reading_on: bool) -> str:
     # round trip, one plan); beside the claimed rows it returns the runner's state, the
     # free slots it counted, how many runs it read and the last of them (alone if it
     # claimed none). The slots count the runs this one claimed before: they are held.
+    #
+    # With ``start``, the same statement stores the runs' start commands, as
+    # ``commands.append`` would after it (a round trip less a claim): numbered on from the
+    # runner's row in the write that hears it (a statement may write a row once), in claim
+    # order, each returned beside its run. Not if it claimed a task run: its start carries
+    # its task as read after the claim (``_with_tasks``).
+    numbered = ""
+    stored = ""
+    returned = ""
+    if start is not None:
+        numbered = ", next_command_idx = next_command_idx + (SELECT n FROM started)"
+        stored = (
+            ", started AS (SELECT CASE WHEN bool_and(task_id IS NULL) THEN COUNT(*) ELSE 0 END "
+            "AS n FROM claimed), "
+            "starts AS (SELECT c.id AS run_id, "
+            "heard.first + row_number() OVER (ORDER BY c.priority DESC, c.created_at, c.id) "
+            f"- 1 AS idx, ({start})::text AS body, c.claimed_at AS at FROM heard, claimed c "
+            "WHERE (SELECT n FROM started) > 0), "
+            "stored AS (INSERT INTO runner_commands (runner_id, idx, body, created_at) "
+            "SELECT (SELECT id FROM runner), idx, body, at FROM starts)"
+        )
+        returned = ", starts.idx AS command_idx, starts.body AS command_body"
     statement = _CLAIM_STATEMENTS[key] = (
         "WITH RECURSIVE seen AS (SELECT ctid AS version FROM runners WHERE id = ?), "
         "runner AS (SELECT ctid AS version, id, name, labels, slots, state FROM runners "
         f"WHERE id = ? {db.lock_rows()}), "
-        "heard AS (UPDATE runners SET last_heartbeat_at = ? "
-        "WHERE id = (SELECT id FROM runner) RETURNING 1), "
+        f"heard AS (UPDATE runners SET last_heartbeat_at = ?{numbered} "
+        "WHERE id = (SELECT id FROM runner) RETURNING "
+        f"{'next_command_idx - (SELECT n FROM started) AS first' if start else '1'}), "
         "moved AS (SELECT (SELECT version FROM seen) IS DISTINCT FROM "
         "(SELECT version FROM runner) AS moved), "
         f"{_classes(db, '(SELECT labels FROM runner)').removeprefix('WITH RECURSIVE ')}, "
@@ -382,13 +430,14 @@ def _claim_statement(db: Database, *, reading_on: bool) -> str:
         "), last_read AS ("
         "SELECT id, priority, created_at, COUNT(*) OVER () AS n FROM candidates "
         "ORDER BY priority, created_at DESC, id DESC LIMIT 1"
-        ") SELECT (SELECT state FROM runner) AS read_state, moved.moved AS read_moved, "
+        f"){stored} SELECT (SELECT state FROM runner) AS read_state, moved.moved AS read_moved, "
         "room.free AS read_free, wanted.n AS read_wanted, wanted.read AS read_limit, "
         "COALESCE(last_read.n, 0) AS read_n, last_read.id AS read_last_id, "
         "last_read.priority AS read_last_priority, "
-        "last_read.created_at AS read_last_created_at, claimed.* "
+        f"last_read.created_at AS read_last_created_at, claimed.*{returned} "
         "FROM moved CROSS JOIN room CROSS JOIN wanted LEFT JOIN last_read ON TRUE "
         "LEFT JOIN claimed ON TRUE"
+        f"{' LEFT JOIN starts ON starts.run_id = claimed.id' if start else ''}"
     )
     return statement
 

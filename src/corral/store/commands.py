@@ -41,6 +41,21 @@ class Numbering:
     acked_command_idx: int
 
 
+# A runner socket's start_run command (``coordinator.link_core``: ``{"type": "start_run",
+# "run": schemas.start_run_json(run)}``) as PostgreSQL writes it for the claimed run ``c``
+# in the claim's statement (``claims.fill``); the task's context is not there (a task run's
+# start is made in Python). Its JSON text differs (spaces, a whole float as an integer);
+# what it holds does not: test_start_commands holds them equal.
+START_RUN = (
+    "json_build_object('type', 'start_run', 'run', json_build_object("
+    "'run_id', c.id, 'type', c.type, 'attempts', c.attempts, 'prompt', c.prompt, "
+    "'command', c.command::json, 'session_name', c.session_name, "
+    "'session_id', c.session_id, 'agent', c.agent::json, 'project_dir', c.project_dir, "
+    "'timeout_s', c.timeout_s, 'idle_timeout_s', c.idle_timeout_s, 'env', c.env::json, "
+    "'task_id', c.task_id, 'task', NULL, 'created_at', c.created_at, "
+    "'claimed_at', c.claimed_at))"
+)
+
 # The runner's events up to an index are applied (its row locked, as any write of it does).
 EVENTS_APPLIED = "UPDATE runners SET last_event_idx = ? WHERE id = ? AND last_event_idx < ?"
 
@@ -68,13 +83,17 @@ class CommandStore:
         now: float,
         start: Callable[[Run], dict[str, Any]],
         finishing: Collection[tuple[str, int]] = (),
+        start_sql: str | None = None,
     ) -> tuple[list[Command], int]:
         """Fill the runner's free slots with pending runs, each with its start command
-        (``finishing``: see ``claims.fill``); and how many of its slots are still free."""
+        (``finishing``: see ``claims.fill``); and how many of its slots are still free.
+        ``start_sql``: ``start``'s body as SQL (``START_RUN``), which the claim writes
+        itself on PostgreSQL, in the same round trip."""
         with self.db.transaction() as tx:
-            filled = fill(tx, self.db, runner_id, now, finishing)
-            starts = [start(run) for run in filled.runs]
-            return append(tx, self.db, runner_id, starts, now), filled.free
+            filled = fill(tx, self.db, runner_id, now, finishing, start_sql)
+            stored = [Command(idx, json.loads(body), body) for idx, body in filled.commands]
+            starts = [start(run) for run in filled.runs[len(stored) :]]
+            return stored + append(tx, self.db, runner_id, starts, now), filled.free
 
     def push(self, runner_id: str, bodies: Sequence[dict[str, Any]], now: float) -> list[Command]:
         with self.db.transaction() as tx:
