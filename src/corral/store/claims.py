@@ -372,6 +372,8 @@ def _claim_statement(db: Database, *, reading_on: bool, start: str | None = None
     # round trip, one plan); beside the claimed rows it returns the runner's state, the
     # free slots it counted, how many runs it read and the last of them (alone if it
     # claimed none). The slots count the runs this one claimed before: they are held.
+    # ``wanting`` is MATERIALIZED: inlined into ``wanted``, which names its ``n`` three
+    # times, its CASE was planned three times over (nine subplans to start, not three).
     #
     # With ``start``, the same statement stores the runs' start commands, as
     # ``commands.append`` would after it (a round trip less a claim): numbered on from the
@@ -409,7 +411,7 @@ def _claim_statement(db: Database, *, reading_on: bool, start: str | None = None
         f"WHERE runner_id = ? AND status IN ({HELD}) AND NOT EXISTS ("
         "SELECT 1 FROM unnest(?::text[], ?::integer[]) AS ended (id, attempts) "
         "WHERE ended.id = runs.id AND ended.attempts = runs.attempts)"
-        "), wanting AS ("
+        "), wanting AS MATERIALIZED ("
         "SELECT CASE WHEN NOT (SELECT moved FROM moved) AND (SELECT state FROM runner) = "
         f"'{RunnerState.ACTIVE}' THEN GREATEST(0, LEAST(?::integer, (SELECT free FROM room))) "
         "ELSE 0 END AS n"
