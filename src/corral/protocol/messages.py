@@ -387,8 +387,9 @@ def encode(message: Message) -> str:
         return f'{{"v":{PROTOCOL_VERSION},"type":"ToClientPong","ts":{message.ts!r}}}'
     if type(message) is ToClientCommands and all(c.encoded is not None for c in message.commands):
         # Commands as the store keeps them (a start_run's is ~360 bytes: 35 µs a frame of 8
-        # encoded again, 2 so). Byte for byte what json.dumps writes: the store's JSON is
-        # compact too, and its values were checked storable (finite) as they came in.
+        # encoded again, 2 so). What json.dumps writes, but for the spaces of a start_run
+        # that PostgreSQL's claim wrote (``commands.START_RUN``): the store's JSON is
+        # compact otherwise, and its values were checked storable (finite) as they came in.
         ack = f',"ack_events":{message.ack_events}' if message.ack_events else ""
         return _numbered("ToClientCommands", "commands", message.commands, ack)
     if type(message) is ToServerEvents and all(e.encoded is not None for e in message.events):
@@ -411,7 +412,8 @@ def encode(message: Message) -> str:
 
 def _numbered(message_type: str, name: str, items: tuple[Indexed, ...], more: str = "") -> str:
     """A frame of one field of numbered items whose bodies are JSON already (compact, as
-    ``json.dumps`` with ``separators=(",", ":")`` writes it), as ``encode`` would write it;
+    ``json.dumps`` with ``separators=(",", ":")`` writes it, or as PostgreSQL's
+    ``json_build_object`` does), as ``encode`` would write it;
     ``more``: the fields after it, written so too (``,"name":value``)."""
     return (
         f'{{"v":{PROTOCOL_VERSION},"type":"{message_type}","{name}":['

@@ -45,7 +45,8 @@ class Numbering:
 # "run": schemas.start_run_json(run)}``) as PostgreSQL writes it for the claimed run ``c``
 # in the claim's statement (``claims.fill``); the task's context is not there (a task run's
 # start is made in Python). Its JSON text differs (spaces, a whole float as an integer);
-# what it holds does not: test_start_commands holds them equal.
+# what it holds does not (floats print exactly under PostgreSQL's default
+# extra_float_digits): test_start_commands holds them equal.
 START_RUN = (
     "json_build_object('type', 'start_run', 'run', json_build_object("
     "'run_id', c.id, 'type', c.type, 'attempts', c.attempts, 'prompt', c.prompt, "
