@@ -8,15 +8,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import psycopg
 import pytest
 
 from corral.assignment import Assignment
 from corral.coordinator.link_core import _start_body
 from corral.ids import RunnerId
 from corral.runs import AgentSpec, NewRun, RunType
-from corral.store import Store
+from corral.store import Store, claims
 from corral.store.claims import fill
 from corral.store.commands import START_RUN
+from corral.store.db import Database
 
 NOW = 1_700_000_000.0
 pytestmark = pytest.mark.parametrize(
@@ -96,3 +98,35 @@ def test_the_claims_starts_are_numbered_after_the_runners_commands(store: Store)
     assert all(c.body == json.loads(c.stored or "") for c in commands)
     store.commands.push(runner, [{"type": "z"}], NOW + 2)
     assert [c.idx for c in store.commands.unacknowledged(runner, 5)] == [6]
+
+
+def test_a_claim_that_reads_on_numbers_the_starts_of_each_statement_on(
+    store: Store, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past runs another claim holds the claim reads on, in another statement: the starts
+    each stores follow on, in claim order."""
+    made: list[bool] = []
+    statement = claims._claim_statement
+
+    def counted(db: Database, *, reading_on: bool, start: str | None = None) -> str:
+        made.append(reading_on)
+        return statement(db, reading_on=reading_on, start=start)
+
+    monkeypatch.setattr(claims, "_claim_statement", counted)
+    runner = register(store, 2)
+    runs = [store.runs.create(command(), NOW + i) for i in range(20)]
+    with psycopg.connect(store_url) as other:
+        # The first statement reads 2 + 16 runs: it can lock only the first.
+        held = [r.id for r in runs[1:18]]
+        other.execute("SELECT id FROM runs WHERE id = ANY(%s) FOR NO KEY UPDATE", (held,))
+        commands, free = store.commands.claim_into_commands(
+            runner, NOW + 30, _start_body, (), START_RUN
+        )
+    assert (made, free) == ([False, True], 0)
+    assert [(c.idx, c.body["run"]["run_id"]) for c in commands] == [
+        (1, runs[0].id),
+        (2, runs[18].id),
+    ]
+    assert [c.stored for c in store.commands.unacknowledged(runner, 0)] == [
+        c.stored for c in commands
+    ]
