@@ -84,7 +84,7 @@ def migration(dialect: str) -> str:
 # sends something for: a status other than claimed or running (pending: ``runs``; any
 # other: ``logs:<run>``), or a cancel requested of a run a runner holds. Its condition was
 # any change of status or of cancel_requested, so a claim and a start called the plpgsql
-# function for nothing, once a run (a claim's statement spent ~5 % of its server CPU there).
+# function for nothing, once a run.
 _WAKE_RUNS_UPDATE = (
     "CREATE TRIGGER corral_wake_runs_update AFTER UPDATE ON runs FOR EACH ROW "
     "WHEN ((OLD.status IS DISTINCT FROM NEW.status "
