@@ -5,6 +5,8 @@ Every connection, a replacement too, has JIT compilation off."""
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 import pytest
 from api_fixtures import PG_URL
@@ -26,11 +28,16 @@ def backend_pid(db: PostgresDatabase) -> int:
 
 
 def terminate(pid: int) -> None:
-    """As a restart of PostgreSQL does to the pool's connection (the pool keeps one)."""
+    """As a restart of PostgreSQL does to the pool's connection (the pool keeps one), and
+    wait until its server process has exited: the call returns at once otherwise, and on a
+    loaded machine the next query ran on the connection before it was cut (as it did once
+    past the call's own wait, 10 s, on a machine at load 17)."""
     with psycopg.connect(PG_URL, autocommit=True) as conn:
-        # The timeout (ms): wait until it has exited; without it the call returns at once,
-        # and a loaded machine ran the next query on the connection before it was cut.
-        conn.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + 120
+        while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+            assert time.monotonic() < deadline, f"server process {pid} still there after 120 s"
+            time.sleep(0.01)
 
 
 def test_a_connection_idle_past_the_threshold_is_checked_and_replaced(store: Store) -> None:
