@@ -40,6 +40,27 @@ def terminate(pid: int) -> None:
             time.sleep(0.01)
 
 
+def pooled(db: PostgresDatabase) -> int:
+    """How many connections the pool holds (in use or not)."""
+    return int(db._pool.get_stats()["pool_size"])
+
+
+def test_a_threads_transactions_one_after_another_take_one_connection(store: Store) -> None:
+    """A connection is back in the pool as its transaction ends: the pool handed it back
+    on a worker thread of its own (a ``reset`` callback), so the next transaction a moment
+    later found none ready and grew the pool (to 4 in 600 transactions), each return a
+    thread hop."""
+    db = store.db
+    assert isinstance(db, PostgresDatabase)
+    for _ in range(100):
+        with db.transaction(write=False) as tx:
+            tx.one("SELECT 1 AS x")
+        with db.transaction() as tx:
+            tx.one("SELECT 1 AS x")
+        assert db._pool.get_stats()["pool_available"] == 1
+    assert pooled(db) == 1
+
+
 def test_a_connection_idle_past_the_threshold_is_checked_and_replaced(store: Store) -> None:
     db = store.db
     assert isinstance(db, PostgresDatabase)
@@ -56,6 +77,7 @@ def test_a_connection_used_just_before_fails_one_transaction_then_is_replaced(
     assert isinstance(db, PostgresDatabase)
     db._FRESH_S = 3600.0  # every connection taken was used just before: not checked
     broken = backend_pid(db)
+    assert pooled(db) == 1  # the next transaction takes the one broken
     terminate(broken)
     with pytest.raises(Unavailable):
         backend_pid(db)

@@ -418,7 +418,10 @@ class PostgresDatabase:
             kwargs={"row_factory": tuple_row, "autocommit": True},
             configure=self._name_node,
             check=self._check,
-            reset=self._returned,
+            # No ``reset``: with one, the pool returns every connection on a worker thread
+            # of its own, so the caller's next transaction, a moment later, found none
+            # ready and waited for that thread, or grew the pool (one thread's back-to-back
+            # transactions took 4 connections). ``transaction`` notes when it was used.
             open=False,
         )
         _probe(url)
@@ -448,9 +451,6 @@ class PostgresDatabase:
         if time.monotonic() - self._used_at.get(conn, -math.inf) >= self._FRESH_S:
             psycopg_pool.ConnectionPool.check_connection(conn)
 
-    def _returned(self, conn: _PgConnection) -> None:
-        self._used_at[conn] = time.monotonic()
-
     @contextmanager
     def transaction(self, *, write: bool = True, flat: bool = False) -> Iterator[Tx]:
         local = self._local
@@ -476,19 +476,25 @@ class PostgresDatabase:
             return
         try:
             with self._pool.connection(timeout=30) as conn:
-                if not write:
-                    with self._reading(conn) as tx:
+                try:
+                    with self._writing(conn, flat) if write else self._reading(conn) as tx:
                         yield tx
-                    return
-                with conn.transaction():
-                    local.conn, local.writing, local.flat, local.spoilt = conn, True, flat, False
-                    try:
-                        yield _PostgresTx(conn)
-                        _check_not_spoilt(local)
-                    finally:
-                        local.conn = None
+                finally:
+                    self._used_at[conn] = time.monotonic()  # as it goes back to the pool
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise Unavailable(f"PostgreSQL unavailable: {exc}") from exc
+
+    @contextmanager
+    def _writing(self, conn: _PgConnection, flat: bool) -> Iterator[Tx]:
+        """A write transaction: one block, begun first; this thread's open transaction."""
+        local = self._local
+        with conn.transaction():
+            local.conn, local.writing, local.flat, local.spoilt = conn, True, flat, False
+            try:
+                yield _PostgresTx(conn)
+                _check_not_spoilt(local)
+            finally:
+                local.conn = None
 
     @contextmanager
     def _reading(self, conn: _PgConnection) -> Iterator[Tx]:
