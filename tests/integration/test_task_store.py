@@ -904,3 +904,7 @@ def test_a_claim_into_start_commands_that_takes_a_task_run_gives_it_its_context(
     assert [c.body["run_id"] for c in commands] == [r.id for r in started]
     assert started[0].task is not None and started[0].task["key"] == "a"
     assert started[1].task_id is None
+    # Whole, as the claim wrote them (PostgreSQL reads them back after its statement).
+    assert [(r.status, r.runner_id, r.attempts) for r in started] == [
+        (RunStatus.CLAIMED, runner, 1)
+    ] * 2

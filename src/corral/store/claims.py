@@ -87,10 +87,12 @@ def claim(tx: Tx, db: Database, runner_id: str, max_runs: int, now: float) -> li
 
 @dataclass(frozen=True)
 class Filled:
-    runs: list[Run]  # claimed, in claim order
-    free: int  # the runner's slots still free after them
+    # Claimed, in claim order, but those whose start commands the claim's statement stored
+    # (``commands``): claimed before these, each is only its command.
+    runs: list[Run]
+    free: int  # the runner's slots still free after all it claimed
     # The start commands the claim's statement stored (``fill``'s ``start``): (index, body
-    # as stored), for the first of ``runs``, in the same order.
+    # as stored), in claim order.
     commands: list[tuple[int, str]] = field(default_factory=list)
 
 
@@ -107,8 +109,9 @@ def fill(
     (run, attempt) the runner has reported ended, in reports not yet applied — their slots
     are free on the runner though the store still counts them. ``start``: a command's body
     as SQL over the claimed run ``c`` (``commands.START_RUN``); on PostgreSQL the claim's
-    statement numbers and stores one for each run it claims (``Filled.commands``), but for
-    a task run, whose start carries what is read of its task after the claim."""
+    statement numbers and stores one for each run it claims (``Filled.commands``; those
+    runs are not in ``Filled.runs``), but for a task run, whose start carries what is read
+    of its task after the claim."""
     if db.dialect == "postgres":
         # The claim's statement hears the runner and counts its slots itself: one round
         # trip (``_take_postgres``), which stores the start commands too.
@@ -271,7 +274,8 @@ def _take_postgres(
     ``finishing``, which it has reported ended); then also how many are still free.
     ``start`` (see ``fill``): the start commands the statements stored, (index, body), for
     the first of the runs in claim order: once a statement stores none for the runs it
-    claimed, the next ones store none either (the caller stores the rest, numbered after)."""
+    claimed, the next ones store none either (the caller stores the rest, numbered after).
+    The runs it returns are those it stored no start command for."""
     taken: list[Run] = []
     commands: list[tuple[int, str]] = []
     after: tuple[object, ...] = ()
@@ -303,22 +307,33 @@ def _take_postgres(
             # committed meanwhile may hold slots the count missed. It claimed nothing; now
             # the runner's row is locked, the next statement's snapshot sees them all.
             continue
-        claimed_rows = [r for r in rows if r[names.index("id")] is not None]
-        claimed = runs_from_tuples(names, claimed_rows)
-        taken += claimed
-        if start is not None and claimed:
-            at = names.index("command_idx")
-            stored = sorted((r[at], r[at + 1]) for r in claimed_rows if r[at] is not None)
+        at = names.index("id")
+        claimed_rows = [r for r in rows if r[at] is not None]
+        if start is None:
+            taken += runs_from_tuples(names, claimed_rows)
+        elif claimed_rows:
+            stored = sorted((r[at + 1], r[at + 2]) for r in claimed_rows if r[at + 1] is not None)
             commands += stored
             if not stored:
-                start = None  # a task run among them: the caller stores its start
+                # A task run among them: the caller stores their starts, from the runs
+                # whole, read as this transaction wrote them (the statement returns only
+                # their ids: the rest of each row, decoded and made a Run, cost the store
+                # writer more than the commands).
+                start = None
+                taken += _runs_by_id(tx, [r[at] for r in claimed_rows])
         free = summary["read_free"]
         if free is not None:
-            free = max(0, free - len(claimed))
-        if len(claimed) >= summary["read_wanted"] or summary["read_n"] < summary["read_limit"]:
+            free = max(0, free - len(claimed_rows))
+        if len(claimed_rows) >= summary["read_wanted"] or summary["read_n"] < summary["read_limit"]:
             return taken, free, commands
         p, c = summary["read_last_priority"], summary["read_last_created_at"]
         after = (p, p, c, c, summary["read_last_id"])
+
+
+def _runs_by_id(tx: Tx, ids: list[str]) -> list[Run]:
+    return runs_from_tuples(
+        *tx.named_tuples(f"SELECT * FROM runs WHERE id IN ({', '.join('?' for _ in ids)})", ids)
+    )
 
 
 # The claim's statement on PostgreSQL, by dialect, whether it reads on past a run and the
@@ -333,7 +348,8 @@ def _claim_statement(db: Database, *, reading_on: bool, start: str | None = None
     pins now (and the last run read if ``reading_on``), the claim's values
     (``_claim_values``) and now. With ``start`` (SQL over the claimed run ``c``: see
     ``fill``), it also numbers and stores a command of that body for each run it claims,
-    unless one of them is a task run: then none."""
+    unless one of them is a task run: then none; and returns of each run claimed only its
+    id beside its command (not its whole row)."""
     key = (db.dialect, reading_on, start)
     statement = _CLAIM_STATEMENTS.get(key)
     if statement is not None:
@@ -395,7 +411,7 @@ def _claim_statement(db: Database, *, reading_on: bool, start: str | None = None
             "stored AS (INSERT INTO runner_commands (runner_id, idx, body, created_at) "
             "SELECT (SELECT id FROM runner), idx, body, at FROM starts)"
         )
-        returned = ", starts.idx AS command_idx, starts.body AS command_body"
+        returned = "claimed.id, starts.idx AS command_idx, starts.body AS command_body"
     statement = _CLAIM_STATEMENTS[key] = (
         "WITH RECURSIVE seen AS (SELECT ctid AS version FROM runners WHERE id = ?), "
         "runner AS (SELECT ctid AS version, id, name, labels, slots, state FROM runners "
@@ -436,7 +452,7 @@ def _claim_statement(db: Database, *, reading_on: bool, start: str | None = None
         "room.free AS read_free, wanted.n AS read_wanted, wanted.read AS read_limit, "
         "COALESCE(last_read.n, 0) AS read_n, last_read.id AS read_last_id, "
         "last_read.priority AS read_last_priority, "
-        f"last_read.created_at AS read_last_created_at, claimed.*{returned} "
+        f"last_read.created_at AS read_last_created_at, {returned or 'claimed.*'} "
         "FROM moved CROSS JOIN room CROSS JOIN wanted LEFT JOIN last_read ON TRUE "
         "LEFT JOIN claimed ON TRUE"
         f"{' LEFT JOIN starts ON starts.run_id = claimed.id' if start else ''}"

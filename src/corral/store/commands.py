@@ -93,7 +93,7 @@ class CommandStore:
         with self.db.transaction() as tx:
             filled = fill(tx, self.db, runner_id, now, finishing, start_sql)
             stored = [Command(idx, json.loads(body), body) for idx, body in filled.commands]
-            starts = [start(run) for run in filled.runs[len(stored) :]]
+            starts = [start(run) for run in filled.runs]  # those it stored none for
             return stored + append(tx, self.db, runner_id, starts, now), filled.free
 
     def push(self, runner_id: str, bodies: Sequence[dict[str, Any]], now: float) -> list[Command]:
