@@ -17,6 +17,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic_core
+
 from corral.ids import RunId
 from corral.runs import Run
 from corral.store.claims import fill
@@ -92,7 +94,7 @@ class CommandStore:
         itself on PostgreSQL, in the same round trip."""
         with self.db.transaction() as tx:
             filled = fill(tx, self.db, runner_id, now, finishing, start_sql)
-            stored = [Command(idx, json.loads(body), body) for idx, body in filled.commands]
+            stored = [Command(idx, _parsed(body), body) for idx, body in filled.commands]
             starts = [start(run) for run in filled.runs]  # those it stored none for
             return stored + append(tx, self.db, runner_id, starts, now), filled.free
 
@@ -108,7 +110,7 @@ class CommandStore:
                 "ORDER BY idx",
                 (runner_id, after_idx),
             )
-        return [Command(r["idx"], json.loads(r["body"]), r["body"]) for r in rows]
+        return [Command(r["idx"], _parsed(r["body"]), r["body"]) for r in rows]
 
     def acknowledge(self, runner_id: str, idx: int) -> None:
         """The runner has durably handled commands up to ``idx``: forget them."""
@@ -205,6 +207,17 @@ def append(
             [x for c in chunk for x in (runner_id, c.idx, c.stored, now)],
         )
     return commands
+
+
+def _parsed(body: str) -> dict[str, Any]:
+    """A stored command's body. pydantic's parser reads a start_run's in a third of
+    ``json.loads``'s time (same values, floats too); it refuses a lone surrogate's escape,
+    which ``json.loads`` reads (a command stored before such strings were refused)."""
+    try:
+        parsed: dict[str, Any] = pydantic_core.from_json(body)
+    except ValueError:
+        parsed = json.loads(body)
+    return parsed
 
 
 def _acknowledge(tx: Tx, runner_id: str, idx: int) -> None:
