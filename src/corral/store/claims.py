@@ -279,7 +279,8 @@ def _take_postgres(
     taken: list[Run] = []
     commands: list[tuple[int, str]] = []
     after: tuple[object, ...] = ()
-    ended = list(finishing or ())
+    # As JSON, not two arrays: psycopg's list dumper cost 60 µs a claim for 8 runs, this 18.
+    ended = json.dumps([{"id": run_id, "attempts": attempt} for run_id, attempt in finishing or ()])
     while True:
         wanted = None if limit is None else limit - len(taken)
         names, rows = tx.named_tuples(
@@ -290,8 +291,7 @@ def _take_postgres(
                 now,
                 limit is None,
                 runner_id,
-                [run_id for run_id, _ in ended],
-                [attempt for _, attempt in ended],
+                ended,
                 wanted,
                 *(x for _ in range(2) for x in (now, *after)),
                 *_claim_values(runner_id, now),
@@ -344,9 +344,9 @@ _CLAIM_STATEMENTS: dict[tuple[str, bool, str | None], str] = {}
 def _claim_statement(db: Database, *, reading_on: bool, start: str | None = None) -> str:
     """The statement of ``_take_postgres``: its parameters are the runner's id (twice), now
     (its heartbeat), whether its slots are counted, its id, the runs it has reported ended
-    (ids, attempts), the most runs to take (None: its free slots), for each of its two
-    pins now (and the last run read if ``reading_on``), the claim's values
-    (``_claim_values``) and now. With ``start`` (SQL over the claimed run ``c``: see
+    (JSON: ``[{"id": …, "attempts": …}, …]``), the most runs to take (None: its free
+    slots), for each of its two pins now (and the last run read if ``reading_on``), the
+    claim's values (``_claim_values``) and now. With ``start`` (SQL over the claimed run ``c``: see
     ``fill``), it also numbers and stores a command of that body for each run it claims,
     unless one of them is a task run: then none; and returns of each run claimed only its
     id beside its command (not its whole row)."""
@@ -425,7 +425,7 @@ def _claim_statement(db: Database, *, reading_on: bool, start: str | None = None
         "room AS ("
         "SELECT (SELECT CASE WHEN ? THEN slots END FROM runner) - COUNT(*) AS free FROM runs "
         f"WHERE runner_id = ? AND status IN ({HELD}) AND NOT EXISTS ("
-        "SELECT 1 FROM unnest(?::text[], ?::integer[]) AS ended (id, attempts) "
+        "SELECT 1 FROM json_to_recordset(?::json) AS ended (id text, attempts integer) "
         "WHERE ended.id = runs.id AND ended.attempts = runs.attempts)"
         "), wanting AS MATERIALIZED ("
         "SELECT CASE WHEN NOT (SELECT moved FROM moved) AND (SELECT state FROM runner) = "
