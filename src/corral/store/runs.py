@@ -396,7 +396,7 @@ def _start_as_reported(
     statement guarded by the lease and the old status: those it started. ``before``: a
     WITH clause, a first condition and their parameters (``RunStore.mark_started_many``)."""
     with_clause, condition, params = before
-    started = tx.execute(
+    started = tx.tuples(  # not a dict a row: (id, attempts) is all it reads
         f"{with_clause}UPDATE runs SET status = ?, started_at = ?, updated_at = ? "
         f"WHERE {condition}id IN ({', '.join('?' for _ in attempts)}) "
         f"AND status IN ({_STARTABLE}) "
@@ -412,7 +412,7 @@ def _start_as_reported(
             *(x for run_id, attempt in attempts for x in (run_id, attempt, runner_id)),
         ),
     )
-    return {(r["id"], r["attempts"]) for r in started}
+    return {(run_id, attempt) for run_id, attempt in started}
 
 
 def _ended_fields(report: RunReport) -> dict[str, Any]:
