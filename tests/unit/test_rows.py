@@ -29,6 +29,19 @@ def test_runs_read_from_rows_have_their_own_commands() -> None:
     assert [run_from_row(row).command for row in rows] == commands
 
 
+def test_new_rows_hold_their_own_commands() -> None:
+    """Commands' JSON is kept by the command: each new row still holds its own."""
+    commands = [("true",), ("make", "test"), ("true",), ("echo", "a b"), ("é", '"')]
+    texts = [new_run_row(NewRun(RunType.COMMAND, command=c), NOW)["command"] for c in commands]
+    assert texts == [
+        '["true"]',
+        '["make","test"]',
+        '["true"]',
+        '["echo","a b"]',
+        '["\\u00e9","\\""]',
+    ]
+
+
 def test_runs_read_from_tuples_are_the_runs_read_from_their_rows() -> None:
     """``runs_from_tuples`` (no dict a row) makes the run ``run_from_row`` makes, whatever
     order the columns come in; a read that joins what a callback became (or lacks a
