@@ -55,91 +55,96 @@ def test_seed_002_a_sleeping_actor_on_a_serverless_pool(cluster: Cluster, tmp_pa
     markers.touch()
     cluster.start_coordinator()
     endpoint = start_endpoint(cluster, tmp_path, markers)
-    http = httpx.Client(base_url=cluster.url, headers={"Authorization": f"Bearer {TOKEN}"},
-                        timeout=60)  # fmt: skip
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=cluster.url, headers=headers, timeout=60) as http:
 
-    def actor() -> dict[str, Any]:
-        found: dict[str, Any] = http.get(f"/actors/{actor_id}").json()
-        return found
+        def actor() -> dict[str, Any]:
+            found: dict[str, Any] = http.get(f"/actors/{actor_id}").json()
+            return found
 
-    def pool() -> dict[str, Any]:
-        found: dict[str, Any] = http.get("/pools/sl").json()
-        return found
+        def pool() -> dict[str, Any]:
+            found: dict[str, Any] = http.get("/pools/sl").json()
+            return found
 
-    def live_runners() -> list[str]:
-        return [r["runner_id"] for r in pool()["runners"] if r["runner_id"] and not r["closing"]]
+        def live_runners() -> list[str]:
+            return [
+                r["runner_id"] for r in pool()["runners"] if r["runner_id"] and not r["closing"]
+            ]
 
-    config = {"url": endpoint, "request_lifespan": LIFESPAN_S, "max_runners": 2}
-    assert http.put("/pools/sl", json={"serverless": config}).status_code == 200
+        config = {"url": endpoint, "request_lifespan": LIFESPAN_S, "max_runners": 2}
+        assert http.put("/pools/sl", json={"serverless": config}).status_code == 200
 
-    # An actor created and put to sleep: with nothing wanted, the pool has no runner.
-    created = http.post("/actors", json={"name": "counter", "key": "seed", "pool": "sl"})
-    assert created.status_code == 201, created.text
-    actor_id = created.json()["actor_id"]
-    wait_until(lambda: actor()["state"] == "running", 30, what="the actor's first start")
-    first_runner = actor()["runner_id"]
-    assert http.post(f"/actors/{actor_id}/sleep").status_code == 200
-    wait_until(lambda: actor()["state"] == "sleeping" and actor()["runner_id"] is None, 30,
-               what="the actor asleep")  # fmt: skip
-    wait_until(lambda: not pool()["runners"], 30, what="the pool empty")
-    assert (pool()["wanted_slots"], pool()["desired_runners"]) == (0, 0)
-    asleep = actor()
+        # An actor created and put to sleep: with nothing wanted, the pool has no runner.
+        created = http.post("/actors", json={"name": "counter", "key": "seed", "pool": "sl"})
+        assert created.status_code == 201, created.text
+        actor_id = created.json()["actor_id"]
+        wait_until(lambda: actor()["state"] == "running", 30, what="the actor's first start")
+        first_runner = actor()["runner_id"]
+        assert http.post(f"/actors/{actor_id}/sleep").status_code == 200
+        wait_until(lambda: actor()["state"] == "sleeping" and actor()["runner_id"] is None, 30,
+                   what="the actor asleep")  # fmt: skip
+        wait_until(lambda: not pool()["runners"], 30, what="the pool empty")
+        assert (pool()["wanted_slots"], pool()["desired_runners"]) == (0, 0)
+        asleep = actor()
 
-    # critical: request to sleeping actor → pending → desired 1 → /start → running → answer
-    answered: list[httpx.Response] = []
+        # critical: request to sleeping actor → pending → desired 1 → /start → running → answer
+        answered: list[httpx.Response] = []
 
-    def request(path: str) -> threading.Thread:
-        thread = threading.Thread(target=lambda: answered.append(http.get(path)))
-        thread.start()
-        return thread
+        def request(path: str) -> threading.Thread:
+            thread = threading.Thread(target=lambda: answered.append(http.get(path)))
+            thread.start()
+            return thread
 
-    one = request(f"/gateway/{actor_id}/hit/one")
-    wait_until(lambda: actor()["state"] == "pending", 10, what="the actor pending, no runner")
-    wait_until(lambda: pool()["desired_runners"] == 1, 10, what="desired 1")
-    one.join(60)
-    assert (answered[0].status_code, answered[0].text) == (200, "one")
-    woken = actor()
-    assert woken["state"] == "running" and woken["generation"] == asleep["generation"] + 1
-    runner = woken["runner_id"]
-    assert runner not in (None, first_runner)
-    assert woken["connectable_at"] is not None
-    assert (pool()["wanted_slots"], pool()["desired_runners"]) == (1, 1)
-    assert live_runners() == [runner]
+        one = request(f"/gateway/{actor_id}/hit/one")
+        wait_until(lambda: actor()["state"] == "pending", 10, what="the actor pending, no runner")
+        wait_until(lambda: pool()["desired_runners"] == 1, 10, what="desired 1")
+        one.join(60)
+        assert (answered[0].status_code, answered[0].text) == (200, "one")
+        woken = actor()
+        assert woken["state"] == "running" and woken["generation"] == asleep["generation"] + 1
+        runner = woken["runner_id"]
+        assert runner not in (None, first_runner)
+        assert woken["connectable_at"] is not None
+        assert (pool()["wanted_slots"], pool()["desired_runners"]) == (1, 1)
+        assert live_runners() == [runner]
 
-    # critical: request to running actor → answered by the same generation, same runner
-    assert http.get(f"/gateway/{actor_id}/hit/two").text == "two"
-    assert (actor()["generation"], actor()["runner_id"]) == (woken["generation"], runner)
+        # critical: request to running actor → answered by the same generation, same runner
+        assert http.get(f"/gateway/{actor_id}/hit/two").text == "two"
+        assert (actor()["generation"], actor()["runner_id"]) == (woken["generation"], runner)
 
-    # critical: actor sleep (its own intent), and a request while it is stopping (2 s)
-    assert http.get(f"/gateway/{actor_id}/sleep/x").status_code == 200
-    wait_until(lambda: actor()["state"] == "sleeping", 10, what="the sleep intent applied")
-    stopping = actor()
-    assert stopping["runner_id"] == runner  # placed until it has stopped
-    answered: list[httpx.Response] = []
-    late = threading.Thread(
-        target=lambda: answered.append(http.get(f"/gateway/{actor_id}/hit/three"))
-    )
-    late.start()
-    wait_until(lambda: actor()["will_wake"], 10, what="the wake deferred")
-    late.join(60)
-    assert (answered[0].status_code, answered[0].text) == (200, "three")
-    again = actor()
-    assert again["state"] == "running" and again["generation"] == woken["generation"] + 1
+        # critical: actor sleep (its own intent), and a request while it is stopping (2 s)
+        assert http.get(f"/gateway/{actor_id}/sleep/x").status_code == 200
+        wait_until(lambda: actor()["state"] == "sleeping", 10, what="the sleep intent applied")
+        stopping = actor()
+        assert stopping["runner_id"] == runner  # placed until it has stopped
+        answered: list[httpx.Response] = []
+        late = threading.Thread(
+            target=lambda: answered.append(http.get(f"/gateway/{actor_id}/hit/three"))
+        )
+        late.start()
+        wait_until(lambda: actor()["will_wake"], 10, what="the wake deferred")
+        late.join(60)
+        assert (answered[0].status_code, answered[0].text) == (200, "three")
+        again = actor()
+        assert again["state"] == "running" and again["generation"] == woken["generation"] + 1
 
-    # critical: the stream's lifespan ends → drain → the actor goes → woken on a second runner
-    wait_until(lambda: actor()["runner_id"] != runner, LIFESPAN_S + 30,
-               what="the first runner's drain")  # fmt: skip
-    response = http.get(f"/gateway/{actor_id}/hit/four")
-    assert (response.status_code, response.text) == (200, "four")
-    moved = actor()
-    assert moved["state"] == "running" and moved["runner_id"] not in (None, runner, first_runner)
-    assert moved["generation"] > again["generation"]
-    assert pool()["errors"] == []
-    ran = markers.read_text().split()
-    assert [m for m in ran if m in ("one", "two", "three", "four")] == [
-        "one",
-        "two",
-        "three",
-        "four",
-    ]
-    http.close()
+        # critical: the stream's lifespan ends → drain → the actor goes → woken on a second runner
+        wait_until(lambda: actor()["runner_id"] != runner, LIFESPAN_S + 30,
+                   what="the first runner's drain")  # fmt: skip
+        response = http.get(f"/gateway/{actor_id}/hit/four")
+        assert (response.status_code, response.text) == (200, "four")
+        moved = actor()
+        assert moved["state"] == "running" and moved["runner_id"] not in (
+            None,
+            runner,
+            first_runner,
+        )
+        assert moved["generation"] > again["generation"]
+        assert pool()["errors"] == []
+        ran = markers.read_text().split()
+        assert [m for m in ran if m in ("one", "two", "three", "four")] == [
+            "one",
+            "two",
+            "three",
+            "four",
+        ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -26,6 +27,7 @@ from api_fixtures import TOKEN, auth_headers, error_code, live_server, with_toke
 from corral.actors.kinds import ActorKind
 from corral.actors.model import INPUT_MAX_BYTES
 from corral.coordinator.app import create_app
+from corral.coordinator.link_core import LinkCore
 from corral.coordinator.settings import CoordinatorSettings
 from corral.runner.core import RunnerCore
 from corral.runner.settings import RunnerSettings
@@ -295,3 +297,36 @@ async def test_an_idle_actor_sleeps_and_one_that_never_listens_is_stopped(world:
     # the sleep policy lets it sleep), never running.
     failed = await world.becomes(deaf, "a failed start", lambda a: a["runner_id"] is None)
     assert failed["state"] == "sleeping" and failed["connectable_at"] is None
+
+
+async def test_a_woken_actors_answer_comes_after_its_running_is_stored(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race widened: the store applies a runner's "running" report half a second late
+    (the gateway sends a request to an actor still starting, and its runner holds it until
+    the actor accepts). The actor's answer still reaches the caller only after that report is
+    stored: the API then shows the generation that answered, running."""
+    runner = await world.runner()
+    actor_id = (await world.client.post("/actors", json={"name": "calls"})).json()["actor_id"]
+    await world.becomes(actor_id, "running", lambda a: a["state"] == "running")
+    assert (await world.client.post(f"/actors/{actor_id}/sleep")).status_code == 200
+    await world.becomes(actor_id, "asleep", lambda a: a["runner_id"] is None)
+
+    late: list[float] = []
+    apply = LinkCore.apply
+
+    def apply_late(core: LinkCore, runner_id: Any, last: int, events: Any, now: float) -> Any:
+        if any(getattr(e, "type", None) == "actor_state" and e.state == "running" for e in events):
+            late.append(now)
+            time.sleep(0.5)  # in the writer's thread: every write waits, as on a slow disk
+        return apply(core, runner_id, last, events, now)
+
+    monkeypatch.setattr(LinkCore, "apply", apply_late)
+    through = await world.client.get(f"/gateway/{actor_id}/")
+    assert through.status_code == 200, through.text
+    assert through.json()["generation"] == 2
+    shown = await world.actor(actor_id)
+    assert (shown["state"], shown["generation"], shown["runner_id"]) == (
+        "running", 2, runner.runner_id
+    )  # fmt: skip
+    assert late  # the report did go through the slowed apply

@@ -17,7 +17,9 @@ timer for all sockets (``deadlines.py``), which calls ``tick``.
 
 The read loop never waits on the store after registration: applying events, persisting
 command acks, marking a runner draining and actors' KV requests go, in order, to one
-worker task (so a KV read sees every write the runner asked for before it). A ping read
+worker task (so a KV read sees every write the runner asked for before it). A tunnel
+message read while that worker has something to do joins its queue too: an actor's answer
+reaches its caller only once what the runner sent before it is stored (its "running"). A ping read
 late is a heartbeat written late, and a slow database then makes a working runner look
 lost, its runs given to others while it still runs them (found by ``tests/sim``).
 """
@@ -153,9 +155,10 @@ class SocketPump:
         self._pushing: asyncio.Future[Pushed] | None = None
         self._parked = False
         self._send_lock = asyncio.Lock()
-        self._work: asyncio.Queue[ApplyEvents | CommandsAcked | Stopping | KvRequested] = (
-            asyncio.Queue()
-        )
+        self._work: asyncio.Queue[
+            ApplyEvents | CommandsAcked | Stopping | KvRequested | Tunnelled
+        ] = asyncio.Queue()
+        self._unstored = 0  # handed to the store worker and not done yet
         # The store worker's apply in flight, until the channel is told it committed
         # (``_committed_apply``).
         self._applying: asyncio.Future[Applied] | None = None
@@ -288,6 +291,7 @@ class SocketPump:
             elif isinstance(out, Register):
                 await self._register(out.init)  # the runner sends nothing until it is answered
             elif isinstance(out, ApplyEvents | CommandsAcked | KvRequested | Stopping):
+                self._unstored += 1
                 self._work.put_nowait(out)
             elif isinstance(out, PushWork):
                 self._push_soon()
@@ -296,7 +300,13 @@ class SocketPump:
             elif isinstance(out, Alive) and self.channel.runner_id is not None:
                 self.connections.note_ping(self.channel.runner_id)
             elif isinstance(out, Tunnelled):
-                await self.coordinator.tunnels.receive(self, out.message)
+                if self._unstored:
+                    # What the runner sent before it is applied first: an actor's answer
+                    # never reaches its caller before its "running" is stored.
+                    self._unstored += 1
+                    self._work.put_nowait(out)
+                else:
+                    await self.coordinator.tunnels.receive(self, out.message)
 
     async def send_message(self, message: m.ToClientMessage) -> None:
         """Send one message outside the channel's outputs (the tunnel's: coordinator/tunnel.py)."""
@@ -309,40 +319,50 @@ class SocketPump:
         """What the read loop handed over, in order, one store call at a time. If one
         fails (the database is away), the socket is closed: the runner reconnects and
         sends again what was not acknowledged."""
-        coordinator, channel, core = self.coordinator, self.channel, self.core
         try:
             while True:
                 out = await self._work.get()
-                runner_id = channel.runner_id
-                assert runner_id is not None  # nothing is handed over before registering
-                now = coordinator.clock.now()
-                if isinstance(out, ApplyEvents):
-                    self._applying = coordinator.submit_write(
-                        runner_id, core.apply, runner_id, out.last_idx, out.events, now
-                    )
-                    await answer(self._applying)
-                    await self._handle(self._committed_apply(hold=False))
-                elif isinstance(out, CommandsAcked):
-                    await coordinator.in_writer(
-                        runner_id, core.acknowledge, runner_id, out.last_command_idx
-                    )
-                elif isinstance(out, KvRequested):
-                    result = await coordinator.in_writer(
-                        runner_id,
-                        kv_request,
-                        coordinator.store,
-                        runner_id,
-                        out.actor_id,
-                        out.op,
-                        now,
-                        generation=out.generation,
-                    )
-                    await self._handle(channel.kv_answered(out.request_id, result))
-                else:
-                    await coordinator.in_writer(runner_id, core.draining, runner_id, now)
+                try:
+                    await self._store(out)
+                finally:
+                    self._unstored -= 1
         except Exception:
-            log.exception("runner %s: storing what it sent failed", channel.runner_id)
+            log.exception("runner %s: storing what it sent failed", self.channel.runner_id)
             await self.close(m.CLOSE_GOING_AWAY, REASON_STORE_FAILED)
+
+    async def _store(
+        self, out: ApplyEvents | CommandsAcked | Stopping | KvRequested | Tunnelled
+    ) -> None:
+        coordinator, channel, core = self.coordinator, self.channel, self.core
+        runner_id = channel.runner_id
+        assert runner_id is not None  # nothing is handed over before registering
+        now = coordinator.clock.now()
+        if isinstance(out, ApplyEvents):
+            self._applying = coordinator.submit_write(
+                runner_id, core.apply, runner_id, out.last_idx, out.events, now
+            )
+            await answer(self._applying)
+            await self._handle(self._committed_apply(hold=False))
+        elif isinstance(out, CommandsAcked):
+            await coordinator.in_writer(
+                runner_id, core.acknowledge, runner_id, out.last_command_idx
+            )
+        elif isinstance(out, KvRequested):
+            result = await coordinator.in_writer(
+                runner_id,
+                kv_request,
+                coordinator.store,
+                runner_id,
+                out.actor_id,
+                out.op,
+                now,
+                generation=out.generation,
+            )
+            await self._handle(channel.kv_answered(out.request_id, result))
+        elif isinstance(out, Tunnelled):  # read after events not yet applied then
+            await coordinator.tunnels.receive(self, out.message)
+        else:
+            await coordinator.in_writer(runner_id, core.draining, runner_id, now)
 
     def _committed_apply(self, *, hold: bool) -> list[ChannelOutput]:
         """The channel told that the store worker's apply committed, once it has and only

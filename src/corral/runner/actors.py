@@ -243,10 +243,13 @@ class ActorHost:
         try:
             accepting = await self._accepting(hosted, exited)
             hosted.accepting = accepting
-            hosted.started.set()
             if accepting:
                 hosted.last_activity = time.monotonic()
+                # Reported before the requests held for it go: the coordinator stores it
+                # before it passes on their answers (what was sent before them first).
                 self._state(hosted.actor_id, hosted.generation, "running")
+            hosted.started.set()
+            if accepting:
                 await self._watch_idle(hosted, exited)
             elif not exited.done():
                 if not hosted.stop_asked:  # a failed start, not an end it was asked for
