@@ -175,6 +175,44 @@ def test_a_create_whose_answer_was_lost_gets_its_run_once_at_the_next(tmp_path: 
         relay.cut()
 
 
+def test_plan_writes_whose_answers_were_lost_are_done_once_at_the_next(tmp_path: Path) -> None:
+    """A plan ensured, its tasks added, started, paused, resumed and stopped, every answer
+    lost on the way back from the first coordinator (which did each): each goes to the
+    next, does nothing more there, and the plan ends as one set of calls would leave it."""
+    tasks = [{"id": "a", "title": "A"}, {"id": "b", "title": "B", "after": ["a"]}]
+    with one_coordinator(tmp_path) as live:
+        relay = Relay(live)
+        relay.lose_answers = True
+        with Client([relay.url, live], token=TOKEN) as corral, Client(live, token=TOKEN) as direct:
+            steps: list[Any] = [
+                lambda: corral.ensure_project("/repo", "main"),
+                lambda: corral.add_tasks(project_id, tasks),
+                lambda: corral.start_plan(project_id, 1),
+                lambda: corral.pause_plan(project_id),
+                lambda: corral.resume_plan(project_id),
+                lambda: corral.stop_plan(project_id),
+            ]
+            answers = []
+            for n, step in enumerate(steps, 1):
+                corral.coordinators.answered(relay.url)
+                answers.append(step())
+                if n == 1:
+                    project_id = answers[0].project_id
+                assert relay.answers_lost == n and corral.url == live
+            (project,) = direct.list_projects()  # ensured once
+            assert project.project_id == project_id
+            added = answers[1]
+            assert (added.created, added.unchanged) == ([], ["a", "b"])  # the first made them
+            assert answers[2] == []  # the first sending scheduled "a", once
+            assert answers[3:5] == [True, False]
+            status = direct.plan_status(project_id)
+            assert sorted(t.id for t in status.tasks) == ["a", "b"]
+            (run,) = direct.list_runs().runs  # "a" scheduled, once
+            assert run.task_id == next(t.task_id for t in status.tasks if t.id == "a")
+            assert answers[5].workers == 0 == direct.get_project(project_id).workers
+        relay.cut()
+
+
 def test_a_create_called_again_with_its_key_gets_its_runs(tmp_path: Path) -> None:
     """A caller's own key (a job's id): a call again after an error whose outcome was
     unknown — in this process or a restarted one — gets the runs, never second ones."""

@@ -79,6 +79,42 @@ def test_a_write_whose_outcome_is_unknown_is_not_sent_again() -> None:
         coordinators.answered(A)
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        calls.ensure_project("/repo", "main", {}),
+        calls.add_tasks("p1", [{"id": "a", "title": "A"}], None),
+        calls.start_plan("p1", 2),
+        calls.stop_plan("p1"),
+        calls.pause_plan("p1", True),
+        calls.pause_plan("p1", False),
+    ],
+    ids=lambda call: call.path,
+)
+def test_a_write_that_does_no_more_sent_twice_goes_to_the_next(call: calls.Call[object]) -> None:
+    coordinators = Coordinators([A, B])
+    cut = httpx.ReadError("[Errno 104] Connection reset by peer", request=REQUEST)
+    assert coordinators.refusal(call, A, cut) is None
+    assert coordinators.current == B
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        CANCEL,
+        calls.task_action("p1", "a", "retry"),
+        calls.drain_runner("r1"),
+        calls.revoke_token("t"),
+    ],
+    ids=lambda call: call.path,
+)
+def test_a_write_that_would_do_more_sent_twice_is_not_sent_again(call: calls.Call[object]) -> None:
+    coordinators = Coordinators([A, B])
+    cut = httpx.ReadError("[Errno 104] Connection reset by peer", request=REQUEST)
+    refusal = coordinators.refusal(call, A, cut)
+    assert refusal is not None and refusal.code == "outcome_unknown"
+
+
 def test_each_create_carries_a_key_of_its_own_kept_when_sent_again() -> None:
     one, other = calls.create_run({}), calls.create_runs([{}])
     assert one.headers is not None and other.headers is not None

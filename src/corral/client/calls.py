@@ -58,6 +58,11 @@ class Call(Generic[T]):
     # Set on the requests that create runs: sent again (its answer lost, or to another
     # coordinator), it creates nothing twice (``Idempotency-Key``).
     idempotency_key: str | None = None
+    # A write that, sent twice, does no more than once (it sets a state, or adds what is
+    # not there yet): its answer lost, it too may go to another coordinator. The answer is
+    # then the last sending's: a plan's tasks added again count as unchanged, a plan
+    # started again schedules what the first did not.
+    repeatable: bool = False
 
     @property
     def headers(self) -> dict[str, str] | None:
@@ -233,7 +238,7 @@ def stats() -> Call[Stats]:
 
 def ensure_project(repo_path: str, target_branch: str, settings: dict[str, Any]) -> Call[Project]:
     body = {"repo_path": repo_path, "target_branch": target_branch, **_present(**settings)}
-    return Call("POST", "/projects", _model(Project), body=body)
+    return Call("POST", "/projects", _model(Project), body=body, repeatable=True)
 
 
 def list_projects() -> Call[list[Project]]:
@@ -251,7 +256,8 @@ def add_tasks(
         "tasks": [NewTask.model_validate(t).model_dump(exclude_none=True) for t in tasks],
         **_present(digest=digest),
     }
-    return Call("POST", f"/projects/{_segment(project_id)}/tasks", _model(TasksAdded), body=body)
+    path = f"/projects/{_segment(project_id)}/tasks"
+    return Call("POST", path, _model(TasksAdded), body=body, repeatable=True)
 
 
 def plan_status(project_id: str) -> Call[PlanStatus]:
@@ -265,16 +271,18 @@ def get_task(project_id: str, key: str) -> Call[Task]:
 
 def start_plan(project_id: str, workers: int) -> Call[list[str]]:
     path = f"/projects/{_segment(project_id)}/start"
-    return Call("POST", path, lambda body: list(body["scheduled"]), body={"workers": workers})
+    body = {"workers": workers}
+    return Call("POST", path, lambda body: list(body["scheduled"]), body=body, repeatable=True)
 
 
 def stop_plan(project_id: str) -> Call[Project]:
-    return Call("POST", f"/projects/{_segment(project_id)}/stop", _model(Project))
+    path = f"/projects/{_segment(project_id)}/stop"
+    return Call("POST", path, _model(Project), repeatable=True)
 
 
 def pause_plan(project_id: str, paused: bool) -> Call[bool]:
     path = f"/projects/{_segment(project_id)}/{'pause' if paused else 'resume'}"
-    return Call("POST", path, lambda body: bool(body["paused"]))
+    return Call("POST", path, lambda body: bool(body["paused"]), repeatable=True)
 
 
 def task_action(project_id: str, key: str, action: str) -> Call[Task]:

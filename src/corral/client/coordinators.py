@@ -12,8 +12,10 @@ sending it twice cannot do a thing twice:
 * the coordinator answered ``coordinator_leaving`` (503): it says it did nothing;
 * the request failed after it was sent (the connection cut before the answer, a read
   timeout): a read (``GET``) may, and so may a request that creates runs, which carries an
-  ``Idempotency-Key`` (sent again, it gets the runs it created: ``Call.idempotency_key``);
-  any other write's outcome is unknown: the client raises ``outcome_unknown``, for its
+  ``Idempotency-Key`` (sent again, it gets the runs it created: ``Call.idempotency_key``),
+  and a write that sent twice does no more than once (a plan ensured, its tasks added,
+  started, stopped, paused or resumed: ``Call.repeatable``); any other write's outcome is
+  unknown (a cancel, a retry, a drain): the client raises ``outcome_unknown``, for its
   caller to look before trying again.
 
 A followed stream (a run's log, the event stream) cut or ended early goes on at the next
@@ -103,7 +105,9 @@ class Coordinators:
         go to the next coordinator (it is moved on to)."""
         if not self.several:
             return errors.Unavailable(f"cannot reach the coordinator at {url}: {exc}")
-        resendable = call.method.upper() in READS or call.idempotency_key is not None
+        resendable = (
+            call.method.upper() in READS or call.idempotency_key is not None or call.repeatable
+        )
         if not resendable and not isinstance(exc, NEVER_SENT):
             return errors.Unavailable(
                 f"lost the coordinator at {url} after sending {call.method} {call.path} "
