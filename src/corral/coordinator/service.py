@@ -605,6 +605,8 @@ class Coordinator:
             # A lost runner's socket may still be open here, waiting (no free slot): its
             # next claim tells it to connect again.
             self.notifier.notify(*(runner_topic(r) for r in done.lost_runners))
+        if analyzed := await self.in_thread(self.store.analyze_grown):
+            log.info("analyzed tables grown since their plans were made: %s", analyzed)
         await self.actors.tick()
         await self.deliver_callbacks(now)
         # Tasks whose retry backoff has ended are claimed into runs.

@@ -6,7 +6,7 @@ once: ``store.runs`` (created, claimed, reported), ``store.runners``, ``store.se
 ``store.projects``, ``store.tasks``, ``store.commands`` (the WebSocket
 link's numbered commands), ``store.actors``, ``store.kv`` (actors' state), ``store.pools``
 (serverless pools) and ``store.tokens``. What spans them all (reconciliation, garbage
-collection) is here.
+collection, the plans PostgreSQL keeps) is here.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from corral.store.commands import CommandStore
 from corral.store.db import Database, open_database
 from corral.store.kv import KvStore
 from corral.store.logs import LogStore
+from corral.store.plans import analyze_grown
 from corral.store.pools import PoolStore
 from corral.store.projects import ProjectStore
 from corral.store.reconcile import Reconciled, reconcile
@@ -68,6 +69,11 @@ class Store:
     def collect_garbage(self, retention: Retention, now: float) -> Collected:
         """Delete finished work older or larger than ``retention`` allows (``retention.py``)."""
         return collect(self.db, retention, now)
+
+    def analyze_grown(self) -> list[str]:
+        """PostgreSQL: analyze the tables grown past what their plans were made for
+        (``plans.py``)."""
+        return analyze_grown(self.db)
 
     def schema_version(self) -> int:
         """The newest migration applied to this database."""
