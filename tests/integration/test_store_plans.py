@@ -4,8 +4,15 @@ again), once, until it grows that much again; small tables, and SQLite, are left
 
 from __future__ import annotations
 
-import psycopg
+import time
+from pathlib import Path
 
+import anyio
+import psycopg
+import pytest
+from api_fixtures import backend_url, running_api
+
+from corral.coordinator.settings import CoordinatorSettings
 from corral.runs import NewRun, RunType
 from corral.store import Store
 from corral.store.plans import GROWTH, MIN_BYTES
@@ -49,3 +56,22 @@ def test_a_grown_table_is_analyzed_once_until_it_grows_again(store: Store, store
     grow_to(store, store_url, GROWTH * recorded + 1)
     assert "runs" in store.analyze_grown()
     assert sizes(store_url)[1] > GROWTH * recorded
+
+
+@pytest.mark.postgres
+@pytest.mark.anyio
+async def test_the_coordinator_holding_the_lease_analyzes_a_grown_table(tmp_path: Path) -> None:
+    """Wired: a coordinator running its loops analyzes ``runs`` once it has grown (each
+    second, in a loop of its own beside the reconciler's)."""
+    with backend_url("postgres", tmp_path) as db:
+        settings = CoordinatorSettings(db_url=db, reconcile_interval_s=0.1)
+        async with running_api(settings, reconcile=True) as api:
+            store = api.app.state.coordinator.store
+            with psycopg.connect(db, autocommit=True) as conn:
+                conn.execute("ALTER TABLE runs SET (autovacuum_enabled = false)")
+            await anyio.to_thread.run_sync(grow_to, store, db, MIN_BYTES)
+            deadline = time.monotonic() + 30
+            while sizes(db)[1] == 0:  # never analyzed, until the coordinator's look
+                assert time.monotonic() < deadline, "runs was not analyzed within 30 s"
+                await anyio.sleep(0.05)
+            assert sizes(db)[1] >= MIN_BYTES

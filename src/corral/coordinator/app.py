@@ -76,6 +76,7 @@ def create_app(
                 asyncio.create_task(coordinator.reconcile_forever()),
                 asyncio.create_task(coordinator.deliver_callbacks_forever()),
                 asyncio.create_task(coordinator.collect_forever()),
+                asyncio.create_task(coordinator.analyze_forever()),
                 asyncio.create_task(coordinator.autoscaler.run_forever()),
             ]
             if reconcile

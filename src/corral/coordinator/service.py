@@ -605,8 +605,6 @@ class Coordinator:
             # A lost runner's socket may still be open here, waiting (no free slot): its
             # next claim tells it to connect again.
             self.notifier.notify(*(runner_topic(r) for r in done.lost_runners))
-        if analyzed := await self.in_thread(self.store.analyze_grown):
-            log.info("analyzed tables grown since their plans were made: %s", analyzed)
         await self.actors.tick()
         await self.deliver_callbacks(now)
         # Tasks whose retry backoff has ended are claimed into runs.
@@ -670,6 +668,23 @@ class Coordinator:
             except Exception:  # like reconciliation: a database hiccup must not end it
                 log.exception("garbage collection failed; retrying")
             await asyncio.sleep(interval)
+
+    async def analyze_forever(self) -> None:
+        """PostgreSQL's plans kept fit for its tables' sizes (``store/plans.py``), by the
+        coordinator holding the reconciler's lease, once a reconciler's interval. A loop of
+        its own: analyzing a large table may take seconds, and the reconciler's pass (lost
+        runners, overdue runs) waits for none of them."""
+        if self.store.db.dialect != "postgres":
+            return
+        await self.first_pass.wait()
+        while True:
+            if self.reconciling:
+                try:
+                    if analyzed := await self.in_thread(self.store.analyze_grown):
+                        log.info("analyzed tables grown since their plans were made: %s", analyzed)
+                except Exception:  # the database is away: the next look tries again
+                    log.exception("analyzing grown tables failed")
+            await asyncio.sleep(self.settings.reconcile_interval_s)
 
     async def reconcile_forever(self) -> None:
         try:
