@@ -1,16 +1,24 @@
 """PostgreSQL's connection pool after a restart broke its connections (``db.py``): one idle
 past the check's threshold is replaced before it is used; one used just before fails the
 transaction it is taken for (``Unavailable``), and the next one gets a new connection.
-Every connection, a replacement too, has JIT compilation off."""
+Every connection, a replacement too, has JIT compilation off. A coordinator starting while
+the database is away waits for it."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
+from urllib.parse import urlsplit
 
+import anyio
 import psycopg
 import pytest
-from api_fixtures import PG_URL
+from api_fixtures import PG_URL, with_token
 
+from corral.coordinator.app import create_app
+from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import Unavailable
 from corral.store import Store
 from corral.store.db import PostgresDatabase
@@ -112,3 +120,68 @@ def test_a_write_inside_a_read_is_refused(store: Store) -> None:
     with store.db.transaction(write=False), pytest.raises(RuntimeError):  # noqa: SIM117
         with store.db.transaction():
             pass
+
+
+class Relay:
+    """A TCP relay to ``target`` (PostgreSQL), listening on ``port`` once ``start`` is
+    called; ``close`` closes every socket it opened."""
+
+    def __init__(self, target: tuple[str, int], port: int) -> None:
+        self.target, self.port = target, port
+        self.sockets: list[socket.socket] = []
+
+    def start(self) -> None:
+        listener = socket.create_server(("127.0.0.1", self.port))
+        self.sockets.append(listener)
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = listener.accept()
+                upstream = socket.create_connection(self.target)
+                self.sockets += [client, upstream]
+                for ends in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pump, args=ends, daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+            sink.shutdown(socket.SHUT_WR)
+
+
+def test_a_coordinator_starting_while_postgresql_is_away_waits_for_it(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``corral serve`` waits for its PostgreSQL before it starts the server; should the
+    database go away again before the app opens its store (the chaos soak saw a coordinator
+    exit there), the app tries again until it answers, and starts."""
+    parts = urlsplit(store_url)
+    with socket.socket() as probe:  # a port nobody listens on yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    away = parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}").geturl()
+    app = create_app(with_token(CoordinatorSettings(db_url=away)), reconcile=False)
+    relay = Relay((parts.hostname or "127.0.0.1", parts.port or 5432), port)
+    back = threading.Timer(1.0, relay.start)  # the database answers again in a second
+
+    async def start() -> int:
+        async with app.router.lifespan_context(app):
+            return app.state.coordinator.store.schema_version()  # type: ignore[no-any-return]
+
+    back.start()
+    try:
+        assert anyio.run(start) > 0  # started, its schema migrated through the relay
+    finally:
+        back.cancel()
+        back.join()
+        relay.close()
+    assert "trying again in" in caplog.text  # it found the database away first

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral import __version__
 from corral.actors.model import INPUT_MAX_BYTES
 from corral.agents.profiles import load_profiles
+from corral.backoff import backoff_delay
 from corral.clock import Clock, SystemClock
 from corral.coordinator import (
     api_actors,
@@ -43,13 +45,15 @@ from corral.coordinator.service import Coordinator
 from corral.coordinator.settings import SHUTDOWN_GRACE_S, CoordinatorSettings
 from corral.coordinator.sole import SoleCoordinator
 from corral.dashboard import site as dashboard_site
-from corral.errors import CorralError
+from corral.errors import CorralError, Unavailable
 from corral.protocol.limits import MAX_FRAME_BYTES
 from corral.store import Store
 from corral.store.db import PostgresDatabase
 from corral.wire import check_parameters
 
 log = logging.getLogger("corral.coordinator")
+# How long a coordinator starting tries again to open a PostgreSQL that does not answer.
+OPEN_RETRY_S = 30.0
 
 
 def create_app(
@@ -66,7 +70,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        opened = store or Store.open(settings.db_url)
+        opened = store or await _open_store(settings.db_url)
         coordinator = Coordinator(
             opened, settings, clock or SystemClock(), load_profiles(settings.config_path)
         )
@@ -158,6 +162,25 @@ def create_app(
     )
     auth.document(app)
     return app
+
+
+async def _open_store(url: str) -> Store:
+    """The store, for a coordinator starting. ``corral serve`` waits for its PostgreSQL
+    before it starts the server, but the server may be restarting again by the time the
+    app opens the store (the chaos soak found a coordinator that exited there): that is
+    tried again, with backoff, for ``OPEN_RETRY_S``, before the start fails."""
+    deadline = time.monotonic() + OPEN_RETRY_S
+    attempt = 0
+    while True:
+        try:
+            return Store.open(url)
+        except Unavailable as exc:
+            if time.monotonic() >= deadline:
+                raise
+            delay = backoff_delay(attempt, cap=5.0)
+            log.warning("%s; trying again in %.1f s", exc.message, delay)
+            await asyncio.sleep(delay)
+            attempt += 1
 
 
 class CoordinatorApp(FastAPI):
