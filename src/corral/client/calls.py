@@ -271,8 +271,13 @@ def get_task(project_id: str, key: str) -> Call[Task]:
 
 def start_plan(project_id: str, workers: int) -> Call[list[str]]:
     path = f"/projects/{_segment(project_id)}/start"
-    body = {"workers": workers}
-    return Call("POST", path, lambda body: list(body["scheduled"]), body=body, repeatable=True)
+    return Call(
+        "POST",
+        path,
+        lambda answer: list(answer["scheduled"]),
+        body={"workers": workers},
+        repeatable=True,
+    )
 
 
 def stop_plan(project_id: str) -> Call[Project]:

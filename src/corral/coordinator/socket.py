@@ -19,9 +19,10 @@ The read loop never waits on the store after registration: applying events, pers
 command acks, marking a runner draining and actors' KV requests go, in order, to one
 worker task (so a KV read sees every write the runner asked for before it). A tunnel
 message read while that worker has something to do joins its queue too: an actor's answer
-reaches its caller only once what the runner sent before it is stored (its "running"). A ping read
-late is a heartbeat written late, and a slow database then makes a working runner look
-lost, its runs given to others while it still runs them (found by ``tests/sim``).
+reaches its caller only once what the runner sent before it is stored (its "running"). A
+ping read late is a heartbeat written late, and a slow database then makes a working
+runner look lost, its runs given to others while it still runs them (found by
+``tests/sim``).
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ longer when it is busy).
 So the coordinator holding the reconciler's lease looks each second (one catalog read,
 ``Coordinator.analyze_forever``) for tables grown past twice the size the planner last
 recorded, and analyzes them: the plans that read them are made again for what they hold.
-A table that keeps growing is analyzed
-at about 1, 2, 4, 8 … times ``MIN_BYTES``, a handful of times, each reading a sample of at
-most 30,000 rows. Sizes, not row counts: ``pg_relation_size`` is exact at once, where the
-statistics' live-row counts lag by a second or more. SQLite keeps no plans across
+A table that keeps growing is analyzed at about 1, 2, 4, 8 … times ``MIN_BYTES``, a
+handful of times, each reading a sample of at most 30,000 rows. Sizes, not row counts:
+``pg_relation_size`` is exact at once, where the statistics' live-row counts lag by a
+second or more. SQLite keeps no plans across
 statements this way: there it does nothing.
 """
 
