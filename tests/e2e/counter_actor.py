@@ -4,9 +4,10 @@ file ``MARKERS`` names, one line per request it handled: how many times the acto
 request, whatever the client saw. ``GET /slow/<id>`` does the same after ``DELAY`` seconds;
 ``GET /port`` answers its port (the benchmark compares the gateway with going straight there);
 ``GET /sleep/<id>`` asks its runner to put it to sleep (seed 002's ``GET /sleep``) and
-answers; ``POST /echo/<id>`` answers the body it was sent. With ``STOP_DELAY`` set it
-takes that long to exit after SIGTERM (an actor slow to stop: a wake while it stops is
-deferred).
+answers; ``GET /held/<id>`` appends ``<id>`` at once, then answers once the file
+``<MARKERS>.<id>.go`` exists (a test decides when the answer leaves); ``POST /echo/<id>``
+answers the body it was sent. With ``STOP_DELAY`` set it takes that long to exit after
+SIGTERM (an actor slow to stop: a wake while it stops is deferred).
 """
 
 from __future__ import annotations
@@ -36,12 +37,16 @@ class Handler(BaseHTTPRequestHandler):
             actor.sleep()
         elif kind == "slow":
             time.sleep(float(os.environ.get("DELAY", "0.2")))
-        if kind not in ("hit", "slow", "port", "sleep") or not request_id:
+        if kind not in ("hit", "slow", "port", "sleep", "held") or not request_id:
             self.send_error(404)
             return
         if kind != "port":
             with open(os.environ["MARKERS"], "a") as markers:
                 markers.write(f"{request_id}\n")
+        if kind == "held":
+            go = f"{os.environ['MARKERS']}.{request_id}.go"
+            while not os.path.exists(go):
+                time.sleep(0.01)
         body = request_id.encode()
         self.send_response(200)
         self.send_header("content-type", "text/plain")

@@ -11,6 +11,7 @@ gateway of one forwards a request for an actor whose runner is connected to the 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import signal
 import sys
@@ -319,6 +320,66 @@ def test_the_gateway_forwards_to_the_coordinator_holding_the_runner_and_follows_
     finally:
         http_a.close()
         via_a.close()
+
+
+def test_a_request_whose_runner_went_to_the_other_coordinator_and_back_gets_an_answer(
+    cluster: Cluster, pg_url: str, pg_schema: str
+) -> None:
+    """A request through A reaches the actor; the runner's link to A breaks and it moves to
+    B, where the actor's answer goes (B never asked for it); then it comes back to A. A's
+    request must end — 503 ``tunnel_lost``, the runner has nothing more of it — as soon as
+    the runner is back, not wait for an answer that will never come; and the next request
+    through A is answered."""
+    a, b = peers(cluster, pg_url, pg_schema)
+    markers = cluster.root / "markers"
+    markers.touch()
+    config = actors_config(cluster.root, markers)
+    with FaultProxy(a.port) as to_a, FaultProxy(b.port) as to_b:
+        urls = f"{to_a.url},{to_b.url}"
+        cluster.start_runner("host", url=urls, extra=[*WS, "--config", str(config)])
+        runner_id = cluster.wait_runner("host")
+        via_a = JsonClient(a.url, TOKEN)
+        http_a = httpx.Client(base_url=a.url, headers={"authorization": f"Bearer {TOKEN}"})
+
+        def owner() -> str | None:
+            (runner,) = [r for r in via_a.runners() if r["runner_id"] == runner_id]
+            return runner["coordinator_url"]
+
+        try:
+            actor_id = via_a.call("POST", "/actors", json={"name": "counter", "key": "c"})[
+                "actor_id"
+            ]
+            wait_until(
+                lambda: via_a.call("GET", f"/actors/{actor_id}")["state"] == "running",
+                30,
+                what="the actor running",
+            )
+            assert owner() == a.url
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                held = pool.submit(http_a.get, f"/gateway/{actor_id}/held/x", timeout=60)
+                wait_until(lambda: markers.read_text().split() == ["x"], 30, what="x taken")
+                to_a.refusing = True  # the runner's link to A breaks: it moves to B
+                to_a.cut_all("both")
+                wait_until(lambda: owner() == b.url, 30, what="the runner on B")
+                # The actor answers now: its answer goes to B, which never asked for it.
+                sent, heard = to_b.stats.bytes_up, to_b.stats.bytes_down
+                (markers.parent / "markers.x.go").touch()
+                wait_until(
+                    lambda: to_b.stats.bytes_up > sent and to_b.stats.bytes_down > heard,
+                    30,
+                    what="the answer sent to B, and B's word on it",
+                )
+                to_a.refusing, to_b.refusing = False, True  # back to A
+                to_b.cut_all("both")
+                wait_until(lambda: owner() == a.url, 30, what="the runner back on A")
+                answer = held.result(timeout=30)
+            assert (answer.status_code, answer.json()["error"]["code"]) == (503, "tunnel_lost")
+            (markers.parent / "markers.y.go").touch()
+            assert http_a.get(f"/gateway/{actor_id}/held/y", timeout=30).text == "y"
+            assert markers.read_text().split() == ["x", "y"]  # each ran once
+        finally:
+            http_a.close()
+            via_a.close()
 
 
 def newest_coordinator(db: str) -> str | None:

@@ -13,6 +13,7 @@ import pytest
 from corral.actors.model import Placement
 from corral.coordinator.connections import Connections
 from corral.coordinator.tunnel import TunnelHub
+from corral.errors import Unavailable
 from corral.ids import ActorId
 from corral.protocol import messages as wire
 
@@ -105,3 +106,46 @@ async def test_a_request_may_go_to_a_starting_actor_once_its_start_went_out_on_t
     older, old_link = await connected(wire.TUNNEL_WHOLE)  # it would answer 503 at once
     older.start_sent(old_link, "act_1", 2)  # type: ignore[arg-type]
     assert not older.starting(starting)
+
+
+async def test_a_runner_back_from_another_coordinator_ends_the_requests_it_may_have_taken() -> None:
+    """There it dropped them (and its answers went there): they are lost (503 tunnel_lost),
+    at once and not sent again; a request it never saw goes on the new socket as usual."""
+    hub, _ = await connected(wire.TUNNEL_WHOLE)
+    taken = hub.open(RUNNER)
+    await taken.send(
+        wire.ToClientRequestStart(taken.request_id, 0, "act_1", 1, "GET", "/", (), False, end=True)
+    )
+    hub._connections.by_runner.pop(RUNNER)  # its socket broke: what is opened now waits
+    unseen = hub.open(RUNNER)
+    start = wire.ToClientRequestStart(
+        unseen.request_id, 0, "act_1", 1, "GET", "/", (), False, end=True
+    )
+    await unseen.send(start)
+    back = FakeLink()
+    hub._connections.by_runner[RUNNER] = back  # type: ignore[assignment]
+    waiting = asyncio.ensure_future(taken.wait(60))
+    await hub.resume(RUNNER, back, version=wire.TUNNEL_WHOLE, elsewhere=True)  # type: ignore[arg-type]
+    await asyncio.wait_for(waiting, 10)  # woken at once
+    assert taken.take() is None and taken.lost is not None
+    with pytest.raises(Unavailable) as lost:
+        taken.check()
+    assert lost.value.code == "tunnel_lost"
+    assert back.sent == [start]  # the one it never saw, and nothing of the lost one
+    with pytest.raises(Unavailable):
+        await taken.send(wire.ToClientRequestEnd(taken.request_id, 0))
+    unseen.check()  # not lost
+
+
+async def test_a_runner_back_from_this_coordinators_own_socket_keeps_its_requests() -> None:
+    hub, _ = await connected(wire.TUNNEL_WHOLE)
+    request = hub.open(RUNNER)
+    start = wire.ToClientRequestStart(
+        request.request_id, 0, "act_1", 1, "GET", "/", (), False, end=True
+    )
+    await request.send(start)
+    again = FakeLink()
+    hub._connections.by_runner[RUNNER] = again  # type: ignore[assignment]
+    await hub.resume(RUNNER, again, version=wire.TUNNEL_WHOLE)  # type: ignore[arg-type]
+    assert again.sent == [start]  # unacknowledged: sent again, the runner drops a duplicate
+    assert request.lost is None

@@ -34,7 +34,8 @@ A request body is sent only once the runner has the actor's port (it acknowledge
 request start), so a retry never needs what the client has already sent. Errors have
 stable codes: ``actor_not_found`` and ``actor_destroyed`` (404), ``actor_not_ready`` (503:
 not connectable in time), ``tunnel_lost`` (503: its runner was gone longer than its lost
-threshold before answering, or the peer it was forwarded to failed with it); a response
+threshold before answering, came back from another coordinator without it (``tunnel.py``),
+or the peer it was forwarded to failed with it); a response
 that breaks off once started is cut (the client sees an incomplete response, never a
 complete wrong one).
 """
@@ -411,11 +412,13 @@ class Forward:
 
     async def _next(self, request: TunnelRequest) -> Reply:
         """The next reply; ``tunnel_lost`` if the runner has had no socket for longer than
-        its lost threshold; ``ClientGone`` when the client leaves first."""
+        its lost threshold, or came back from another coordinator (``TunnelRequest.lost``);
+        ``ClientGone`` when the client leaves first."""
         absent_since: float | None = None
         while True:
             if (reply := request.take()) is not None:
                 return reply
+            request.check()
             if self.gone.is_set():
                 raise ClientGone
             self.waiting = request  # ``_left`` wakes it
@@ -423,7 +426,7 @@ class Forward:
                 await request.wait(1.0)
             finally:
                 self.waiting = None
-            if request.has_reply or self.gone.is_set():
+            if request.has_reply or request.lost or self.gone.is_set():
                 continue
             if self.tunnels.reachable(request.runner_id):
                 absent_since = None

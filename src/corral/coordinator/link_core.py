@@ -214,15 +214,22 @@ class RunnerChannel:
 
     @classmethod
     def open(
-        cls, seq: int, now: float, settings: CoordinatorSettings, sockets: int = 0
+        cls,
+        seq: int,
+        now: float,
+        settings: CoordinatorSettings,
+        sockets: int = 0,
+        tunnel_end: str | None = None,
     ) -> RunnerChannel:
         """A socket opened while the coordinator holds ``sockets`` others: its runner is
-        told the ping interval for that many (``ping_interval_s``)."""
+        told the ping interval for that many (``ping_interval_s``), and the coordinator's
+        end of the tunnel (``wire.TUNNEL_END``)."""
         session = ServerSession(
             now,
             lost_threshold_s=settings.ws_lost_after_s,
             ping_interval_s=ping_interval_s(settings, sockets),
             ack_interval_s=settings.ws_ack_interval_s,
+            tunnel_end=tunnel_end,
         )
         return cls(seq, session)
 

@@ -144,6 +144,7 @@ class SocketPump:
             coordinator.clock.now(),
             coordinator.settings,
             sockets=connections.open,
+            tunnel_end=coordinator.tunnels.end,
         )
         self.closed = asyncio.Event()
         # Another round of the push loop is wanted: the channel asked (a slot may be free,
@@ -404,7 +405,12 @@ class SocketPump:
         coordinator.notifier.notify(*registration.woken)
         if tunnel := init.metadata.get("tunnel"):  # it takes the gateway's requests for actors
             version = tunnel if type(tunnel) is int else 1
-            await coordinator.tunnels.resume(registration.runner_id, self, version=version)
+            # A runner too old to say where its tunnel was is taken to have been here.
+            end = coordinator.tunnels.end
+            elsewhere = init.metadata.get(m.TUNNEL_WITH, end) != end
+            await coordinator.tunnels.resume(
+                registration.runner_id, self, version=version, elsewhere=elsewhere
+            )
         self._tasks.append(self._start(self._push_work(), "pushing work"))
         log.info(
             "runner %s connected (%s, %d slots, websocket)",

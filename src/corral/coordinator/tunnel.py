@@ -7,6 +7,13 @@ that breaks loses nothing: when the runner's next socket registers, ``resume`` s
 again whatever it had not acknowledged. The gateway (``gateway.py``) holds a
 ``TunnelRequest``: it sends the request's parts and takes the response's as they come.
 
+That holds while the runner's sockets follow one another on this coordinator. A runner
+that was connected to another one in between (or to this one before a restart) dropped
+our requests when it got there (``wire.TUNNEL_WITH``), and sent the answers it still had
+there: when it comes back, every request it may have taken is lost (``TunnelRequest.lost``:
+503 ``tunnel_lost``, the actor may have run it) rather than left waiting for an answer that
+will never come; a request it never saw goes now, as usual.
+
     gateway ──open/send──▶ TunnelHub ──flush──▶ LiveLink (the runner's newest socket)
     gateway ◀──take/wait── replies ◀──receive── SocketPump's read loop (Tunnelled)
 
@@ -22,11 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from corral.actors.model import Placement
+from corral.errors import Unavailable
 from corral.ids import new_request_id
 from corral.protocol import messages as wire
 from corral.protocol.limits import MAX_TUNNEL_ACKS, TUNNEL_WINDOW_BYTES
@@ -82,6 +91,8 @@ class TunnelRequest:
         self._replies: deque[Reply] = deque()
         self._waiter: asyncio.Future[None] | None = None  # ``wait``'s, while it waits
         self.acked = asyncio.Event()  # the runner consumed some of what we sent
+        self.lost: str | None = None  # why no more of it will come (see the top)
+        self.on_a_socket = False  # some of it went out on a socket: the runner may have it
 
     def take(self) -> Reply | None:
         """The next reply, if one came."""
@@ -94,7 +105,7 @@ class TunnelRequest:
     async def wait(self, timeout: float) -> None:
         """Until a reply comes, ``wake`` is called, or ``timeout`` seconds have passed
         (one future and one timer: no task per reply)."""
-        if self._replies:
+        if self._replies or self.lost is not None:
             return
         loop = asyncio.get_running_loop()
         self._waiter = waiter = loop.create_future()
@@ -114,14 +125,27 @@ class TunnelRequest:
         if self._waiter is not None:
             _resolve(self._waiter)
 
+    def lose(self, reason: str) -> None:
+        """The runner no longer holds the request: nothing more of it comes or goes."""
+        self.lost = reason
+        self.acked.set()  # a ``send`` waiting for room sees it
+        self.wake()
+
+    def check(self) -> None:
+        """Raise ``tunnel_lost`` if the request is lost."""
+        if self.lost is not None:
+            raise Unavailable(self.lost, code="tunnel_lost")
+
     async def send(self, *parts: TunnelPart) -> None:
         """Send ``parts`` (numbered here), each after waiting for room in the window, in one
         flush (a request without a body goes as its start and its end together)."""
         runner = self._hub.runner(self.runner_id)
         for part in parts:
+            self.check()
             while runner.ledger.room(self.request_id) < cost(part):
                 self.acked.clear()
                 await self.acked.wait()
+                self.check()
             runner.ledger.send(part)
         await self._hub.flush(self.runner_id)
 
@@ -190,6 +214,7 @@ class PlacementCache:
 
 class TunnelHub:
     def __init__(self, connections: Connections, *, window: int = TUNNEL_WINDOW_BYTES) -> None:
+        self.end = secrets.token_hex(8)  # this process's end of the tunnels (wire.TUNNEL_END)
         self._connections = connections
         self._window = window
         self._runners: dict[str, _Runner] = {}
@@ -255,17 +280,30 @@ class TunnelHub:
 
     # ---- the runner's sockets (called by socket.py) ----------------------------------------
 
-    async def resume(self, runner_id: str, link: LiveLink, *, version: int = 1) -> None:
+    async def resume(
+        self, runner_id: str, link: LiveLink, *, version: int = 1, elsewhere: bool = False
+    ) -> None:
         """A socket of the runner registered: from now on messages go there, beginning with
-        everything the runner has not acknowledged (the last socket may have lost it)."""
+        everything the runner has not acknowledged (the last socket may have lost it).
+        ``elsewhere``: its last socket was with another end (``wire.TUNNEL_WITH``): the
+        requests it may have taken are lost (see the top)."""
         runner = self.runner(runner_id)
         async with runner.flushing:
             runner.link = link
             runner.version = version
+            if elsewhere:
+                self._lose_taken(runner, f"runner {runner_id} was connected elsewhere meanwhile")
             runner.ledger.rewind()
             for ack in runner.ledger.acks():
                 await link.send_message(ack)
         await self.flush(runner_id)
+
+    def _lose_taken(self, runner: _Runner, reason: str) -> None:
+        """Every request of ``runner`` it may have seen is lost; it is sent none of it again."""
+        for request_id, request in list(runner.requests.items()):
+            if request.on_a_socket:
+                runner.ledger.forget(request_id)
+                request.lose(reason)
 
     async def receive(self, link: LiveLink, reply: wire.ToServerTunnel) -> None:
         """A tunnel message from ``link``'s runner (the socket's read loop)."""
@@ -301,6 +339,8 @@ class TunnelHub:
             if link is None:
                 return  # kept: the next socket's ``resume`` sends it
             for part in runner.ledger.take_unsent():
+                if request := runner.requests.get(part.request_id):
+                    request.on_a_socket = True
                 await link.send_message(part)
 
     async def send_now(self, runner_id: str, message: wire.ToClientTunnelAck) -> None:

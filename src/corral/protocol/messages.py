@@ -78,6 +78,15 @@ LATE_REPORTS_TO_SEND = "late_reports_to_send"
 # than in an AckEvents frame of its own (one frame a round, not two). An older runner would
 # ignore the field and never see those acknowledgements: it is sent AckEvents only.
 ACKS_IN_COMMANDS = "acks_in_commands"
+# Each end of the tunnel holds its requests in memory: a coordinator process its own, a
+# runner those of the coordinator it is connected to. A coordinator's Init names its end
+# (``tunnel_end``, made when it starts); a runner's Init names the end it spoke to last
+# (``tunnel_with``). A runner that connects to another end (another coordinator, or this
+# one restarted) drops the requests of the last one: their answers can no longer reach
+# who asked. A coordinator told so by a runner's Init ends its own requests the runner
+# may have taken (503 ``tunnel_lost``) instead of waiting for answers that will never come.
+TUNNEL_END = "tunnel_end"
+TUNNEL_WITH = "tunnel_with"
 INT64_MAX = 2**63 - 1  # every integer on the wire fits the store's columns
 
 # WebSocket close codes and the reasons that travel with them.

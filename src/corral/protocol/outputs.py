@@ -100,6 +100,12 @@ class TunnelAcked:
     request_id: str  # the coordinator consumed some of it: there may be room to send more
 
 
+@dataclass(frozen=True, slots=True)
+class TunnelDropped:
+    """The runner connected to another coordinator than the last (``wire.TUNNEL_WITH``): the
+    last one's tunnelled requests are over here (their answers could not reach who asked)."""
+
+
 RunnerOutput = (
     Send[ToServerMessage]
     | Execute
@@ -112,6 +118,7 @@ RunnerOutput = (
     | KvAnswered
     | TunnelReceived
     | TunnelAcked
+    | TunnelDropped
 )
 
 

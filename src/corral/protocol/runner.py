@@ -78,6 +78,7 @@ from corral.protocol.outputs import (
     Send,
     StopAllWork,
     TunnelAcked,
+    TunnelDropped,
     TunnelReceived,
 )
 from corral.protocol.replay import ReplayBuffer
@@ -206,6 +207,9 @@ class RunnerConnection:
         self._tunnel: TunnelLedger[TunnelReply, wire.ToServerTunnelAck] = TunnelLedger(
             wire.ToServerTunnelAck
         )
+        # The coordinator's end of the tunnel the last Init came from (``wire.TUNNEL_END``;
+        # "" for a coordinator that names none); None before the first.
+        self._tunnel_with: str | None = None
         self._attempt = 0  # failed attempts since the last successful Init
         self._draining = False
         self._holding_on = False  # the coordinator said it stops: retry often, not backing off
@@ -266,6 +270,8 @@ class RunnerConnection:
             finals = self._final_reports()
             if finals:
                 metadata = {**metadata, wire.LATE_REPORTS_TO_SEND: finals}
+        if self._tunnel_with is not None and metadata.get("tunnel"):  # it takes requests
+            metadata = {**metadata, wire.TUNNEL_WITH: self._tunnel_with}
         init = wire.ToServerInit(
             name, version, wire.PROTOCOL_VERSION, slots, last_command_idx, runner_id,
             labels, metadata, *self._hosting,
@@ -513,6 +519,14 @@ class RunnerConnection:
         self.ack_interval_s = _seconds(meta, "ack_interval", self._defaults[2])
         tunnel = meta.get("tunnel")
         self.coordinator_tunnel = tunnel if type(tunnel) is int else 0
+        end = meta.get(wire.TUNNEL_END)
+        end = end if isinstance(end, str) else ""
+        if self._tunnel_with is not None and end != self._tunnel_with:
+            # Another coordinator (or this one restarted): the last one's requests are over
+            # here; what was not sent of their answers would only be dropped by this one.
+            self._tunnel.clear()
+            out.append(TunnelDropped())
+        self._tunnel_with = end
         self._events.skip_past(message.last_event_idx)
         self._events.acknowledge(message.last_event_idx)
         carried = self._events.append(event.body for event in late)

@@ -89,11 +89,12 @@ class ServerSession:
         lost_threshold_s: float = 15.0,
         ping_interval_s: float = 3.0,
         ack_interval_s: float = 300.0,
+        tunnel_end: str | None = None,
     ) -> None:
         self._state = SessionState.AWAITING_INIT
         self._init_deadline = now + init_timeout_s
         self._lost_threshold_s = lost_threshold_s
-        self.metadata = {
+        self.metadata: dict[str, object] = {
             "runner_lost_threshold": lost_threshold_s,
             "ping_interval": ping_interval_s,
             "ack_interval": ack_interval_s,
@@ -103,6 +104,8 @@ class ServerSession:
             # (``former_runner_id``): finished work reported late is not run again.
             wire.LATE_REPORTS: 1,
         }
+        if tunnel_end is not None:  # this coordinator's end of its runners' tunnels
+            self.metadata[wire.TUNNEL_END] = tunnel_end
         self._init: wire.ToServerInit | None = None
         self._runner_id: RunnerId | None = None
         self._last_seen = now

@@ -41,6 +41,7 @@ from corral.protocol.outputs import (
     Send,
     StopAllWork,
     TunnelAcked,
+    TunnelDropped,
     TunnelReceived,
 )
 from corral.protocol.runner import ConnectionState, RunnerConnection, TunnelReply
@@ -380,6 +381,8 @@ class WebSocketTransport:
                 self.tunnel.received(out.message)
             elif isinstance(out, TunnelAcked):
                 self.tunnel.acked(out.request_id)
+            elif isinstance(out, TunnelDropped):
+                self.tunnel.abort_all()
             elif isinstance(out, KvAnswered):
                 future = self._kv.pop(out.request_id, None)
                 if future is not None and not future.done():

@@ -13,7 +13,10 @@ from corral.ids import RunnerId
 from corral.protocol.limits import MAX_TUNNEL_CHUNK_BYTES
 from corral.protocol.messages import (
     MALFORMED_FRAME,
+    TUNNEL_END,
     TUNNEL_GAP,
+    TUNNEL_STARTING,
+    TUNNEL_WITH,
     ProtocolError,
     ToClientInit,
     ToClientRequestAbort,
@@ -31,7 +34,7 @@ from corral.protocol.messages import (
     decode,
     encode,
 )
-from corral.protocol.outputs import Send, TunnelAcked, Tunnelled, TunnelReceived
+from corral.protocol.outputs import Send, TunnelAcked, TunnelDropped, Tunnelled, TunnelReceived
 from corral.protocol.runner import RunnerConnection
 from corral.protocol.server import ServerSession
 from corral.protocol.tunnel import Receipt, TunnelLedger
@@ -263,6 +266,42 @@ def test_a_new_identity_ends_every_tunnelled_request() -> None:
     out = conn.receive(ToClientInit(RunnerId("rnr_000000000002"), 0, META), T0 + 2)
     assert not [m for m in sent(out) if isinstance(m, ToServerResponseStart)]
     assert conn.tunnel_unacknowledged("req_1") == 0
+
+
+def test_a_runner_that_moves_to_another_coordinator_drops_the_last_ones_requests() -> None:
+    """Its answers would go to a coordinator that never asked (and drops them); when it
+    comes back, its Init says where it was, and the first one ends what it waits for."""
+    hello = {"tunnel": TUNNEL_STARTING}
+    conn = RunnerConnection(
+        name="host-a",
+        version="0.1.0",
+        total_slots=1,
+        labels=(),
+        metadata=hello,
+        rng=random.Random(0),
+    )
+    first = conn.connect(T0)[0]
+    assert isinstance(first, Send) and TUNNEL_WITH not in first.message.metadata
+    on_a = ToClientInit(RID, 0, {**META, TUNNEL_END: "end-a"})
+    assert not any(isinstance(o, TunnelDropped) for o in conn.receive(on_a, T0 + 1))
+    conn.receive(START, T0 + 1)
+    conn.tunnel_send(ToServerResponseStart("req_1", 0, 200, ()), T0 + 1)
+    conn.socket_closed(T0 + 2)
+    init = conn.connect(T0 + 3)[0]
+    assert isinstance(init, Send) and init.message.metadata[TUNNEL_WITH] == "end-a"
+    again = conn.receive(ToClientInit(RID, 0, {**META, TUNNEL_END: "end-a"}), T0 + 3)
+    assert ToServerResponseStart("req_1", 0, 200, ()) in sent(again)  # the same end: kept
+    assert not any(isinstance(o, TunnelDropped) for o in again)
+    conn.socket_closed(T0 + 4)
+    conn.connect(T0 + 5)
+    on_b = conn.receive(ToClientInit(RID, 0, {**META, TUNNEL_END: "end-b"}), T0 + 5)
+    assert TunnelDropped() in on_b
+    assert not [m for m in sent(on_b) if isinstance(m, ToServerResponseStart)]
+    assert conn.tunnel_unacknowledged("req_1") == 0
+    assert not any(isinstance(o, TunnelReceived) for o in conn.receive(START, T0 + 5))
+    conn.socket_closed(T0 + 6)
+    back = conn.connect(T0 + 7)[0]
+    assert isinstance(back, Send) and back.message.metadata[TUNNEL_WITH] == "end-b"
 
 
 # ---- the coordinator's session -------------------------------------------------------------
