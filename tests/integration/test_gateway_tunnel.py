@@ -388,6 +388,22 @@ async def test_an_actors_own_503_is_answered_once_whatever_its_headers_say(
     assert "x-corral-error" not in response.headers  # the runner kept it back
 
 
+async def test_a_request_the_runner_fails_to_forward_is_answered_not_left_waiting(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure in the runner's own code (a bug) is said to the gateway: its client gets
+    a 500 with a stable code, not a request that never ends."""
+
+    async def broken(*_: object) -> None:
+        raise RuntimeError("a bug in the runner")
+
+    monkeypatch.setattr(world.transport.tunnel, "_exchange", broken)
+    response = await world.client.get(f"/gateway/{ACTOR}/count/d")
+    assert (response.status_code, response.json()["error"]["code"]) == (500, "runner_failed")
+    assert "d" not in world.actor.hits
+    await wait_until(lambda: world.transport.tunnel.open_requests == 0, what="the request over")
+
+
 async def test_unknown_and_destroyed_actors_are_404_with_stable_codes(world: World) -> None:
     unknown = await world.client.get("/gateway/act_ffffffffffff/x")
     assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "actor_not_found")
@@ -449,4 +465,17 @@ async def test_a_websocket_message_over_the_limit_closes_it_with_1009(world: Wor
         with pytest.raises(websockets.ConnectionClosedError) as closed:
             await ws.recv()
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    await wait_until(lambda: world.transport.tunnel.open_requests == 0, what="the tunnel over")
+
+
+async def test_a_websocket_the_actor_refuses_is_refused_and_over_at_the_runner(
+    world: World,
+) -> None:
+    """The actor answers the upgrade with an HTTP response (no WebSocket there): the client
+    is refused, and the runner is told the request is over (it would keep the rest of that
+    response for the gateway otherwise)."""
+    url = str(world.client.base_url).replace("http://", "ws://") + f"/gateway/{ACTOR}/stream"
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        await websockets.connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"})
+    assert refused.value.response.status_code == 403
     await wait_until(lambda: world.transport.tunnel.open_requests == 0, what="the tunnel over")

@@ -375,6 +375,7 @@ class Forward:
 
     async def _respond(self, request: TunnelRequest, reply: Reply, send: Send) -> None:
         if isinstance(reply, wire.ToServerResponseAbort):
+            await request.consumed(reply, 0)  # the runner keeps it until then
             raise CorralError(reply.reason, code=reply.code)  # 500: the actor failed
         if not isinstance(reply, wire.ToServerResponseStart):
             raise CorralError(f"the runner answered {type(reply).__name__} first")
@@ -481,6 +482,7 @@ class Forward:
                         attempt += 1
                         continue
                     if not isinstance(first, wire.ToServerResponseStart) or first.status != 101:
+                        await self._abort(request)  # the runner holds the rest until then
                         await ws.close(WS_CLOSE_TRY_AGAIN, "the actor refused the WebSocket")
                         return
                     protocol = next(

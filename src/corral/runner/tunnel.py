@@ -47,6 +47,7 @@ ACTOR_NOT_HERE = "actor_not_here"  # not on this runner (or another generation):
 ACTOR_UNREACHABLE = "actor_unreachable"  # its port refused the connection: it never saw it
 WS_CLOSE_TOO_BIG = 1009
 ACTOR_FAILED = "actor_failed"  # the connection broke once the actor may have seen the request
+RUNNER_FAILED = "runner_failed"  # forwarding it failed here (a bug): said, never left hanging
 # The codes of a 503 that the gateway may send again: the actor never saw the request.
 NEVER_SEEN = frozenset({ACTOR_NOT_HERE, ACTOR_UNREACHABLE})
 # Hop-by-hop headers (RFC 9110 §7.6.1) and Host: they belong to one connection, not the message.
@@ -178,6 +179,11 @@ class RunnerTunnel:
             pass  # aborted by the client, or the work stopped: nothing more is said
         except Exception:
             log.exception("tunnelled request %s failed", request_id)
+            # Said (a 500, or a response cut where it stood), or the gateway's client would
+            # wait for an answer that never comes.
+            reason = "the runner failed forwarding the request (its log says why)"
+            self._send(wire.ToServerResponseAbort(request_id, 0, RUNNER_FAILED, reason))
+            await self._until_acknowledged(forward)
         finally:
             self._forwards.pop(request_id, None)
             self._link.tunnel_forget(request_id)
