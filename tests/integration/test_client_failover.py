@@ -150,7 +150,8 @@ def test_a_client_whose_coordinator_dies_between_two_calls_moves_on(tmp_path: Pa
 def test_a_create_whose_answer_was_lost_gets_its_run_once_at_the_next(tmp_path: Path) -> None:
     """The first coordinator created the run and its answer was lost: sent again to the
     next with its idempotency key, the request gets that run, and no second one is made.
-    Another write whose answer was lost is not sent again: its outcome is unknown."""
+    A cancel whose answer was lost goes to the next too (sent again, it changes nothing);
+    a write that would do more sent twice is not sent again: its outcome is unknown."""
     with one_coordinator(tmp_path) as live:
         relay = Relay(live)
         relay.lose_answers = True
@@ -161,16 +162,19 @@ def test_a_create_whose_answer_was_lost_gets_its_run_once_at_the_next(tmp_path: 
                 (only,) = direct.list_runs().runs  # created by the first coordinator, once
             assert only.run_id == created.run_id
             corral.coordinators.answered(relay.url)
+            assert corral.cancel_run(created.run_id).status == "cancelled"
+            assert relay.answers_lost == 2 and corral.url == live
+            corral.coordinators.answered(relay.url)
             with pytest.raises(Unavailable) as lost:
-                corral.cancel_run(created.run_id)
+                corral.retry_task("prj_000000000000", "a")
             assert lost.value.code == "outcome_unknown"
-            assert f"lost the coordinator at {relay.url} after sending POST /runs/" in (
+            assert f"lost the coordinator at {relay.url} after sending POST /projects/" in (
                 lost.value.message
             )
-            assert relay.answers_lost == 2
+            assert relay.answers_lost == 3
             # A read whose answer was lost goes to the next one: it changes nothing.
             assert corral.get_run(created.run_id).status == "cancelled"
-            assert relay.answers_lost == 3
+            assert relay.answers_lost == 4
             assert corral.url == live
         relay.cut()
 

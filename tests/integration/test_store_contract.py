@@ -645,6 +645,9 @@ def test_cancel_of_a_pending_run_is_immediate(store: Store) -> None:
     assert store.runs.get(run.id) == cancelled
     runner = register(store)
     assert store.runs.claim(runner.id, 5, NOW + 2) == []
+    # Sent again (its answer lost, say), the cancel changes nothing and answers the run.
+    assert store.runs.request_cancel(run.id, NOW + 3) == cancelled
+    assert store.runs.get(run.id) == cancelled
 
 
 @pytest.mark.parametrize("started", [False, True])
@@ -929,6 +932,8 @@ def test_stopping_a_runner_releases_its_runs(store: Store) -> None:
     assert stopped.state is RunnerState.STOPPED
     released = store.runs.get(run.id)
     assert (released.status, released.runner_id) == (RunStatus.PENDING, None)
+    # Sent again, the stop changes nothing (not even when it stopped).
+    assert store.runners.set_state(runner.id, RunnerState.STOPPED, NOW + 2) == stopped
 
 
 # ---- reconcile -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from corral.client.coordinators import Coordinators, Following, split_urls
 from corral.runner.coordinators import Coordinators as RunnerCoordinators
 
 A, B, C = "http://a:8765", "http://b:8765", "http://c:8765"
-LIST, CANCEL = calls.list_runs(), calls.cancel_run("r1")
+LIST, RETRY = calls.list_runs(), calls.task_action("p1", "a", "retry")
 REQUEST = httpx.Request("POST", f"{A}/runs")
 
 
@@ -57,7 +57,7 @@ def test_two_requests_failing_on_one_move_on_once() -> None:
 def test_a_request_that_never_left_may_go_to_the_next_whatever_its_method() -> None:
     coordinators = Coordinators([A, B])
     refused = httpx.ConnectError("[Errno 111] Connection refused", request=REQUEST)
-    assert coordinators.refusal(CANCEL, A, refused) is None
+    assert coordinators.refusal(RETRY, A, refused) is None
     assert coordinators.current == B
 
 
@@ -68,9 +68,12 @@ def test_a_write_whose_outcome_is_unknown_is_not_sent_again() -> None:
         httpx.ReadError("[Errno 104] Connection reset by peer", request=REQUEST),
         httpx.ReadTimeout("timed out", request=REQUEST),
     ):
-        refusal = coordinators.refusal(CANCEL, A, cut)
+        refusal = coordinators.refusal(RETRY, A, cut)
         assert refusal is not None and refusal.code == "outcome_unknown"
-        assert f"lost the coordinator at {A} after sending POST /runs/r1/cancel" in refusal.message
+        assert (
+            f"lost the coordinator at {A} after sending POST /projects/p1/tasks/a/retry"
+            in refusal.message
+        )
         assert coordinators.current == A  # nothing moved: the caller decides
         # A read may go again: it changes nothing; so may a create, with its key.
         assert coordinators.refusal(LIST, A, cut) is None
@@ -88,6 +91,9 @@ def test_a_write_whose_outcome_is_unknown_is_not_sent_again() -> None:
         calls.stop_plan("p1"),
         calls.pause_plan("p1", True),
         calls.pause_plan("p1", False),
+        calls.cancel_run("r1"),
+        calls.stop_runner("r1"),
+        calls.revoke_token("t"),
     ],
     ids=lambda call: call.path,
 )
@@ -101,10 +107,9 @@ def test_a_write_that_does_no_more_sent_twice_goes_to_the_next(call: calls.Call[
 @pytest.mark.parametrize(
     "call",
     [
-        CANCEL,
-        calls.task_action("p1", "a", "retry"),
+        RETRY,
+        calls.task_action("p1", "a", "cancel"),
         calls.drain_runner("r1"),
-        calls.revoke_token("t"),
     ],
     ids=lambda call: call.path,
 )
@@ -121,7 +126,7 @@ def test_each_create_carries_a_key_of_its_own_kept_when_sent_again() -> None:
     assert one.headers["Idempotency-Key"] != other.headers["Idempotency-Key"]
     assert one.headers == one.headers  # a property of the call: the same at each send
     assert other.body == {"runs": [{}]} and not other.params
-    assert LIST.headers is None and CANCEL.headers is None
+    assert LIST.headers is None and RETRY.headers is None
 
 
 def test_one_url_fails_as_it_always_did() -> None:

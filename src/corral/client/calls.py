@@ -181,7 +181,8 @@ def list_runs(
 
 
 def cancel_run(run_id: str) -> Call[Run]:
-    return Call("POST", f"/runs/{_segment(run_id)}/cancel", _model(Run))
+    # A cancel sent again finds the cancel asked, or the run cancelled: it changes nothing.
+    return Call("POST", f"/runs/{_segment(run_id)}/cancel", _model(Run), repeatable=True)
 
 
 def logs(run_id: str, after: int = 0, limit: int = 1000) -> Call[LogPage]:
@@ -222,7 +223,7 @@ def drain_runner(runner_id: str, grace_s: float | None = None) -> Call[Runner]:
 
 
 def stop_runner(runner_id: str) -> Call[Runner]:
-    return Call("POST", f"/runners/{_segment(runner_id)}/stop", _model(Runner))
+    return Call("POST", f"/runners/{_segment(runner_id)}/stop", _model(Runner), repeatable=True)
 
 
 def list_agents() -> Call[AgentProfiles]:
@@ -329,7 +330,7 @@ def list_tokens() -> Call[list[Token]]:
 
 
 def revoke_token(token_id: str) -> Call[Token]:
-    return Call("POST", f"/tokens/{_segment(token_id)}/revoke", _model(Token))
+    return Call("POST", f"/tokens/{_segment(token_id)}/revoke", _model(Token), repeatable=True)
 
 
 def raw(method: str, path: str, params: dict[str, Any] | None, body: Any) -> Call[Any]:

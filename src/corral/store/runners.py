@@ -206,6 +206,8 @@ class RunnerStore:
             asked = state is RunnerState.DRAINING and grace_s is not None
             if state is RunnerState.DRAINING and row["state"] == state and not asked:
                 return runner_from_row(row)  # it says it stops: a drain asked stays asked
+            if state is RunnerState.STOPPED and row["state"] == state:
+                return runner_from_row(row)  # stopped before: a stop sent again changes nothing
             tx.execute(
                 "UPDATE runners SET state = ?, "
                 "drain_at = CASE WHEN ? = 'draining' THEN ? ELSE drain_at END, "

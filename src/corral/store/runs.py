@@ -375,6 +375,8 @@ def _cancel(tx: Tx, db: Database, run_id: str, now: float) -> Run | None:
         return None  # claimed (or claimed again) since it was read: its runner is not locked
     if status in (RunStatus.PENDING, RunStatus.LOST):
         return transition(tx, row, RunStatus.CANCELLED, now, error="cancelled", finished_at=now)
+    if status is RunStatus.CANCELLED:
+        return run_from_row(row)  # cancelled before: a cancel sent again changes nothing
     if not status.holds_lease:
         check_transition(run_id, status, RunStatus.CANCELLED)  # raises: it has ended
     if row["cancel_requested"]:
