@@ -174,7 +174,9 @@ async def get_run(run_id: str, request: Request) -> dict[str, Any]:
 
 @router.post("/runs/{run_id}/cancel", tags=["runs"], dependencies=[RUNS])
 async def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
-    """Cancel a pending run at once, or ask its runner to stop it (SIGTERM, then SIGKILL)."""
+    """Cancel a pending run at once, or ask its runner to stop it (SIGTERM, then SIGKILL).
+    Sent again, it answers the run as it is (cancelled, or its cancel asked); a run that
+    ended otherwise is 409 ``illegal_transition``."""
     return run_json(await _coordinator(request).cancel(run_id, principal_of(request)))
 
 
