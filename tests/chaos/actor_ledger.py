@@ -10,7 +10,8 @@ through the gateway of either coordinator, and records each answer.
 * every request is answered exactly once: 200 with the count the actor wrote for it
   (its ledger has that request, once, with that count), or a 5xx with a stable error
   code; a request left without any answer only when the coordinator it went to was killed
-  meanwhile (one whose connection was refused never reached a coordinator);
+  meanwhile, which cuts its connection (one whose connection was refused never reached a
+  coordinator) — one that waited out the client's timeout hung, whatever was killed;
 * no request ran twice (two ``hit`` lines), whatever its answer;
 * an actor's counter never goes backwards and never counts twice: its ``hit`` lines, in
   the order written, count strictly up, and the KV's count is at least the last of them;
@@ -109,8 +110,12 @@ def check_actors(
             if r.status < 500 or not r.code:
                 bad(f"request {r.request} to {r.actor_id} failed {r.status} without a code: "
                     f"{r.body[:200]!r}")  # fmt: skip
-        elif r.error is not None and r.error.startswith("ConnectError"):
+        elif r.error is not None and r.error.startswith(("ConnectError", "ConnectTimeout")):
             verdict.answers["not sent (coordinator down)"] += 1  # refused: never reached it
+        elif r.error is not None and "Timeout" in r.error:
+            verdict.answers["no answer (timed out)"] += 1
+            bad(f"request {r.request} to {r.actor_id} through {r.coordinator} got no answer "
+                f"in {r.ended - r.sent:.0f} s ({r.error}): a hang")  # fmt: skip
         else:
             verdict.answers["no answer"] += 1
             killed = any(

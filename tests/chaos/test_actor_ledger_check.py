@@ -63,6 +63,15 @@ def test_no_answer_is_allowed_only_while_its_coordinator_was_killed() -> None:
     assert violations(refused, hits(), kv=0) == []
 
 
+def test_a_request_that_waited_out_its_timeout_hung_whatever_was_killed() -> None:
+    """A killed coordinator cuts its connections at once: only a live one leaves a client
+    waiting, so a timeout is a hang even while that coordinator was killed and restarted."""
+    hung = [request("q1", None)]
+    hung[0].error = "ReadTimeout: timed out"
+    downs = [("coordinator-a", T0 + 0.5, T0 + 3)]
+    assert any("a hang" in v for v in violations(hung, hits(), kv=0, downs=downs))
+
+
 def test_a_counter_going_back_or_counting_twice_is_caught() -> None:
     back = hits((1, "q1", 1), (1, "q2", 2), (2, "q3", 2))
     assert any("went from 2" in v for v in violations([], back))
