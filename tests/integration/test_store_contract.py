@@ -678,7 +678,7 @@ def test_cancel_of_a_held_run_is_passed_to_its_runner(store: Store, started: boo
     assert store.runs.get(other_run.id).cancel_requested is False
 
 
-@pytest.mark.parametrize("status", [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED])
+@pytest.mark.parametrize("status", [RunStatus.COMPLETED, RunStatus.FAILED])
 def test_cancel_of_a_finished_run_is_illegal(store: Store, status: RunStatus) -> None:
     runner = register(store)
     done = finish(store, running(store, runner), status)
@@ -687,6 +687,14 @@ def test_cancel_of_a_finished_run_is_illegal(store: Store, status: RunStatus) ->
     assert store.runs.get(done.id) == done
     with pytest.raises(NotFound):
         store.runs.request_cancel("run_missing", NOW)
+
+
+def test_cancel_of_a_cancelled_run_answers_it_unchanged(store: Store) -> None:
+    """A cancel sent again (its answer lost) changes nothing, and is not refused."""
+    runner = register(store)
+    done = finish(store, running(store, runner), RunStatus.CANCELLED)
+    assert store.runs.request_cancel(done.id, NOW + 5) == done
+    assert store.runs.get(done.id) == done
 
 
 # ---- sessions --------------------------------------------------------------------------------
