@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -226,7 +227,7 @@ def measure_throughput(target: Cluster, runs: int) -> Throughput:
         cpu_before = cpu_seconds(target.coordinator_pid)
         runners_before = target.runners_cpu()
         busy_before, _ = machine_busy()
-        start = time.monotonic()
+        start, started_at = time.monotonic(), time.time()
         for offset in range(0, runs, len(batch)):
             client.post("/runs:batch", json={"runs": batch[: runs - offset]}).raise_for_status()
         while True:
@@ -242,8 +243,16 @@ def measure_throughput(target: Cluster, runs: int) -> Throughput:
         runners_cpu = target.runners_cpu() - runners_before
         busy = machine_busy()[0] - busy_before
         assert counts.get("failed", 0) == failed_before, counts
+        # Runs/s until the last run finished, not until the poll above saw it (up to 0.2 s
+        # later: 8 % of a 10,000-run measure at 4,000 runs/s). Runs are claimed in the order
+        # they were created: the last to finish is among the newest.
+        newest = client.get("/runs", params={"limit": 500}).json()["runs"]
+        last = max(datetime.fromisoformat(r["finished_at"]).timestamp() for r in newest)
     return Throughput(
-        runs / elapsed, 100 * cpu / elapsed, 100 * runners_cpu / elapsed, 100 * busy / elapsed
+        runs / (last - started_at),
+        100 * cpu / elapsed,
+        100 * runners_cpu / elapsed,
+        100 * busy / elapsed,
     )
 
 
