@@ -108,24 +108,30 @@ async def test_a_request_may_go_to_a_starting_actor_once_its_start_went_out_on_t
     assert not older.starting(starting)
 
 
+def bodiless(request_id: str) -> wire.ToClientRequestStart:
+    return wire.ToClientRequestStart(request_id, 0, "act_1", 1, "GET", "/", (), False, end=True)
+
+
+async def reconnected(hub: TunnelHub, *, elsewhere: bool = False) -> FakeLink:
+    """The runner's next socket, registered; ``elsewhere``: it was with another end."""
+    link = FakeLink()
+    hub._connections.by_runner[RUNNER] = link  # type: ignore[assignment]
+    await hub.resume(RUNNER, link, version=wire.TUNNEL_WHOLE, elsewhere=elsewhere)  # type: ignore[arg-type]
+    return link
+
+
 async def test_a_runner_back_from_another_coordinator_ends_the_requests_it_may_have_taken() -> None:
     """There it dropped them (and its answers went there): they are lost (503 tunnel_lost),
     at once and not sent again; a request it never saw goes on the new socket as usual."""
     hub, _ = await connected(wire.TUNNEL_WHOLE)
     taken = hub.open(RUNNER)
-    await taken.send(
-        wire.ToClientRequestStart(taken.request_id, 0, "act_1", 1, "GET", "/", (), False, end=True)
-    )
+    await taken.send(bodiless(taken.request_id))
     hub._connections.by_runner.pop(RUNNER)  # its socket broke: what is opened now waits
     unseen = hub.open(RUNNER)
-    start = wire.ToClientRequestStart(
-        unseen.request_id, 0, "act_1", 1, "GET", "/", (), False, end=True
-    )
+    start = bodiless(unseen.request_id)
     await unseen.send(start)
-    back = FakeLink()
-    hub._connections.by_runner[RUNNER] = back  # type: ignore[assignment]
     waiting = asyncio.ensure_future(taken.wait(60))
-    await hub.resume(RUNNER, back, version=wire.TUNNEL_WHOLE, elsewhere=True)  # type: ignore[arg-type]
+    back = await reconnected(hub, elsewhere=True)
     await asyncio.wait_for(waiting, 10)  # woken at once
     assert taken.take() is None and taken.lost is not None
     with pytest.raises(Unavailable) as lost:
@@ -140,12 +146,8 @@ async def test_a_runner_back_from_another_coordinator_ends_the_requests_it_may_h
 async def test_a_runner_back_from_this_coordinators_own_socket_keeps_its_requests() -> None:
     hub, _ = await connected(wire.TUNNEL_WHOLE)
     request = hub.open(RUNNER)
-    start = wire.ToClientRequestStart(
-        request.request_id, 0, "act_1", 1, "GET", "/", (), False, end=True
-    )
+    start = bodiless(request.request_id)
     await request.send(start)
-    again = FakeLink()
-    hub._connections.by_runner[RUNNER] = again  # type: ignore[assignment]
-    await hub.resume(RUNNER, again, version=wire.TUNNEL_WHOLE)  # type: ignore[arg-type]
+    again = await reconnected(hub)
     assert again.sent == [start]  # unacknowledged: sent again, the runner drops a duplicate
     assert request.lost is None
