@@ -156,3 +156,28 @@ async def test_a_task_finished_over_http_wakes_a_poll_for_its_dependent(
         [run] = answer.json()["runs"]
         assert run["task_id"] == tasks["b"]["task_id"]
         assert (await stored(api, pid))["b"]["status"] == "claimed"
+
+
+async def test_a_tasks_cancel_sent_again_changes_nothing_and_cancels_its_run(
+    settings: CoordinatorSettings,
+) -> None:
+    """A task's cancel is the task's, then its run's. Sent again — the first cut off between
+    the two, its answer lost — it answers the task as it is and cancels the run."""
+    async with running_api(settings) as api:
+        pid = await project(api)
+        assert (await add(api, pid, task("a"), task("b", "a"))).status_code == 200
+        await api.client.post(f"/projects/{pid}/start", json={"workers": 1})
+        runner = await api.register("runner-a")
+        run = await api.claim_one(runner)
+        store, now = api.coordinator.store, api.coordinator.clock.now()
+        first = await asyncio.to_thread(store.tasks.cancel, pid, "a", now)  # cut off here
+        assert (await api.run(run["run_id"]))["cancel_requested"] is False
+        again = await api.client.post(f"/projects/{pid}/tasks/a/cancel")
+        assert again.status_code == 200, again.text
+        assert again.json()["status"] == "cancelled"
+        assert again.json()["finished_at"] == (await stored(api, pid))["a"]["finished_at"]
+        assert first.finished_at == now  # the first cancel's time, kept
+        assert (await api.run(run["run_id"]))["cancel_requested"] is True
+        assert (await stored(api, pid))["b"]["status"] == "blocked_by_failure"
+        twice = await api.client.post(f"/projects/{pid}/tasks/a/cancel")
+        assert twice.status_code == 200 and twice.json() == again.json()

@@ -774,6 +774,8 @@ def test_cancel_a_running_task_then_its_run_ends(store: Store) -> None:
     tasks = tasks_by_key(store, pid)
     assert tasks["a"].status is S.CANCELLED and tasks["a"].cost_usd == pytest.approx(0.1)
     assert tasks["b"].status is S.BLOCKED_BY_FAILURE
+    assert store.tasks.cancel(pid, "a", NOW + 3) == tasks["a"]  # sent again: nothing changes
+    assert tasks_by_key(store, pid) == tasks
 
 
 # ---- concurrency (PostgreSQL) ------------------------------------------------------------------

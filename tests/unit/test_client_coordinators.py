@@ -92,6 +92,7 @@ def test_a_write_whose_outcome_is_unknown_is_not_sent_again() -> None:
         calls.pause_plan("p1", True),
         calls.pause_plan("p1", False),
         calls.cancel_run("r1"),
+        calls.task_action("p1", "a", "cancel"),
         calls.stop_runner("r1"),
         calls.revoke_token("t"),
     ],
@@ -108,7 +109,6 @@ def test_a_write_that_does_no_more_sent_twice_goes_to_the_next(call: calls.Call[
     "call",
     [
         RETRY,
-        calls.task_action("p1", "a", "cancel"),
         calls.drain_runner("r1"),
     ],
     ids=lambda call: call.path,

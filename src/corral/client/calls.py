@@ -293,7 +293,8 @@ def pause_plan(project_id: str, paused: bool) -> Call[bool]:
 
 def task_action(project_id: str, key: str, action: str) -> Call[Task]:
     path = f"/projects/{_segment(project_id)}/tasks/{_segment(key)}/{action}"
-    return Call("POST", path, _model(Task))
+    # A cancel sent again changes nothing; a retry would make another attempt.
+    return Call("POST", path, _model(Task), repeatable=action == "cancel")
 
 
 # ---- actors --------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -12,8 +13,9 @@ from corral.coordinator.auth import Access, require
 from corral.coordinator.notifier import RUNS_AVAILABLE
 from corral.coordinator.schemas import iso
 from corral.coordinator.service import Coordinator
+from corral.errors import IllegalTransition
 from corral.runs import AgentSpec, Run
-from corral.tasks.model import Project, Task, TaskSpec
+from corral.tasks.model import Project, Task, TaskSpec, TaskStatus
 from corral.wire import WireModel
 from corral.workspaces.names import BRANCH_PREFIX, check_branch, check_key
 
@@ -266,6 +268,9 @@ async def cancel(project_id: str, key: str, request: Request) -> dict[str, Any]:
     task = await coordinator.in_thread(
         coordinator.store.tasks.cancel, project_id, key, coordinator.clock.now()
     )
-    if before.run_id and before.status.is_active:
-        await coordinator.cancel(before.run_id)
+    # Its run too — again when the task's cancel is sent again: the first may have been cut
+    # off between the two (a run's cancel sent twice changes nothing).
+    if before.run_id and (before.status.is_active or before.status is TaskStatus.CANCELLED):
+        with contextlib.suppress(IllegalTransition):  # the run ended meanwhile: nothing to do
+            await coordinator.cancel(before.run_id)
     return task_json(task)

@@ -184,9 +184,13 @@ class TaskStore:
 
     def cancel(self, project_id: str, key: str, now: float) -> Task:
         """Cancel a task that has not finished; its dependents become blocked_by_failure.
-        The caller cancels its run, if it has one going."""
+        A cancelled task's cancel (sent again) changes nothing. The caller cancels its run,
+        if it has one going."""
         with self.db.transaction() as tx:
             row = _task_by_key(tx, project_id, key, lock=self.db.lock_rows())
+            if row["status"] == TaskStatus.CANCELLED:
+                deps = _dependency_keys(tx, project_id)
+                return task_from_row(row_by_id(tx, "tasks", row["id"]), deps.get(key, ()))
             task_runs.set_task_status(
                 tx, row, TaskStatus.CANCELLED, now, finished_at=now, last_error="cancelled"
             )
