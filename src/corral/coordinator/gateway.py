@@ -35,9 +35,9 @@ request start), so a retry never needs what the client has already sent. Errors 
 stable codes: ``actor_not_found`` and ``actor_destroyed`` (404), ``actor_not_ready`` (503:
 not connectable in time), ``tunnel_lost`` (503: its runner was gone longer than its lost
 threshold before answering, came back from another coordinator without it (``tunnel.py``),
-or the peer it was forwarded to failed with it); a response
-that breaks off once started is cut (the client sees an incomplete response, never a
-complete wrong one).
+or the peer it was forwarded to failed with it), ``runner_failed`` (500: the runner could
+not forward it); a response that breaks off once started is cut (the client sees an
+incomplete response, never a complete wrong one).
 """
 
 from __future__ import annotations
