@@ -913,6 +913,19 @@ def test_register_with_a_known_id_reactivates_and_reconciles_held_runs(store: St
     assert store.runners.heartbeat(runner.id, [], later + 2) == RunnerSync()
 
 
+def test_a_drain_asked_again_keeps_the_earliest_deadline(store: Store) -> None:
+    """Sent again (its answer lost) a drain changes nothing; one that would end sooner
+    moves its deadline up, as the runner itself keeps the earliest it was given."""
+    runner = register(store)
+    first = store.runners.set_state(runner.id, RunnerState.DRAINING, NOW + 1, grace_s=60.0)
+    assert store.runners.order(runner.id, NOW + 1).drain_grace_left_s == 60.0
+    again = store.runners.set_state(runner.id, RunnerState.DRAINING, NOW + 5, grace_s=60.0)
+    assert again == first
+    assert store.runners.order(runner.id, NOW + 5).drain_grace_left_s == 56.0  # from the first
+    store.runners.set_state(runner.id, RunnerState.DRAINING, NOW + 6, grace_s=10.0)
+    assert store.runners.order(runner.id, NOW + 6).drain_grace_left_s == 10.0  # sooner: taken
+
+
 def test_register_again_while_still_holding_runs_keeps_them(store: Store) -> None:
     runner = register(store)
     run = running(store, runner)

@@ -94,6 +94,7 @@ def test_a_write_whose_outcome_is_unknown_is_not_sent_again() -> None:
         calls.cancel_run("r1"),
         calls.task_action("p1", "a", "cancel"),
         calls.stop_runner("r1"),
+        calls.drain_runner("r1", 30.0),
         calls.revoke_token("t"),
     ],
     ids=lambda call: call.path,
@@ -107,13 +108,11 @@ def test_a_write_that_does_no_more_sent_twice_goes_to_the_next(call: calls.Call[
 
 @pytest.mark.parametrize(
     "call",
-    [
-        RETRY,
-        calls.drain_runner("r1"),
-    ],
+    [RETRY, calls.raw("POST", "/runs/r1/retry", None, None)],
     ids=lambda call: call.path,
 )
 def test_a_write_that_would_do_more_sent_twice_is_not_sent_again(call: calls.Call[object]) -> None:
+    """A retry makes another attempt each time; a raw write is not known to do no more."""
     coordinators = Coordinators([A, B])
     cut = httpx.ReadError("[Errno 104] Connection reset by peer", request=REQUEST)
     refusal = coordinators.refusal(call, A, cut)

@@ -219,7 +219,9 @@ def list_runners() -> Call[list[Runner]]:
 
 def drain_runner(runner_id: str, grace_s: float | None = None) -> Call[Runner]:
     body = _present(grace_s=grace_s)
-    return Call("POST", f"/runners/{_segment(runner_id)}/drain", _model(Runner), body=body)
+    # Sent again, a drain keeps the earliest deadline asked: it changes nothing.
+    path = f"/runners/{_segment(runner_id)}/drain"
+    return Call("POST", path, _model(Runner), body=body, repeatable=True)
 
 
 def stop_runner(runner_id: str) -> Call[Runner]:

@@ -14,10 +14,10 @@ sending it twice cannot do a thing twice:
   timeout): a read (``GET``) may, and so may a request that creates runs, which carries an
   ``Idempotency-Key`` (sent again, it gets the runs it created: ``Call.idempotency_key``),
   and a write that sent twice does no more than once (a plan ensured, its tasks added,
-  started, stopped, paused or resumed; a run or a task cancelled, a runner stopped, a
-  token revoked: ``Call.repeatable``); any other write's outcome is unknown (a task's
-  retry, a drain, whose grace would start again): the client raises ``outcome_unknown``,
-  for its caller to look before trying again.
+  started, stopped, paused or resumed; a run or a task cancelled, a runner drained or
+  stopped, a token revoked: ``Call.repeatable``); any other write's outcome is unknown (a
+  task's retry: it would make another attempt): the client raises ``outcome_unknown``, for
+  its caller to look before trying again.
 
 A followed stream (a run's log, the event stream) cut or ended early goes on at the next
 coordinator from the last id it passed on. With one URL nothing of this applies: a failure

@@ -206,6 +206,10 @@ class RunnerStore:
             asked = state is RunnerState.DRAINING and grace_s is not None
             if state is RunnerState.DRAINING and row["state"] == state and not asked:
                 return runner_from_row(row)  # it says it stops: a drain asked stays asked
+            if grace_s is not None and row["state"] == state and _drain_ends_by(row, now + grace_s):
+                # Asked before with a deadline no later (a drain sent again): the runner
+                # keeps the earliest deadline it was given, and so does the store.
+                return runner_from_row(row)
             if state is RunnerState.STOPPED and row["state"] == state:
                 return runner_from_row(row)  # stopped before: a stop sent again changes nothing
             tx.execute(
@@ -284,3 +288,9 @@ def _check_owner(runner: Row, token_id: str) -> None:
             "to get a new one",
             code="runner_not_yours",
         )
+
+
+def _drain_ends_by(row: Row, deadline: float) -> bool:
+    """Was a drain asked of the runner (``row``) that ends no later than ``deadline``?"""
+    asked_at, grace_s = row["drain_at"], row["drain_grace_s"]
+    return asked_at is not None and grace_s is not None and asked_at + grace_s <= deadline
