@@ -15,9 +15,11 @@ import contextlib
 import time
 from typing import Any
 
+import httpx
 import pytest
-from api_fixtures import running_api
+from api_fixtures import TOKEN, Api, live_server, running_api, with_token
 
+from corral.coordinator.app import create_app
 from corral.coordinator.settings import CoordinatorSettings
 from corral.errors import InvalidRequest
 from corral.ids import RunnerId
@@ -80,3 +82,44 @@ async def test_a_refused_report_is_dropped_and_the_outbox_goes_on(db_url: str) -
             sending.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sending
+
+
+async def test_a_report_sent_to_a_coordinator_gone_silent_goes_to_the_next_in_time(
+    db_url: str,
+) -> None:
+    """The connection its report went on leads nowhere (a coordinator dropped without a word:
+    the socket stays open and silent). The report goes to the next coordinator once half
+    the lease has passed without an answer (``Lease.answer_wait_s``), not after the
+    client's 30 s — the run's end is not left unrecorded that long."""
+    answered_nothing: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answered_nothing.append(writer)  # read nothing, answer nothing, keep it open
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    silent_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    settings = with_token(CoordinatorSettings(db_url=db_url, poll_timeout_s=5.0))
+    app = create_app(settings)
+    try:
+        with live_server(app) as url:
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+                api = Api(app, client)
+                runner_id = RunnerId(await api.register())
+                run_id = await api.create_command("true")
+                await api.claim_one(runner_id)
+                link = HttpLink(f"{silent_url},{url}", token=TOKEN)
+                outbox = Outbox(link, lambda: runner_id, answer_wait_s=lambda: 1.0)
+                sending = asyncio.create_task(outbox.run())
+                try:
+                    started = {"type": "started", "run_id": run_id, "attempt": 1}
+                    await asyncio.wait_for(outbox.send(started), STEP_S)
+                    assert answered_nothing, "the report went to the silent one first"
+                    assert (await api.run(run_id))["status"] == "running"
+                finally:
+                    sending.cancel()
+                    await link.aclose()
+    finally:
+        for writer in answered_nothing:
+            writer.close()
+        server.close()

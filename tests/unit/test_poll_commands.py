@@ -40,7 +40,9 @@ class ScriptedLink:
         self.afters.append(after)
         return await self.commands.get()
 
-    async def events(self, runner_id: RunnerId, events: list[dict[str, Any]]) -> list[None]:
+    async def events(
+        self, runner_id: RunnerId, events: list[dict[str, Any]], *_: Any
+    ) -> list[None]:
         return [None for _ in events]
 
     async def deregister(self, runner_id: RunnerId) -> None:

@@ -215,7 +215,9 @@ class ReportingLink(SilentLink):
         self.calls: list[str] = []
         self.refused = asyncio.Event()
 
-    async def events(self, runner_id: RunnerId, events: list[dict[str, Any]]) -> list[None]:
+    async def events(
+        self, runner_id: RunnerId, events: list[dict[str, Any]], *_: Any
+    ) -> list[None]:
         self.calls.append("events")
         if self.calls.count("events") == 1:
             self.refused.set()
@@ -269,7 +271,9 @@ class RoundOfCoordinators(SilentLink):
             raise LinkDown("connection refused")
         return await super().register(**fields)
 
-    async def events(self, runner_id: RunnerId, events: list[dict[str, Any]]) -> list[None]:
+    async def events(
+        self, runner_id: RunnerId, events: list[dict[str, Any]], *_: Any
+    ) -> list[None]:
         self.requests += 1
         if self.requests <= self.failures:
             raise LinkDown("connection refused")

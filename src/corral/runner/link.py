@@ -194,11 +194,15 @@ class HttpLink:
         await self._call("POST", "/runner/deregister", json={"runner_id": runner_id})
 
     async def events(
-        self, runner_id: RunnerId, events: list[dict[str, Any]]
+        self, runner_id: RunnerId, events: list[dict[str, Any]], timeout_s: float | None = None
     ) -> list[errors.CorralError | None]:
-        """Send reports in one request; each answer is None (applied) or the refusal."""
+        """Send reports in one request; each answer is None (applied) or the refusal.
+        ``timeout_s``: how long to wait for it (None: the client's default)."""
         response = await self._call(
-            "POST", "/runner/events", json={"runner_id": runner_id, "events": events}
+            "POST",
+            "/runner/events",
+            json={"runner_id": runner_id, "events": events},
+            timeout=timeout_s,
         )
         return [None if r["ok"] else errors.from_wire(409, r) for r in response.json()["results"]]
 

@@ -34,11 +34,20 @@ class _Report(NamedTuple):
 
 class Outbox:
     def __init__(
-        self, link: HttpLink, runner_id: Callable[[], RunnerId], *, max_backoff_s: float = 30.0
+        self,
+        link: HttpLink,
+        runner_id: Callable[[], RunnerId],
+        *,
+        max_backoff_s: float = 30.0,
+        answer_wait_s: Callable[[], float | None] = lambda: None,
     ) -> None:
         self._link = link
         self._runner_id = runner_id
         self._max_backoff_s = max_backoff_s
+        # How long to wait for a batch's answer (``Lease.answer_wait_s``): one sent on a
+        # connection its coordinator dropped without a word (a half-open socket) goes to the
+        # next coordinator within half the lease, not after the client's 30 s.
+        self._answer_wait_s = answer_wait_s
         self._queue: deque[_Report] = deque()
         self._wake = asyncio.Event()
         self._retry_now = asyncio.Event()  # ends a backoff's wait early (``delivered``)
@@ -75,7 +84,9 @@ class Outbox:
             while self._queue:
                 batch = self._batch(most)
                 try:
-                    results = await self._link.events(self._runner_id(), [r.event for r in batch])
+                    results = await self._link.events(
+                        self._runner_id(), [r.event for r in batch], self._answer_wait_s()
+                    )
                     if len(results) != len(batch):
                         raise ValueError(f"{len(results)} answers to {len(batch)} reports")
                 except InvalidRequest as exc:

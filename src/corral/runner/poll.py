@@ -67,12 +67,17 @@ class PollTransport:
         self.runner_id: RunnerId | None = None
         self.heartbeat_interval_s = 60.0
         self.poll_timeout_s = 30.0
-        self.reports = Outbox(self.link, lambda: self.rid, max_backoff_s=settings.max_backoff_s)
         self._registered = asyncio.Event()
         self._register_lock = asyncio.Lock()
         self._poller: asyncio.Task[None] | None = None
         # Our processes must be gone (SIGTERM, grace, SIGKILL) before the lease ends.
         self.lease = Lease(stop_margin_s=settings.kill_grace_s + 1.0)
+        self.reports = Outbox(
+            self.link,
+            lambda: self.rid,
+            max_backoff_s=settings.max_backoff_s,
+            answer_wait_s=self.lease.answer_wait_s,
+        )
         self._commands_done = 0  # its commands handled up to here (the control cursor)
         # Runs cancelled before their claim's answer came (the two come by two requests):
         # each is cancelled as it starts. Bounded: a claim whose answer was lost never comes.
