@@ -16,8 +16,7 @@ recorded, and analyzes them: the plans that read them are made again for what th
 A table that keeps growing is analyzed at about 1, 2, 4, 8 … times ``MIN_BYTES``, a
 handful of times, each reading a sample of at most 30,000 rows. Sizes, not row counts:
 ``pg_relation_size`` is exact at once, where the statistics' live-row counts lag by a
-second or more. SQLite keeps no plans across
-statements this way: there it does nothing.
+second or more. SQLite keeps no plans across statements this way: there it does nothing.
 """
 
 from __future__ import annotations

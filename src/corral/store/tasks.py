@@ -188,13 +188,11 @@ class TaskStore:
         if it has one going."""
         with self.db.transaction() as tx:
             row = _task_by_key(tx, project_id, key, lock=self.db.lock_rows())
-            if row["status"] == TaskStatus.CANCELLED:
-                deps = _dependency_keys(tx, project_id)
-                return task_from_row(row_by_id(tx, "tasks", row["id"]), deps.get(key, ()))
-            task_runs.set_task_status(
-                tx, row, TaskStatus.CANCELLED, now, finished_at=now, last_error="cancelled"
-            )
-            task_runs.block_dependents(tx, row["id"], now)
+            if row["status"] != TaskStatus.CANCELLED:
+                task_runs.set_task_status(
+                    tx, row, TaskStatus.CANCELLED, now, finished_at=now, last_error="cancelled"
+                )
+                task_runs.block_dependents(tx, row["id"], now)
             deps = _dependency_keys(tx, project_id)
             return task_from_row(row_by_id(tx, "tasks", row["id"]), deps.get(key, ()))
 
