@@ -124,29 +124,45 @@ def test_a_write_inside_a_read_is_refused(store: Store) -> None:
 
 class Relay:
     """A TCP relay to ``target`` (PostgreSQL), listening on ``port`` once ``start`` is
-    called; ``close`` closes every socket it opened."""
+    called; ``close`` closes every socket it opened, and any it opens after."""
 
     def __init__(self, target: tuple[str, int], port: int) -> None:
         self.target, self.port = target, port
         self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()  # a connection accepted as it closes is closed too
+        self.closed = False
 
     def start(self) -> None:
         listener = socket.create_server(("127.0.0.1", self.port))
-        self.sockets.append(listener)
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        if self._keep(listener):
+            threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def close(self) -> None:
-        for sock in self.sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+        with self.lock:
+            self.closed = True
+            sockets, self.sockets = self.sockets, []
+        for sock in sockets:
+            _close(sock)
+
+    def _keep(self, *sockets: socket.socket) -> bool:
+        """Keep ``sockets`` to close with the relay; closed now (False) if it is closed."""
+        with self.lock:
+            if not self.closed:
+                self.sockets += sockets
+                return True
+        for sock in sockets:
+            _close(sock)
+        return False
 
     def _accept(self, listener: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while True:
                 client, _ = listener.accept()
+                if not self._keep(client):
+                    return
                 upstream = socket.create_connection(self.target)
-                self.sockets += [client, upstream]
+                if not self._keep(upstream):
+                    return
                 for ends in ((client, upstream), (upstream, client)):
                     threading.Thread(target=self._pump, args=ends, daemon=True).start()
 
@@ -156,6 +172,12 @@ class Relay:
             while data := source.recv(65536):
                 sink.sendall(data)
             sink.shutdown(socket.SHUT_WR)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
 
 
 def test_a_coordinator_starting_while_postgresql_is_away_waits_for_it(
